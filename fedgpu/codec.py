@@ -1,0 +1,222 @@
+"""Tensor wire codec: the safetensors format, written and read without copying tensors.
+
+`safetensors.numpy.save/load` copy every tensor into one big bytes object (and back); here the
+payload is a list of segments — the header, then memoryviews of the arrays themselves — that are
+hashed and cut into chunks directly, and decoding returns `np.frombuffer` views of the received
+buffer. The bytes are a valid safetensors file, so any safetensors reader can open them.
+Never pickle: only numeric dtypes are accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+# The header is JSON we parse before trusting anything; a huge one is an attack, not a model.
+MAX_HEADER_BYTES = 100 << 20
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_NAMES = {dt: name for name, dt in DTYPES.items()}
+
+
+class CodecError(ValueError):
+    """A payload that is not a well-formed tensor set."""
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    dt = np.dtype(dtype)
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    try:
+        return _NAMES[dt]
+    except KeyError:
+        raise CodecError(f"dtype {dt} cannot travel on the wire (numeric dtypes only)") from None
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A payload as segments, ready to hash and chunk without joining."""
+
+    segments: tuple[memoryview, ...]
+    size: int
+    sha256: str
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.segments)
+
+
+def encode(
+    tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> Encoded:
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    arrays: list[np.ndarray] = []
+    offset = 0
+    # safetensors readers expect offsets in name order.
+    for name in sorted(tensors):
+        arr = np.asarray(tensors[name])
+        dt = dtype_name(arr.dtype)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")
+        header[name] = {
+            "dtype": dt,
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        offset += arr.nbytes
+        arrays.append(arr)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    # The spec pads the header so tensor data starts 8-byte aligned.
+    head += b" " * (-len(head) % 8)
+    segments = [memoryview(struct.pack("<Q", len(head)) + head)]
+    # Viewing as bytes first: dtypes such as bfloat16 cannot export a buffer themselves.
+    segments += [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays if a.nbytes]
+    digest = hashlib.sha256()
+    for seg in segments:
+        digest.update(seg)
+    size = sum(s.nbytes for s in segments)
+    return Encoded(tuple(segments), size, digest.hexdigest())
+
+
+def iter_chunks(encoded: Encoded, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[bytes]:
+    if chunk_size <= 0:
+        raise ValueError("chunk_size must be positive")
+    pending: list[memoryview] = []
+    pending_len = 0
+    for seg in encoded.segments:
+        pos = 0
+        while pos < seg.nbytes:
+            take = min(chunk_size - pending_len, seg.nbytes - pos)
+            pending.append(seg[pos : pos + take])
+            pending_len += take
+            pos += take
+            if pending_len == chunk_size:
+                yield pending[0].tobytes() if len(pending) == 1 else b"".join(pending)
+                pending, pending_len = [], 0
+    if pending_len:
+        yield b"".join(pending)
+
+
+def decode(buf: bytes | bytearray | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Parse a payload into arrays that are views of `buf` (read-only when `buf` is bytes)."""
+    mv = memoryview(buf).cast("B")
+    if mv.nbytes < 8:
+        raise CodecError(f"payload of {mv.nbytes} bytes is too short for a safetensors header")
+    (head_len,) = struct.unpack("<Q", mv[:8])
+    if head_len > MAX_HEADER_BYTES or 8 + head_len > mv.nbytes:
+        raise CodecError(f"header length {head_len} does not fit a payload of {mv.nbytes} bytes")
+    try:
+        header = json.loads(bytes(mv[8 : 8 + head_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CodecError("header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CodecError("__metadata__ is not an object")
+    data = mv[8 + head_len :]
+    tensors: dict[str, np.ndarray] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        tensors[name] = _view(name, info, data)
+        begin, end = info["data_offsets"]
+        spans.append((begin, end, name))
+    # Overlapping or gapped tensors mean a forged header: every byte belongs to one tensor.
+    spans.sort()
+    pos = 0
+    for begin, end, name in spans:
+        if begin != pos:
+            raise CodecError(f"tensor {name!r} starts at {begin}, expected {pos}")
+        pos = end
+    if pos != data.nbytes:
+        raise CodecError(f"{data.nbytes - pos} trailing bytes after the last tensor")
+    return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _view(name: str, info: object, data: memoryview) -> np.ndarray:
+    if not isinstance(info, dict):
+        raise CodecError(f"tensor {name!r}: header entry is not an object")
+    dt = DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]
+    if dt is None:
+        raise CodecError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
+    shape = info.get("shape")
+    offsets = info.get("data_offsets")
+    if not (
+        isinstance(shape, list)
+        and all(isinstance(d, int) and d >= 0 for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+    ):
+        raise CodecError(f"tensor {name!r}: malformed shape or data_offsets")
+    begin, end = offsets
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if not 0 <= begin <= end <= data.nbytes or end - begin != count * dt.itemsize:
+        raise CodecError(
+            f"tensor {name!r}: offsets {offsets} do not match shape {shape} of {dt} "
+            f"in {data.nbytes} data bytes"
+        )
+    return np.frombuffer(data[begin:end], dtype=dt).reshape(shape)
+
+
+def spec(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Names, dtypes and shapes: what an update must match to be accepted."""
+    return {k: (dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
+
+
+class Assembler:
+    """Collects one streamed payload into a single preallocated buffer, hashing as it goes."""
+
+    def __init__(self, size: int, sha256: str, limit: int) -> None:
+        if size < 0:
+            raise CodecError(f"payload size {size} is negative")
+        if size > limit:
+            raise CodecError(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.expected = sha256.lower()
+        self._buf = bytearray(size)
+        self._pos = 0
+        self._digest = hashlib.sha256()
+
+    @property
+    def received(self) -> int:
+        return self._pos
+
+    def add(self, chunk: bytes) -> None:
+        end = self._pos + len(chunk)
+        if end > self.size:
+            raise CodecError(f"stream sent more than the announced {self.size} bytes")
+        self._buf[self._pos : end] = chunk
+        self._digest.update(chunk)
+        self._pos = end
+
+    def finish(self) -> bytearray:
+        if self._pos != self.size:
+            raise CodecError(f"stream truncated: got {self._pos} of {self.size} bytes")
+        actual = self._digest.hexdigest()
+        if actual != self.expected:
+            raise CodecError(f"sha256 mismatch: payload hashes to {actual}, header says "
+                             f"{self.expected or '(none)'}")
+        return self._buf

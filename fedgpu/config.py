@@ -1,0 +1,135 @@
+"""The job file (TOML): what the aggregator runs. Validated strictly so typos fail loudly."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedgpu.errors import ConfigError
+
+STRATEGIES = ("fedavg",)
+MODES = ("star",)
+Scalar = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class Job:
+    task: str
+    rounds: int = 5
+    min_nodes: int = 1
+    fraction: float = 1.0
+    round_deadline_s: float = 600.0
+    use_gpu: bool = True
+    strategy: str = "fedavg"
+    strategy_params: dict[str, Scalar] = field(default_factory=dict)
+    hyperparameters: dict[str, Scalar] = field(default_factory=dict)
+    seed: int = 0
+    mode: str = "star"
+    evaluate: bool = True
+    # Retries of a round that closed at its deadline with fewer than min_nodes updates.
+    round_retries: int = 3
+    initial_weights: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
+    return ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
+
+
+def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
+    known = set(Job.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+        )
+    if "task" not in raw:
+        raise ConfigError(f"{source}: 'task' is required (e.g. task = \"digits\")")
+
+    def get(key: str, kind: type | tuple[type, ...], expected: str) -> Any:
+        value = raw.get(key, Job.__dataclass_fields__[key].default)
+        # bool is an int in Python; a job saying rounds = true is a mistake.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise _fail(source, key, expected, value)
+        if not isinstance(value, kind):
+            raise _fail(source, key, expected, value)
+        return value
+
+    task = get("task", str, "a task name")
+    if not task.strip():
+        raise _fail(source, "task", "a task name", task)
+    rounds = get("rounds", int, "a positive integer")
+    if rounds < 1:
+        raise _fail(source, "rounds", "a positive integer", rounds)
+    min_nodes = get("min_nodes", int, "a positive integer")
+    if min_nodes < 1:
+        raise _fail(source, "min_nodes", "a positive integer", min_nodes)
+    fraction = float(get("fraction", (int, float), "a number in (0, 1]"))
+    if not 0.0 < fraction <= 1.0:
+        raise _fail(source, "fraction", "a number in (0, 1]", fraction)
+    deadline = float(get("round_deadline_s", (int, float), "a positive number of seconds"))
+    if not (deadline > 0 and math.isfinite(deadline)):
+        raise _fail(source, "round_deadline_s", "a positive number of seconds", deadline)
+    use_gpu = get("use_gpu", bool, "true or false")
+    evaluate = get("evaluate", bool, "true or false")
+    strategy = get("strategy", str, f"one of {', '.join(STRATEGIES)}")
+    if strategy not in STRATEGIES:
+        raise _fail(source, "strategy", f"one of {', '.join(STRATEGIES)}", strategy)
+    mode = get("mode", str, f"one of {', '.join(MODES)}")
+    if mode not in MODES:
+        raise _fail(source, "mode", f"one of {', '.join(MODES)}", mode)
+    seed = get("seed", int, "an integer")
+    retries = get("round_retries", int, "a non-negative integer")
+    if retries < 0:
+        raise _fail(source, "round_retries", "a non-negative integer", retries)
+    initial = raw.get("initial_weights")
+    if initial is not None and not isinstance(initial, str):
+        raise _fail(source, "initial_weights", "a path to a .safetensors file", initial)
+    return Job(
+        task=task,
+        rounds=rounds,
+        min_nodes=min_nodes,
+        fraction=fraction,
+        round_deadline_s=deadline,
+        use_gpu=use_gpu,
+        strategy=strategy,
+        strategy_params=_scalars(raw.get("strategy_params", {}), source, "strategy_params"),
+        hyperparameters=_scalars(raw.get("hyperparameters", {}), source, "hyperparameters"),
+        seed=seed,
+        mode=mode,
+        evaluate=evaluate,
+        round_retries=retries,
+        initial_weights=initial,
+    )
+
+
+def _scalars(table: object, source: str, key: str) -> dict[str, Scalar]:
+    if not isinstance(table, dict):
+        raise _fail(source, key, "a table", table)
+    for k, v in table.items():
+        if not isinstance(v, int | float | str | bool):
+            raise ConfigError(
+                f"{source}: [{key}] {k} must be a number, string or boolean, got {v!r}"
+            )
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{source}: [{key}] {k} must be finite, got {v!r}")
+    return dict(table)
+
+
+def load_job(path: Path) -> Job:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"job file {path} does not exist (see examples/job.toml)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_job(raw, str(path))

@@ -1,0 +1,266 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_NONE: _ClassVar[TaskKind]
+    TASK_KIND_INIT: _ClassVar[TaskKind]
+    TASK_KIND_TRAIN: _ClassVar[TaskKind]
+    TASK_KIND_EVALUATE: _ClassVar[TaskKind]
+    TASK_KIND_SHUTDOWN: _ClassVar[TaskKind]
+TASK_KIND_NONE: TaskKind
+TASK_KIND_INIT: TaskKind
+TASK_KIND_TRAIN: TaskKind
+TASK_KIND_EVALUATE: TaskKind
+TASK_KIND_SHUTDOWN: TaskKind
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "memory_free_mib", "utilization_pct", "compute_capability", "healthy", "reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_MIB_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_MIB_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+    memory_free_mib: int
+    utilization_pct: int
+    compute_capability: str
+    healthy: bool
+    reason: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_mib: _Optional[int] = ..., memory_used_mib: _Optional[int] = ..., memory_free_mib: _Optional[int] = ..., utilization_pct: _Optional[int] = ..., compute_capability: _Optional[str] = ..., healthy: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeviceInventory(_message.Message):
+    __slots__ = ("nvml_available", "nvml_reason", "driver_version", "cuda_driver_version", "gpus")
+    NVML_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    NVML_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    nvml_available: bool
+    nvml_reason: str
+    driver_version: str
+    cuda_driver_version: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    def __init__(self, nvml_available: _Optional[bool] = ..., nvml_reason: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_driver_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
+
+class GpuDecision(_message.Message):
+    __slots__ = ("mode", "use_gpu", "device", "gpu_index", "gpu_uuid", "gpu_name", "memory_fraction", "reason", "warnings")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    USE_GPU_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    GPU_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    use_gpu: bool
+    device: str
+    gpu_index: int
+    gpu_uuid: str
+    gpu_name: str
+    memory_fraction: float
+    reason: str
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    version: str
+    devices: DeviceInventory
+    decision: GpuDecision
+    labels: _containers.ScalarMap[str, str]
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    run_id: str
+    heartbeat_interval_s: int
+    max_update_bytes: int
+    chunk_size: int
+    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+
+class PullTaskRequest(_message.Message):
+    __slots__ = ("node_id", "wait_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    wait_s: int
+    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ...) -> None: ...
+
+class TaskHeader(_message.Message):
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
+    HYPERPARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    USE_GPU_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    round: int
+    kind: TaskKind
+    task_name: str
+    hyperparameters_json: str
+    use_gpu: bool
+    payload_size: int
+    payload_sha256: str
+    evaluated_round: int
+    seed: int
+    message: str
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class TaskChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TaskHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class RoundResources(_message.Message):
+    __slots__ = ("device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "torch_peak_allocated_mib", "torch_peak_reserved_mib", "rss_peak_mib", "train_seconds", "round_seconds")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_BEFORE_MIB_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_PEAK_MIB_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_AFTER_MIB_FIELD_NUMBER: _ClassVar[int]
+    TORCH_PEAK_ALLOCATED_MIB_FIELD_NUMBER: _ClassVar[int]
+    TORCH_PEAK_RESERVED_MIB_FIELD_NUMBER: _ClassVar[int]
+    RSS_PEAK_MIB_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    gpu_uuid: str
+    nvml_used_before_mib: int
+    nvml_used_peak_mib: int
+    nvml_used_after_mib: int
+    torch_peak_allocated_mib: int
+    torch_peak_reserved_mib: int
+    rss_peak_mib: int
+    train_seconds: float
+    round_seconds: float
+    def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ...) -> None: ...
+
+class UpdateHeader(_message.Message):
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round")
+    class TrainMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class EvalMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_METRICS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVAL_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    task_id: str
+    round: int
+    kind: TaskKind
+    num_examples: int
+    payload_size: int
+    payload_sha256: str
+    train_metrics: _containers.ScalarMap[str, float]
+    eval_metrics: _containers.ScalarMap[str, float]
+    num_eval_examples: int
+    resources: RoundResources
+    decision: GpuDecision
+    failed: bool
+    error: str
+    evaluated_round: int
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ...) -> None: ...
+
+class UpdateChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("accepted", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "state", "decision")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: str
+    decision: GpuDecision
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("known", "shutdown")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    shutdown: bool
+    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ...) -> None: ...

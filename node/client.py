@@ -1,0 +1,86 @@
+"""The node's side of the wire: register, long-poll, stream updates, heartbeat."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from fedgpu import codec
+from fedgpu.proto import pb, pb_grpc
+from fedgpu.transport import channel, token_metadata
+
+
+class PayloadError(Exception):
+    """A task payload that arrived damaged; the node asks for the task again."""
+
+
+class AggregatorClient:
+    def __init__(self, address: str, token: str | None, chunk_size: int = codec.DEFAULT_CHUNK_SIZE):
+        self.address = address
+        self.chunk_size = chunk_size
+        self._metadata = token_metadata(token)
+        self._channel = channel(address)
+        self._stub = pb_grpc.FederationStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def register(self, request: pb.RegisterRequest, timeout: float = 10) -> pb.RegisterReply:
+        return self._stub.Register(request, metadata=self._metadata, timeout=timeout)
+
+    def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10) -> pb.HeartbeatReply:
+        return self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
+
+    def pull(self, node_id: str, wait_s: int, max_bytes: int
+             ) -> tuple[pb.TaskHeader, bytearray | None]:
+        stream = self._stub.PullTask(
+            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s),
+            metadata=self._metadata,
+            # The server holds the poll up to wait_s, then the payload may take a while.
+            timeout=wait_s + 600,
+        )
+        header: pb.TaskHeader | None = None
+        asm: codec.Assembler | None = None
+        try:
+            for msg in stream:
+                if msg.HasField("header"):
+                    header = msg.header
+                    if header.payload_size:
+                        asm = codec.Assembler(header.payload_size, header.payload_sha256,
+                                              max_bytes)
+                elif asm is not None:
+                    asm.add(msg.data)
+                else:
+                    raise PayloadError("weight chunk before the task header")
+            if header is None:
+                raise PayloadError("task stream ended without a header")
+            return header, asm.finish() if asm is not None else None
+        except codec.CodecError as exc:
+            stream.cancel()
+            raise PayloadError(str(exc)) from None
+
+    def push(self, header: pb.UpdateHeader, payload: Path | None) -> pb.PushReply:
+        if payload is not None:
+            with open(payload, "rb") as fh:
+                header.payload_sha256 = hashlib.file_digest(fh, "sha256").hexdigest()
+            header.payload_size = payload.stat().st_size
+        return self._stub.PushUpdate(
+            self._update_stream(header, payload), metadata=self._metadata, timeout=3600
+        )
+
+    def _update_stream(self, header: pb.UpdateHeader, payload: Path | None
+                       ) -> Iterator[pb.UpdateChunk]:
+        yield pb.UpdateChunk(header=header)
+        if payload is None:
+            return
+        # Read from disk chunk by chunk: the node never holds a second copy of the model.
+        with open(payload, "rb") as fh:
+            while chunk := fh.read(self.chunk_size):
+                yield pb.UpdateChunk(data=chunk)
+
+
+def is_unreachable(exc: grpc.RpcError) -> bool:
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -1,0 +1,139 @@
+"""Build and run the aggregator: Federation + Admin + health + reflection on one port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fedgpu import codec
+from fedgpu.config import Job
+from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
+from fedgpu.transport import SERVER_OPTIONS, check_chunk_size
+from server.admin_service import AdminService
+from server.auth import TokenAuth
+from server.checkpoint import Checkpointer
+from server.federation_service import FederationService
+from server.registry import Registry
+from server.rounds import Orchestrator
+
+log = logging.getLogger("fedgpu.server")
+
+DEFAULT_MAX_UPDATE_BYTES = 4 << 30
+
+
+@dataclass
+class ServerConfig:
+    job: Job
+    host: str = "0.0.0.0"
+    port: int = 50051
+    token: str | None = None
+    insecure: bool = False
+    state_dir: Path | None = None
+    chunk_size: int = codec.DEFAULT_CHUNK_SIZE
+    max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
+    heartbeat_interval_s: int = 5
+    exit_when_done: bool = False
+
+
+def _initial_weights(job: Job) -> dict | None:
+    if job.initial_weights is None:
+        return None
+    path = Path(job.initial_weights)
+    try:
+        tensors, _ = codec.decode(path.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"initial_weights {path} does not exist") from None
+    except codec.CodecError as exc:
+        raise ConfigError(f"initial_weights {path} is not a safetensors file: {exc}") from None
+    return dict(tensors)
+
+
+async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
+    if not cfg.insecure and not cfg.token:
+        raise ConfigError(
+            "the aggregator needs --token (or FEDGPU_TOKEN) so only your nodes can join; "
+            "pass --insecure to run without any authentication"
+        )
+    if cfg.insecure:
+        log.warning("INSECURE MODE: no token, no TLS — anyone who reaches port %d can join "
+                    "this federation and read its model", cfg.port)
+    check_chunk_size(cfg.chunk_size)
+    registry = Registry(cfg.heartbeat_interval_s)
+    orch = Orchestrator(
+        cfg.job,
+        registry,
+        chunk_size=cfg.chunk_size,
+        checkpointer=Checkpointer(cfg.state_dir) if cfg.state_dir else None,
+        initial_weights=_initial_weights(cfg.job),
+    )
+    auth = TokenAuth(None if cfg.insecure else cfg.token)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_FederationServicer_to_server(
+        FederationService(registry, orch, auth, cfg.max_update_bytes), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(orch, registry, auth), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        pb.DESCRIPTOR.services_by_name["Federation"].full_name,
+        admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    address = f"{cfg.host}:{cfg.port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise FedgpuError(f"cannot listen on {address}: {exc}; is the port in use?") from None
+    if bound == 0:
+        raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
+    await server.start()
+    for name in ("", *names[:2]):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("aggregator %s listening on %s; job: task=%s rounds=%d min_nodes=%d",
+             orch.run_id, address, cfg.job.task, cfg.job.rounds, cfg.job.min_nodes)
+    if ready is not None:
+        ready.set()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    run_task = asyncio.create_task(orch.run())
+    stop_wait = asyncio.create_task(stop.wait())
+    done_wait = asyncio.create_task(orch.finished.wait())
+    while True:
+        await asyncio.wait({stop_wait, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.info("shutting down on signal")
+            break
+        if done_wait.done() and cfg.exit_when_done:
+            # Give polling nodes a moment to hear "shutdown" before the port closes.
+            await _drain(registry, timeout=8.0)
+            break
+        if done_wait.done():
+            done_wait = asyncio.create_task(asyncio.Event().wait())
+    run_task.cancel()
+    for t in (stop_wait, done_wait):
+        t.cancel()
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=3)
+    return 0 if orch.state == "finished" else 1
+
+
+async def _drain(registry: Registry, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end and any(n.state != "shutdown" for n in registry.alive()):
+        await asyncio.sleep(0.5)

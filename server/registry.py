@@ -1,0 +1,130 @@
+"""Nodes the aggregator knows: identity, liveness, devices, GPU decision, last resources."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Node:
+    node_id: str
+    name: str
+    peer: str
+    version: str
+    registered_at: float
+    last_seen: float
+    devices: dict[str, Any]
+    decision: dict[str, Any]
+    labels: dict[str, str]
+    tasks: list[str]
+    state: str = "idle"
+    rounds_completed: int = 0
+    rounds_failed: int = 0
+    last_round: int | None = None
+    last_resources: dict[str, Any] | None = None
+    last_error: str | None = None
+    # The task assigned to this node and not yet answered; re-served on a re-pull so a
+    # dropped stream loses nothing.
+    pending: Any = None
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: bool = False
+
+
+class Registry:
+    def __init__(self, heartbeat_interval_s: int = 5, clock: Callable[[], float] = time.time):
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._clock = clock
+        self._nodes: dict[str, Node] = {}
+        self.changed = asyncio.Event()
+
+    def register(
+        self,
+        name: str,
+        peer: str,
+        version: str,
+        devices: dict[str, Any],
+        decision: dict[str, Any],
+        labels: dict[str, str],
+        tasks: list[str],
+    ) -> Node:
+        now = self._clock()
+        # A node that comes back under its name (restart, reconnect) replaces its old self:
+        # the old id can no longer push or pull.
+        for old in self._nodes.values():
+            if old.name == name and not old.gone:
+                old.gone = True
+                old.wakeup.set()
+        node_id = f"{name}-{secrets.token_hex(4)}"
+        node = Node(
+            node_id=node_id,
+            name=name,
+            peer=peer,
+            version=version,
+            registered_at=now,
+            last_seen=now,
+            devices=devices,
+            decision=decision,
+            labels=labels,
+            tasks=tasks,
+        )
+        self._nodes[node_id] = node
+        self._notify()
+        return node
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def get(self, node_id: str) -> Node | None:
+        node = self._nodes.get(node_id)
+        return None if node is None or node.gone else node
+
+    def touch(self, node_id: str) -> Node | None:
+        node = self.get(node_id)
+        if node is not None:
+            node.last_seen = self._clock()
+        return node
+
+    def is_alive(self, node: Node, now: float | None = None) -> bool:
+        now = self._clock() if now is None else now
+        # Three missed heartbeats: a node in a long poll or a long upload still beats.
+        return not node.gone and now - node.last_seen <= 3 * self.heartbeat_interval_s + 2
+
+    def alive(self) -> list[Node]:
+        now = self._clock()
+        return sorted(
+            (n for n in self._nodes.values() if self.is_alive(n, now)), key=lambda n: n.node_id
+        )
+
+    def all(self) -> list[Node]:
+        return sorted((n for n in self._nodes.values() if not n.gone), key=lambda n: n.name)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [
+            {
+                "node_id": n.node_id,
+                "name": n.name,
+                "address": n.peer,
+                "version": n.version,
+                "alive": self.is_alive(n, now),
+                "state": n.state if self.is_alive(n, now) else "lost",
+                "last_seen_s": round(now - n.last_seen, 3),
+                "registered_at": n.registered_at,
+                "rounds_completed": n.rounds_completed,
+                "rounds_failed": n.rounds_failed,
+                "last_round": n.last_round,
+                "last_error": n.last_error,
+                "gpu_decision": n.decision,
+                "devices": n.devices,
+                "last_resources": n.last_resources,
+                "labels": n.labels,
+                "tasks": n.tasks,
+            }
+            for n in self.all()
+        ]
