@@ -1,0 +1,122 @@
+"""``fedgpu devices``: this host's NVML view and what the node GPU policy would decide."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedgpu.errors import ConfigError, FedgpuError
+from node import nvml
+from node.policy import Decision, EnforceError, PolicyError, decide, parse_gpu_flags
+
+
+def _mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+def _render(snap: nvml.NvmlSnapshot, decision: Decision | None) -> None:
+    out = Console()
+    if snap.available:
+        out.print(
+            f"NVML: driver {snap.driver_version or 'unknown'}, "
+            f"CUDA {snap.cuda_driver_version or 'unknown'}; {snap.reason}"
+        )
+    else:
+        out.print(f"[bold yellow]NVML unavailable:[/] {snap.reason}", highlight=False)
+    if snap.gpus:
+        table = Table(
+            "idx",
+            "uuid",
+            "name",
+            "free MiB",
+            "used MiB",
+            "total MiB",
+            "util %",
+            "cc",
+            "procs",
+            "health",
+        )
+        for g in snap.gpus:
+            table.add_row(
+                str(g.index),
+                g.uuid or "?",
+                g.name or "?",
+                _mib(g.memory_free_mib),
+                _mib(g.memory_used_mib),
+                _mib(g.memory_total_mib),
+                _mib(g.utilization_pct),
+                g.compute_capability or "n/a",
+                str(len(g.processes)),
+                g.reason if g.healthy else f"[red]{g.reason}[/]",
+            )
+        out.print(table)
+    if decision is not None:
+        target = (
+            f"GPU {decision.gpu_index} {decision.gpu_uuid} ({decision.gpu_name})"
+            if decision.use_gpu
+            else "CPU"
+        )
+        out.print(f"Decision (--gpu {decision.mode}): train on {target}", highlight=False)
+        out.print(f"  reason: {decision.reason}", highlight=False)
+        for warning in decision.warnings:
+            out.print(f"  [yellow]warning:[/] {warning}", highlight=False)
+
+
+def devices(
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON document (schema: docs/devices-json.md)."),
+    ] = False,
+    gpu: Annotated[
+        str,
+        typer.Option("--gpu", help="Node GPU mode to evaluate: none, offer or enforce."),
+    ] = "offer",
+    gpu_index: Annotated[
+        str | None,
+        typer.Option("--gpu-index", help="Preferred GPU: NVML index or UUID (GPU-...)."),
+    ] = None,
+    gpu_min_free_mib: Annotated[
+        int,
+        typer.Option("--gpu-min-free-mib", help="A GPU needs at least this much free memory."),
+    ] = 0,
+    gpu_memory_fraction: Annotated[
+        float | None,
+        typer.Option("--gpu-memory-fraction", help="Cap for the training process, in (0, 1]."),
+    ] = None,
+    use_gpu: Annotated[
+        bool,
+        typer.Option("--use-gpu/--no-use-gpu", help="Whether the job asks for a GPU."),
+    ] = True,
+) -> None:
+    """Show this host's GPUs as NVML sees them and which device the node policy picks."""
+    try:
+        flags = parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
+    except PolicyError as err:
+        raise ConfigError(str(err)) from None
+    snap = nvml.snapshot()
+    decision: Decision | None = None
+    error: str | None = None
+    try:
+        decision = decide(snap, flags, job_use_gpu=use_gpu)
+    except EnforceError as err:
+        error = str(err)
+    if as_json:
+        doc: dict[str, Any] = {
+            "nvml": nvml.to_dict(snap),
+            "decision": None if decision is None else decision.to_dict(),
+            "error": error,
+        }
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        _render(snap, decision)
+    if error is not None:
+        # The app prints it as one line on stderr and exits 1, after the JSON or table.
+        raise FedgpuError(error)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("devices")(devices)
