@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# What `make up` / `make down` run: checks first, then docker compose.
+#
+#   compose/compose.sh up PROFILE [compose up args...]   PROFILE: cpu gpu-offered gpu-enforced hetero
+#   compose/compose.sh down [compose down args...]       every profile's containers; volumes kept
+#   compose/compose.sh config PROFILE
+#
+# Extra compose files: FEDGPU_COMPOSE_FILES="compose/gpu-device-ids.yaml ..." (paths
+# relative to the repository root).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PROFILES="cpu gpu-offered gpu-enforced hetero"
+
+die() { echo "$*" >&2; exit 2; }
+
+command -v docker >/dev/null 2>&1 \
+  || die "no docker CLI: install Docker Engine + Compose v2 (on Debian/Ubuntu: bash tests/e2e/setup_docker.sh)"
+docker compose version >/dev/null 2>&1 \
+  || die "no 'docker compose' (Compose v2 plugin): install it (bash tests/e2e/setup_docker.sh does, from PyPI)"
+
+files=(-f "$ROOT/compose/compose.yaml")
+for extra in ${FEDGPU_COMPOSE_FILES:-}; do files+=(-f "$ROOT/$extra"); done
+all_profiles=()
+for p in $PROFILES; do all_profiles+=(--profile "$p"); done
+
+check_profile() {
+  local profile=${1:-}
+  [ -n "$profile" ] || die "no profile given: PROFILE=one of: $PROFILES"
+  case " $PROFILES " in
+    *" $profile "*) ;;
+    *) die "unknown profile '$profile': PROFILE=one of: $PROFILES" ;;
+  esac
+}
+
+check_engine() {
+  docker info >/dev/null 2>&1 \
+    || die "no Docker engine answers: start one (bash tests/e2e/setup_docker.sh installs and starts dockerd)"
+}
+
+check_images() {
+  local image missing=()
+  # The images as compose resolves them (compose/.env, then the environment).
+  for image in $(docker compose "${files[@]}" --profile "$1" config --images | sort -u); do
+    docker image inspect "$image" >/dev/null 2>&1 || missing+=("$image")
+  done
+  [ ${#missing[@]} -eq 0 ] \
+    || die "image(s) ${missing[*]} not in the engine: run 'make images' (or 'make images OFFLINE=1' without a registry)"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  up)
+    profile=${1:-}
+    check_profile "$profile"
+    shift
+    check_engine
+    check_images "$profile"
+    exec docker compose "${files[@]}" --profile "$profile" up -d --no-build "$@"
+    ;;
+  down)
+    check_engine
+    exec docker compose "${files[@]}" "${all_profiles[@]}" down --remove-orphans "$@"
+    ;;
+  config)
+    check_profile "${1:-}"
+    exec docker compose "${files[@]}" --profile "$1" config
+    ;;
+  *) die "usage: compose/compose.sh up PROFILE | down | config PROFILE" ;;
+esac

@@ -1,0 +1,65 @@
+# fedgpu aggregator: CPU-only, no torch (numpy + grpc), non-root.
+#
+# Build from the repository root (the context is filtered by /.dockerignore):
+#   docker build -f images/server.Dockerfile -t fedgpu/server:dev .
+# Air-gapped (what `images/build.sh --offline` passes; only build args differ):
+#   --build-arg BASE_IMAGE=fedgpu/base:bookworm-py311 --build-arg PIP_NO_INDEX=1
+# with the wheels in images/wheelhouse/.
+#
+# BASE_IMAGE must provide python3 (>= 3.11) with the venv module; builder and
+# runtime use the same base, so the venv's interpreter path is valid in both.
+# Pin by digest at a real site: python:3.11.11-slim-bookworm@sha256:<digest>.
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
+# PyPI by default; a site mirror via PIP_INDEX_URL; PIP_NO_INDEX=1 installs from
+# images/wheelhouse/ only (no network at all during the build).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_NO_INDEX=0
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_FIND_LINKS=/build/wheelhouse \
+    PATH=/opt/venv/bin:${PATH}
+WORKDIR /build
+RUN python3 -m venv /opt/venv
+COPY images/wheelhouse/ /build/wheelhouse/
+# Dependencies first (from pyproject.toml alone) so a source change does not
+# reinstall them. tomllib is in the standard library from 3.11 on.
+COPY pyproject.toml /build/src/pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/build/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies']))" > /build/requirements.txt \
+ && pip install --only-binary=:all: -r /build/requirements.txt
+COPY . /build/src/
+RUN pip install --no-deps /build/src \
+ && pip check \
+ && if python3 -c "import torch" 2>/dev/null; then echo "torch must not be in the aggregator image" >&2; exit 1; fi
+
+FROM ${BASE_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="fedgpu aggregator" \
+      org.opencontainers.image.description="CPU-only federated-learning aggregator (gRPC)"
+# A fixed UID/GID so volume ownership is predictable across hosts and rebuilds.
+RUN groupadd --system --gid 10001 fedgpu \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/fedgpu --no-create-home \
+      --shell /usr/sbin/nologin fedgpu \
+ && install -d -o 10001 -g 10001 -m 0750 /var/lib/fedgpu \
+ && install -d -m 0755 /etc/fedgpu
+COPY --from=builder /opt/venv /opt/venv
+# A default job so the image runs on its own; compose mounts the real one over it.
+COPY compose/job.toml /etc/fedgpu/job.toml
+ENV PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    FEDGPU_PORT=50051 \
+    FEDGPU_STATE_DIR=/var/lib/fedgpu
+USER 10001:10001
+WORKDIR /var/lib/fedgpu
+# Checkpoints (global weights + round state): keep them across restarts.
+VOLUME ["/var/lib/fedgpu"]
+EXPOSE 50051
+# Probes the standard grpc.health.v1 service on the port the server listens on.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["sh", "-c", "exec fedgpu health --address \"127.0.0.1:${FEDGPU_PORT:-50051}\""]
+# Python turns SIGINT into KeyboardInterrupt even as PID 1, so `docker stop`
+# shuts the server down cleanly instead of waiting for SIGKILL.
+STOPSIGNAL SIGINT
+ENTRYPOINT ["fedgpu"]
+CMD ["server", "start", "--job", "/etc/fedgpu/job.toml", "--host", "0.0.0.0"]

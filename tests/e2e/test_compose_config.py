@@ -1,0 +1,200 @@
+"""compose/compose.yaml as Compose resolves it: profiles, GPU reservations, wiring.
+
+`docker compose config` needs the compose plugin but no engine, so these run wherever
+the plugin is installed and skip (with the reason) elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from .dockerutil import (
+    COMPOSE_FILE,
+    GPU_IDS_FILE,
+    NO_GPU_FILE,
+    PROFILES,
+    REPO,
+    compose_available,
+    compose_config,
+    run,
+)
+
+_reason = compose_available()
+pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
+
+# What each profile must start besides the aggregator and the one-shot data-split.
+EXPECTED_NODES = {
+    "cpu": {"node-cpu-1", "node-cpu-2", "node-cpu-3"},
+    "gpu-offered": {"node-gpu-offered-1", "node-gpu-offered-2", "node-gpu-offered-3"},
+    "gpu-enforced": {"node-gpu-enforced-1", "node-gpu-enforced-2", "node-gpu-enforced-3"},
+    "hetero": {"node-cpu-1", "node-gpu-offered-1", "node-gpu-enforced-1"},
+}
+GPU_MODE = {"node-cpu": "none", "node-gpu-offered": "offer", "node-gpu-enforced": "enforce"}
+
+
+def kind(service: str) -> str:
+    return service.rsplit("-", 1)[0]
+
+
+def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    deploy = service.get("deploy") or {}
+    reservations = (deploy.get("resources") or {}).get("reservations") or {}
+    return list(reservations.get("devices") or [])
+
+
+def node_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in config["services"].items() if n.startswith("node-")}
+
+
+def data_volume(service: dict[str, Any]) -> str:
+    (mount,) = [v for v in service["volumes"] if v["target"] == "/data"]
+    assert mount.get("read_only") is True, "a node's data is mounted read-only"
+    return str(mount["source"])
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_profile_starts_the_right_services(profile: str) -> None:
+    config = compose_config(profile)
+    assert set(config["services"]) == {"aggregator", "data-split"} | EXPECTED_NODES[profile]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_gpu_reservations_exactly_on_gpu_services(profile: str) -> None:
+    for name, service in node_services(compose_config(profile)).items():
+        devices = gpu_devices(service)
+        if kind(name) == "node-cpu":
+            assert devices == [], f"{name} must reserve no GPU"
+            continue
+        assert len(devices) == 1, f"{name}: one device request"
+        (device,) = devices
+        assert device["driver"] == "nvidia"
+        assert device["capabilities"] == ["gpu"]
+        assert ("count" in device) != ("device_ids" in device), (
+            f"{name}: exactly one of count / device_ids, got {device}"
+        )
+    # Neither the aggregator nor the data split ever reserves a GPU.
+    config = compose_config(profile)
+    assert gpu_devices(config["services"]["aggregator"]) == []
+    assert gpu_devices(config["services"]["data-split"]) == []
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_nodes_wiring(profile: str) -> None:
+    config = compose_config(profile)
+    nodes = node_services(config)
+    token = config["services"]["aggregator"]["environment"]["FEDGPU_TOKEN"]
+    volumes = set()
+    for name, service in nodes.items():
+        command = service["command"]
+        assert command[:2] == ["node", "start"]
+        assert command[command.index("--gpu") + 1] == GPU_MODE[kind(name)], name
+        depends = service["depends_on"]
+        assert depends["aggregator"]["condition"] == "service_healthy"
+        assert depends["data-split"]["condition"] == "service_completed_successfully"
+        env = service["environment"]
+        assert env["FEDGPU_AGGREGATOR"] == "aggregator:50051"
+        assert env["FEDGPU_NODE_NAME"] == name
+        assert env["FEDGPU_TOKEN"] == token
+        volumes.add(data_volume(service))
+    assert len(volumes) == len(nodes), "each node of a profile mounts its own partition"
+    split = config["services"]["data-split"]
+    assert {v["source"] for v in split["volumes"]} >= volumes
+
+
+def test_gpu_count_comes_from_the_environment() -> None:
+    config = compose_config("gpu-enforced", env={"FEDGPU_GPU_COUNT": "2"})
+    for service in node_services(config).values():
+        (device,) = gpu_devices(service)
+        assert int(device["count"]) == 2
+        assert "device_ids" not in device
+
+
+def test_device_ids_override_replaces_count() -> None:
+    env = {"FEDGPU_GPU_DEVICE_IDS": "GPU-0f00d"}
+    for profile in ("gpu-offered", "gpu-enforced", "hetero"):
+        config = compose_config(profile, files=[GPU_IDS_FILE], env=env)
+        for name, service in node_services(config).items():
+            devices = gpu_devices(service)
+            if kind(name) == "node-cpu":
+                assert devices == []
+                continue
+            (device,) = devices
+            assert device["device_ids"] == ["GPU-0f00d"]
+            assert "count" not in device, f"{name}: never both count and device_ids"
+
+
+def test_no_gpu_override_drops_only_reservations() -> None:
+    config = compose_config("hetero", files=[NO_GPU_FILE])
+    shipped = compose_config("hetero")
+    for name, service in node_services(config).items():
+        assert gpu_devices(service) == []
+        assert service["command"] == shipped["services"][name]["command"]
+
+
+def test_aggregator_service() -> None:
+    aggregator = compose_config()["services"]["aggregator"]
+    assert "profiles" not in aggregator, "the aggregator starts with every profile"
+    assert aggregator["healthcheck"]["test"][:3] == ["CMD", "fedgpu", "health"]
+    (port,) = aggregator["ports"]
+    assert port["target"] == 50051
+    targets = {v["target"]: v for v in aggregator["volumes"]}
+    assert targets["/var/lib/fedgpu"]["type"] == "volume"
+    assert targets["/etc/fedgpu/job.toml"]["read_only"] is True
+
+
+def test_unknown_profile_starts_no_nodes() -> None:
+    config = compose_config("no-such-profile")
+    assert set(config["services"]) == {"aggregator"}
+
+
+def test_token_is_required() -> None:
+    """Without compose/.env and FEDGPU_TOKEN, compose refuses instead of running open."""
+    env = {k: v for k, v in os.environ.items() if k != "FEDGPU_TOKEN"}
+    proc = subprocess.run(
+        [
+            "docker",
+            "compose",
+            "-f",
+            str(COMPOSE_FILE),
+            "--env-file",
+            os.devnull,
+            "--profile",
+            "cpu",
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "FEDGPU_TOKEN" in proc.stderr
+
+
+def test_make_up_refuses_unknown_profile() -> None:
+    script = REPO / "compose" / "compose.sh"
+    proc = run(["bash", str(script), "up", "no-such-profile"], check=False)
+    assert proc.returncode == 2
+    assert "unknown profile 'no-such-profile'" in proc.stderr
+    assert "cpu gpu-offered gpu-enforced hetero" in proc.stderr
+    makefile = REPO / "Makefile"
+    if shutil.which("make") and makefile.exists() and "\nup:" in makefile.read_text():
+        proc = run(["make", "-s", "-C", str(REPO), "up", "PROFILE=no-such-profile"], check=False)
+        assert proc.returncode != 0
+        assert "unknown profile" in proc.stderr
+
+
+def test_env_file_matches_compose() -> None:
+    """Every variable compose/.env sets is one compose.yaml (or an override) reads."""
+    text = "\n".join(p.read_text() for p in (COMPOSE_FILE, GPU_IDS_FILE))
+    for line in (REPO / "compose" / ".env").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("=", 1)[0]
+        assert "${" + name in text, f"compose/.env sets {name}, which no compose file reads"
