@@ -346,7 +346,7 @@ class Orchestrator:
                                  f"{rnd.number} ({status})")
         if header.kind != rnd.kind:
             raise UpdateRejected("wrong_kind", "update kind does not match the task")
-        if header.kind != pb.TASK_KIND_EVALUATE and not header.failed:
+        if header.kind == pb.TASK_KIND_TRAIN and not header.failed:
             if header.num_examples <= 0:
                 raise UpdateRejected("num_examples", "num_examples must be positive")
         return rnd
@@ -361,10 +361,14 @@ class Orchestrator:
             "reason": exc.reason,
             "message": exc.message,
         }
-        if rnd is not None and not rnd.closed and node is not None:
+        # A rejected answer to the node's own open task ends its part in this round.
+        rnd = rnd or self.current
+        if (rnd is not None and not rnd.closed and node is not None and header is not None
+                and rnd.task_ids.get(node.node_id) == header.task_id):
             rnd.rejected.append(entry)
             if rnd.status.get(node.node_id) == "assigned":
                 rnd.status[node.node_id] = "rejected"
+                node.pending = None
                 self._maybe_done(rnd)
         log.warning("rejected update from %s: %s", entry["node"], exc.message)
 

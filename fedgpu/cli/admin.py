@@ -1,0 +1,106 @@
+"""`fedgpu status|nodes|rounds|health`: questions for a running aggregator."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedgpu import admin_client
+
+Address = Annotated[str, typer.Option(
+    "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]
+Token = Annotated[str | None, typer.Option(
+    envvar="FEDGPU_TOKEN", help="The aggregator's token.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
+           ) -> None:
+    """The run: state, round, nodes, latest global accuracy."""
+    doc = admin_client.query(address, token, "GetStatus")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    cur = doc["current_round"]
+    lines = [
+        f"run {doc['run_id']}  state {doc['state']}  task {doc['task']}  "
+        f"strategy {doc['strategy']}",
+        f"round {doc['round']}/{doc['rounds']}  nodes {doc['nodes']['alive']} alive of "
+        f"{doc['nodes']['registered']}  accuracy {_fmt(doc['accuracy'])}  "
+        f"loss {_fmt(doc['loss'])}",
+    ]
+    if cur:
+        lines.append(f"open: round {cur['round']} ({cur['kind']}, attempt {cur['attempt']}) "
+                     f"{cur['accepted']}/{cur['participants']} updates, deadline in "
+                     f"{cur['deadline_in_s']}s")
+    if doc["error"]:
+        lines.append(f"error: {doc['error']}")
+    if doc["rejections"]:
+        lines.append("rejected updates: " + ", ".join(
+            f"{k}={v}" for k, v in doc["rejections"].items()))
+    typer.echo("\n".join(lines))
+
+
+def nodes(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
+          ) -> None:
+    """Registered nodes, their GPU decision and last round's memory."""
+    doc = admin_client.query(address, token, "ListNodes")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    table = Table("name", "state", "device", "gpu", "reason", "rounds", "mem before/peak/after")
+    for n in doc["nodes"]:
+        d = n["gpu_decision"] or {}
+        r = n["last_resources"] or {}
+        mem = "/".join(_fmt(r.get(k)) for k in
+                       ("nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib"))
+        if r and r.get("device") == "cpu":
+            mem = f"rss {_fmt(r.get('rss_peak_mib'))}"
+        table.add_row(n["name"], n["state"], d.get("device", "-"),
+                      d.get("gpu_name") or "-", d.get("reason", "-"),
+                      str(n["rounds_completed"]), mem if r else "-")
+    Console().print(table)
+
+
+def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
+           ) -> None:
+    """Per-round metrics: training loss, federated evaluation, nodes reporting."""
+    doc = admin_client.query(address, token, "ListRounds")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    table = Table("round", "status", "nodes", "train loss", "eval loss", "accuracy", "seconds")
+    for r in doc["rounds"]:
+        ev = r["eval"] or {}
+        table.add_row(str(r["round"]), r["status"], str(r["nodes_reporting"]),
+                      _fmt(r["train_loss"]), _fmt(ev.get("loss")), _fmt(ev.get("accuracy")),
+                      _fmt(r["duration_s"], 1))
+    Console().print(table)
+
+
+def health(address: Address = "localhost:50051",
+           service: Annotated[str, typer.Option(help="Service name; empty = server.")] = "",
+           ) -> None:
+    """Exit 0 when the aggregator's gRPC health service answers SERVING."""
+    state = admin_client.health(address, service)
+    typer.echo(state)
+    raise typer.Exit(0 if state == "SERVING" else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+    app.command("nodes")(nodes)
+    app.command("rounds")(rounds)
+    app.command("health")(health)

@@ -1,0 +1,99 @@
+"""`fedgpu node start|health`: what the node container runs."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgpu import logs
+from fedgpu.errors import ConfigError, FedgpuError
+
+node_app = typer.Typer(help="The training agent.", no_args_is_help=True)
+STATUS_HELP = "Status file the agent refreshes (read by 'fedgpu node health')."
+
+
+@node_app.command("start")
+def start(
+    aggregator: Annotated[str, typer.Option(
+        envvar="FEDGPU_AGGREGATOR", help="Aggregator address HOST:PORT.")],
+    data: Annotated[Path, typer.Option(
+        envvar="FEDGPU_DATA", help="This node's data directory (from 'fedgpu data split').")],
+    name: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_NODE_NAME", help="Node name (default: hostname).")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TOKEN", help="The aggregator's token.")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Connect without a token (aggregator must run --insecure).")] = False,
+    gpu: Annotated[str, typer.Option(
+        envvar="FEDGPU_GPU", help="GPU policy: none, offer or enforce.")] = "offer",
+    gpu_index: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_GPU_INDEX", help="Preferred GPU: NVML index or UUID.")] = None,
+    gpu_min_free_mib: Annotated[int, typer.Option(
+        envvar="FEDGPU_GPU_MIN_FREE_MIB", help="A GPU needs this much free memory.")] = 0,
+    gpu_memory_fraction: Annotated[float | None, typer.Option(
+        envvar="FEDGPU_GPU_MEMORY_FRACTION",
+        help="Cap the training process to this share of the GPU, in (0, 1].")] = None,
+    connect_timeout: Annotated[float, typer.Option(
+        help="Seconds to keep trying to reach the aggregator at start.")] = 60.0,
+    torch_threads: Annotated[int | None, typer.Option(
+        envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
+    status_file: Annotated[Path, typer.Option(
+        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Start a training node: register with the aggregator and serve its tasks."""
+    from node import policy
+    from node.agent import Agent, AgentConfig
+    from node.data import DataDirError, check_data_dir
+
+    logs.setup(log_level)
+    try:
+        flags = policy.parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
+    except policy.PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    if not insecure and not token:
+        raise ConfigError("no token: pass --token (or set FEDGPU_TOKEN) to the aggregator's "
+                          "token, or --insecure if the aggregator runs without one")
+    if ":" not in aggregator:
+        raise ConfigError(f"--aggregator {aggregator!r} must be HOST:PORT (e.g. localhost:50051)")
+    try:
+        check_data_dir(data)
+    except DataDirError as exc:
+        raise ConfigError(str(exc)) from None
+    agent = Agent(AgentConfig(
+        aggregator=aggregator,
+        data_dir=data,
+        name=name or socket.gethostname(),
+        token=None if insecure else token,
+        gpu=flags,
+        connect_timeout_s=connect_timeout,
+        status_file=status_file,
+        torch_threads=torch_threads,
+    ))
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    try:
+        code = agent.run()
+    except policy.EnforceError as exc:
+        raise FedgpuError(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@node_app.command("health")
+def health(
+    status_file: Annotated[Path, typer.Option(
+        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+) -> None:
+    """Exit 0 when the agent's status file is fresh (for container health checks)."""
+    from node.agent import status_is_fresh
+
+    ok, why = status_is_fresh(status_file)
+    typer.echo(("healthy: " if ok else "unhealthy: ") + why, err=not ok)
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")

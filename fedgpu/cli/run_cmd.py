@@ -1,0 +1,51 @@
+"""`fedgpu run`: a whole federation on this machine, no Docker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgpu.errors import ConfigError
+
+
+def run(
+    nodes: Annotated[int, typer.Option(help="Number of local nodes.")] = 3,
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 5,
+    job: Annotated[Path | None, typer.Option(help="Job file; default: digits demo job.")] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        help="Where data, logs and checkpoints go (default runs/<time>).")] = None,
+    partition: Annotated[str, typer.Option(help="iid or dirichlet.")] = "iid",
+    alpha: Annotated[float, typer.Option(help="Dirichlet concentration (non-IID).")] = 0.5,
+    seed: Annotated[int, typer.Option(help="Seed for data split and sampling.")] = 0,
+    gpu: Annotated[str, typer.Option(help="Node GPU policy: none, offer, enforce.")] = "offer",
+    gpu_memory_fraction: Annotated[float | None, typer.Option(
+        help="Cap each node's training process to this share of its GPU.")] = None,
+    use_gpu: Annotated[bool, typer.Option("--use-gpu/--no-use-gpu",
+                                          help="Whether the job asks for GPUs.")] = True,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 1800.0,
+    torch_threads: Annotated[int, typer.Option(help="CPU threads per node.")] = 1,
+) -> None:
+    """Run an aggregator and N nodes as local processes and show each round."""
+    from fedgpu.launcher import LocalRunConfig, run_local
+    from node.policy import PolicyError, parse_gpu_flags
+
+    try:
+        parse_gpu_flags(gpu, None, 0, gpu_memory_fraction)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    if partition not in ("iid", "dirichlet"):
+        raise ConfigError(f"--partition must be iid or dirichlet, not {partition!r}")
+    code = run_local(LocalRunConfig(
+        nodes=nodes, rounds=rounds, job=job, run_dir=run_dir, partition=partition,
+        alpha=alpha, seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
+        use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
+        hyperparameters={"local_epochs": local_epochs},
+    ))
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

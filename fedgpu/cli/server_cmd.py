@@ -1,0 +1,58 @@
+"""`fedgpu server start`: what the aggregator container runs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgpu import logs
+from fedgpu.codec import DEFAULT_CHUNK_SIZE
+from fedgpu.config import load_job
+
+server_app = typer.Typer(help="The aggregator.", no_args_is_help=True)
+
+
+@server_app.command("start")
+def start(
+    job: Annotated[Path, typer.Option("--job", envvar="FEDGPU_JOB", help="Job file (TOML).")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(envvar="FEDGPU_PORT", help="gRPC port.")] = 50051,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TOKEN", help="Shared token nodes and operators must present.")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Run without any authentication (logged as a warning).")] = False,
+    state_dir: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_STATE_DIR", help="Where round checkpoints are written.")] = None,
+    chunk_size: Annotated[int, typer.Option(
+        help="Bytes per weight chunk on the wire.")] = DEFAULT_CHUNK_SIZE,
+    max_update_mib: Annotated[int, typer.Option(
+        help="Largest update accepted from a node, in MiB.")] = 4096,
+    heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
+    exit_when_done: Annotated[bool, typer.Option(
+        "--exit-when-done", help="Stop serving once the job has finished.")] = False,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Start the aggregator and run the job."""
+    from server.app import ServerConfig, serve
+
+    logs.setup(log_level)
+    cfg = ServerConfig(
+        job=load_job(job),
+        host=host,
+        port=port,
+        token=token,
+        insecure=insecure,
+        state_dir=state_dir,
+        chunk_size=chunk_size,
+        max_update_bytes=max_update_mib << 20,
+        heartbeat_interval_s=heartbeat_s,
+        exit_when_done=exit_when_done,
+    )
+    raise typer.Exit(asyncio.run(serve(cfg)))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(server_app, name="server")

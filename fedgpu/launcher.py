@@ -1,0 +1,266 @@
+"""`fedgpu run`: an aggregator and N nodes as local processes on loopback, no Docker.
+
+Every child runs in its own session so a Ctrl-C reaches only us; we then stop them in order
+(SIGTERM, then SIGKILL after a grace period), so nothing is left running whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedgpu import admin_client
+from fedgpu.errors import FedgpuError
+
+
+@dataclass
+class LocalRunConfig:
+    nodes: int = 3
+    rounds: int = 5
+    run_dir: Path | None = None
+    job: Path | None = None
+    partition: str = "iid"
+    alpha: float = 0.5
+    seed: int = 0
+    use_gpu: bool = True
+    gpu: str = "offer"
+    gpu_memory_fraction: float | None = None
+    round_deadline_s: float = 300.0
+    timeout_s: float = 1800.0
+    torch_threads: int = 1
+    node_env: dict[str, str] = field(default_factory=dict)
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job_toml(cfg: LocalRunConfig) -> str:
+    hp = {"lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32,
+          **cfg.hyperparameters}
+    lines = [
+        'task = "digits"',
+        f"rounds = {cfg.rounds}",
+        f"min_nodes = {cfg.nodes}",
+        "fraction = 1.0",
+        f"round_deadline_s = {cfg.round_deadline_s}",
+        f"use_gpu = {'true' if cfg.use_gpu else 'false'}",
+        f"seed = {cfg.seed}",
+        "",
+        "[hyperparameters]",
+        *(f"{k} = {json.dumps(v)}" for k, v in hp.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class Proc:
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = log
+        self._log: TextIO = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self._log.close()
+        return self.popen.returncode
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalRun:
+    def __init__(self, cfg: LocalRunConfig, out: TextIO = sys.stdout) -> None:
+        self.cfg = cfg
+        self.out = out
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = (cfg.run_dir or Path("runs") / stamp).resolve()
+        self.procs: list[Proc] = []
+        self.address = ""
+        self.token = secrets.token_urlsafe(16)
+        self.last_rounds: dict[str, Any] | None = None
+        self.last_status: dict[str, Any] | None = None
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        # The token travels in the environment, not argv, so `ps` does not show it.
+        env["FEDGPU_TOKEN"] = self.token
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+    def prepare(self) -> tuple[Path, list[Path]]:
+        from fedgpu.datasets import split_digits
+
+        if self.cfg.nodes < 1:
+            raise FedgpuError("--nodes must be at least 1")
+        if self.cfg.rounds < 1:
+            raise FedgpuError("--rounds must be at least 1")
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            dirs = split_digits(self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
+                                self.cfg.alpha, self.cfg.seed, force=True)
+        except ValueError as exc:
+            raise FedgpuError(str(exc)) from None
+        job = self.run_dir / "job.toml"
+        if self.cfg.job is not None:
+            from fedgpu.config import load_job
+
+            load_job(self.cfg.job)  # fail here, with the file's name, not in a child's log
+            job.write_text(self.cfg.job.read_text())
+        else:
+            job.write_text(_job_toml(self.cfg))
+        return job, dirs
+
+    def start(self, job: Path, dirs: list[Path]) -> None:
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        py = [sys.executable, "-m", "fedgpu.cli.app"]
+        server = Proc("aggregator", [
+            *py, "server", "start", "--job", str(job), "--host", "127.0.0.1",
+            "--port", str(port), "--state-dir", str(self.run_dir / "state"),
+            "--exit-when-done",
+        ], self.run_dir / "logs" / "aggregator.log", self._env())
+        self.procs.append(server)
+        self._wait_healthy(server)
+        for i, data in enumerate(dirs, start=1):
+            name = f"node-{i}"
+            cmd = [
+                *py, "node", "start", "--aggregator", self.address, "--data", str(data),
+                "--name", name, "--gpu", self.cfg.gpu,
+                "--torch-threads", str(self.cfg.torch_threads),
+                "--status-file", str(self.run_dir / "logs" / f"{name}.status.json"),
+            ]
+            if self.cfg.gpu_memory_fraction is not None:
+                cmd += ["--gpu-memory-fraction", str(self.cfg.gpu_memory_fraction)]
+            self.procs.append(Proc(name, cmd, self.run_dir / "logs" / f"{name}.log",
+                                   self._env(self.cfg.node_env)))
+        self.say(f"aggregator on {self.address}; {len(dirs)} nodes started; "
+                 f"logs in {self.run_dir / 'logs'}")
+
+    def _wait_healthy(self, server: Proc, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not server.alive():
+                raise FedgpuError(f"the aggregator exited at start:\n{server.tail()}")
+            try:
+                if admin_client.health(self.address, timeout=1) == "SERVING":
+                    return
+            except FedgpuError:
+                pass
+            time.sleep(0.2)
+        raise FedgpuError(f"the aggregator did not become healthy in {timeout:.0f}s; see "
+                          f"{server.log_path}")
+
+    def watch(self) -> str:
+        """Print progress until the aggregator exits; return the run's final state."""
+        server = self.procs[0]
+        shown = 0
+        deadline = time.monotonic() + self.cfg.timeout_s
+        warned: set[str] = set()
+        while server.alive():
+            if time.monotonic() > deadline:
+                raise FedgpuError(f"the run did not finish within {self.cfg.timeout_s:.0f}s")
+            try:
+                self.last_status = admin_client.query(self.address, self.token, "GetStatus", 5)
+                self.last_rounds = admin_client.query(self.address, self.token, "ListRounds", 5)
+            except FedgpuError:
+                time.sleep(0.3)
+                continue
+            history = self.last_rounds["rounds"]
+            while shown < len(history):
+                self._show_round(history, shown)
+                shown += 1
+            for p in self.procs[1:]:
+                if not p.alive() and p.popen.returncode != 0 and p.name not in warned:
+                    warned.add(p.name)
+                    self.say(f"warning: {p.name} exited with code {p.popen.returncode}:\n"
+                             f"{p.tail(5)}")
+            if self.last_status["state"] in ("finished", "failed"):
+                break
+            time.sleep(0.5)
+        state = (self.last_status or {}).get("state", "unknown")
+        return state
+
+    def _show_round(self, history: list[dict[str, Any]], i: int) -> None:
+        r = history[i]
+        prev = history[i - 1]["eval"] if i > 0 and history[i - 1]["eval"] else (
+            self.last_rounds or {}).get("initial_eval") if i == 0 else None
+        acc = f"  accuracy before it {prev['accuracy']:.4f}" if prev and prev.get(
+            "accuracy") is not None else ""
+        loss = f"{r['train_loss']:.4f}" if r["train_loss"] is not None else "-"
+        self.say(f"round {r['round']}/{self.cfg.rounds if not self.cfg.job else '?'}: "
+                 f"{r['status']}, train loss {loss}, {r['nodes_reporting']}/"
+                 f"{len(r['participants'])} nodes, {r['duration_s']:.1f}s{acc}")
+
+    def stop_all(self) -> None:
+        # Nodes first (they were told to shut down and usually are gone already).
+        for p in reversed(self.procs):
+            p.stop(grace=10.0 if p.name == "aggregator" else 5.0)
+
+    def save_reports(self) -> None:
+        for name, doc in (("status", self.last_status), ("rounds", self.last_rounds)):
+            if doc is not None:
+                (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
+
+
+def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
+    run = LocalRun(cfg, out)
+    job, dirs = run.prepare()
+    try:
+        run.start(job, dirs)
+        state = run.watch()
+        # Let nodes take their shutdown task and exit on their own before we stop them.
+        end = time.monotonic() + 15
+        while time.monotonic() < end and any(p.alive() for p in run.procs):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        run.say("interrupted: stopping every process of this run")
+        run.stop_all()
+        run.save_reports()
+        return 130
+    finally:
+        run.stop_all()
+    run.save_reports()
+    rounds = (run.last_rounds or {}).get("rounds", [])
+    last_eval = next((r["eval"] for r in reversed(rounds) if r.get("eval")), None)
+    if state != "finished":
+        err = (run.last_status or {}).get("error") or "see the logs"
+        run.say(f"run {state}: {err}; logs in {run.run_dir / 'logs'}")
+        return 1
+    if last_eval and last_eval.get("accuracy") is not None:
+        run.say(f"final global model: accuracy {last_eval['accuracy']:.4f}, loss "
+                f"{last_eval['loss']:.4f} on {last_eval['num_examples']} held-out examples "
+                f"of {last_eval['nodes']} nodes")
+    run.say(f"run finished: {len(rounds)} rounds; run directory {run.run_dir}")
+    return 0

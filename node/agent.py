@@ -1,0 +1,359 @@
+"""The node agent: dial out, register, long-poll for tasks, run each in a fresh subprocess.
+
+It survives the aggregator going away: calls that fail with UNAVAILABLE are retried with
+exponential backoff and jitter, and a node the aggregator no longer knows registers again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+import fedgpu
+from fedgpu.errors import FedgpuError
+from fedgpu.proto import pb
+from node import messages, nvml, policy
+from node.client import AggregatorClient, PayloadError, is_unreachable
+from node.round import RoundOutcome, run_task
+from node.workfiles import KINDS
+
+log = logging.getLogger("fedgpu.node")
+
+KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
+              pb.TASK_KIND_EVALUATE: "evaluate"}
+DEFAULT_STATUS_FILE = "/tmp/fedgpu-node-status.json"
+
+
+@dataclass
+class AgentConfig:
+    aggregator: str
+    data_dir: Path
+    name: str
+    token: str | None
+    gpu: policy.GpuFlags
+    connect_timeout_s: float = 60.0
+    poll_s: int = 25
+    status_file: Path | None = None
+    work_root: Path | None = None
+    torch_threads: int | None = None
+    max_payload_bytes: int = 4 << 30
+
+
+class Backoff:
+    """Exponential backoff with full jitter, so restarted nodes don't reconnect in lockstep."""
+
+    def __init__(self, base: float = 0.5, cap: float = 15.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        return random.uniform(0, min(self.cap, self.base * 2 ** self.attempt))
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.client = AggregatorClient(cfg.aggregator, cfg.token)
+        self.node_id: str | None = None
+        self.heartbeat_s = 5
+        self.state = "starting"
+        self.decision: policy.Decision | None = None
+        self._stop = threading.Event()
+        self._reregister = threading.Event()
+        self._sampler = nvml.MemorySampler()
+
+    # ---- start-up ----------------------------------------------------------------------
+
+    def start_decision(self) -> policy.Decision:
+        snap = nvml.snapshot()
+        # Raises EnforceError (exit non-zero) when --gpu enforce finds no usable GPU.
+        policy.check_startup(snap, self.cfg.gpu)
+        self.snapshot = snap
+        # The job's use_gpu is known only with the first task; report what "yes" would mean.
+        self.decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=True)
+        log.info("%s", policy.log_line(self.decision))
+        return self.decision
+
+    def _register_request(self) -> pb.RegisterRequest:
+        from node.tasks import available_tasks
+
+        assert self.decision is not None
+        return pb.RegisterRequest(
+            node_name=self.cfg.name,
+            version=fedgpu.__version__,
+            devices=messages.inventory(self.snapshot),
+            decision=messages.decision(self.decision),
+            labels={"hostname": socket.gethostname()},
+            tasks=available_tasks(),
+        )
+
+    def register(self, deadline: float | None) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                reply = self.client.register(self._register_request())
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
+                                      f"{exc.details()}") from None
+                if not is_unreachable(exc):
+                    raise FedgpuError(f"registration failed: {exc.details()}") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise FedgpuError(
+                        f"cannot reach aggregator at {self.cfg.aggregator} — is it running and "
+                        "is the address right? try 'fedgpu status --address "
+                        f"{self.cfg.aggregator}'") from None
+                delay = backoff.next_delay()
+                log.info("aggregator %s unreachable; retrying in %.1fs", self.cfg.aggregator,
+                         delay)
+                self._stop.wait(delay)
+                continue
+            self.node_id = reply.node_id
+            self.heartbeat_s = max(1, reply.heartbeat_interval_s)
+            self.cfg.max_payload_bytes = reply.max_update_bytes or self.cfg.max_payload_bytes
+            if reply.chunk_size:
+                self.client.chunk_size = reply.chunk_size
+            self._reregister.clear()
+            log.info("registered with %s as %s (run %s)", self.cfg.aggregator, self.node_id,
+                     reply.run_id)
+            self._set_state("idle")
+            return
+
+    # ---- main loop ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.start_decision()
+        self._sampler.__enter__()
+        try:
+            self.register(deadline=time.monotonic() + self.cfg.connect_timeout_s)
+            beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+            beat.start()
+            return self._loop()
+        finally:
+            self._stop.set()
+            self._sampler.__exit__(None, None, None)
+            self.client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> int:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            if self._reregister.is_set() or self.node_id is None:
+                self.register(deadline=None)
+                continue
+            try:
+                header, payload = self.client.pull(self.node_id, self.cfg.poll_s,
+                                                   self.cfg.max_payload_bytes)
+            except PayloadError as exc:
+                log.warning("task payload damaged in transit (%s); asking again", exc)
+                continue
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    log.info("aggregator no longer knows us; registering again")
+                    self._reregister.set()
+                    continue
+                if is_unreachable(exc):
+                    delay = backoff.next_delay()
+                    log.warning("lost the aggregator (%s); retrying in %.1fs",
+                                exc.code().name, delay)
+                    self._set_state("reconnecting")
+                    self._stop.wait(delay)
+                    self._reregister.set()
+                    continue
+                raise FedgpuError(f"aggregator error: {exc.details()}") from None
+            backoff.reset()
+            if header.kind == pb.TASK_KIND_NONE:
+                continue
+            if header.kind == pb.TASK_KIND_SHUTDOWN:
+                log.info("aggregator says the run is over (%s); exiting", header.message)
+                self._set_state("done")
+                return 0
+            self._handle(header, payload)
+        return 0
+
+    def _handle(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
+        kind = KIND_NAMES.get(header.kind)
+        if kind is None or kind not in KINDS:
+            log.warning("ignoring task of unknown kind %d", header.kind)
+            return
+        self._set_state("training" if kind != "evaluate" else "evaluating")
+        snap = nvml.snapshot()
+        outcome: RoundOutcome | None = None
+        try:
+            try:
+                decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=header.use_gpu)
+            except policy.EnforceError as exc:
+                decision = None
+                error = str(exc)
+            if decision is not None:
+                self.decision = decision
+                log.info("round %d %s: %s", header.round, kind,
+                         policy.log_line(decision))
+                try:
+                    hparams = json.loads(header.hyperparameters_json or "{}")
+                except json.JSONDecodeError:
+                    hparams = None
+                if not isinstance(hparams, dict):
+                    error = "hyperparameters are not a JSON object"
+                else:
+                    outcome = run_task(
+                        kind=kind,
+                        task_name=header.task_name,
+                        hyperparameters=hparams,
+                        seed=header.seed,
+                        round_number=header.round,
+                        data_dir=self.cfg.data_dir,
+                        payload=payload,
+                        decision=decision,
+                        work_root=self.cfg.work_root,
+                        sampler=self._sampler,
+                        torch_threads=self.cfg.torch_threads,
+                    )
+                    error = outcome.error
+            self._report(header, outcome, error)
+        finally:
+            if outcome is not None:
+                outcome.cleanup()
+            self._set_state("idle")
+
+    def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
+        assert self.node_id is not None
+        update = pb.UpdateHeader(
+            node_id=self.node_id,
+            task_id=task.task_id,
+            round=task.round,
+            kind=task.kind,
+            evaluated_round=task.evaluated_round,
+        )
+        if self.decision is not None:
+            update.decision.CopyFrom(messages.decision(self.decision))
+        weights = None
+        if outcome is not None:
+            update.resources.CopyFrom(_resources(outcome.resources))
+        if outcome is None or not outcome.ok:
+            update.failed = True
+            update.error = error or "unknown failure"
+            log.error("round %d failed: %s", task.round, update.error)
+        else:
+            res = outcome.result
+            update.num_examples = int(res.get("num_examples", 0))
+            update.num_eval_examples = int(res.get("num_eval_examples", 0))
+            update.train_metrics.update(_floats(res.get("train_metrics")))
+            update.eval_metrics.update(_floats(res.get("eval_metrics")))
+            weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
+            log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
+                     KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
+                     _fmt(update.train_metrics), _fmt(update.eval_metrics))
+        backoff = Backoff()
+        for _ in range(5):
+            try:
+                reply = self.client.push(update, weights)
+                log.info("aggregator: %s", reply.message)
+                return
+            except grpc.RpcError as exc:
+                if not is_unreachable(exc):
+                    log.warning("update for round %d not accepted: %s", task.round,
+                                exc.details())
+                    return
+                delay = backoff.next_delay()
+                log.warning("could not send the update (%s); retrying in %.1fs",
+                            exc.code().name, delay)
+                self._stop.wait(delay)
+        log.error("giving up on the update for round %d", task.round)
+
+    # ---- liveness ----------------------------------------------------------------------
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            if self.node_id is None or self._reregister.is_set():
+                continue
+            req = pb.HeartbeatRequest(node_id=self.node_id, state=self.state)
+            try:
+                reply = self.client.heartbeat(req, timeout=max(2, self.heartbeat_s))
+            except grpc.RpcError:
+                continue
+            if not reply.known:
+                self._reregister.set()
+            self._write_status()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self._write_status()
+
+    def _write_status(self) -> None:
+        if self.cfg.status_file is None:
+            return
+        doc = {
+            "time": time.time(),
+            "state": self.state,
+            "node_id": self.node_id,
+            "name": self.cfg.name,
+            "aggregator": self.cfg.aggregator,
+            "heartbeat_interval_s": self.heartbeat_s,
+            "gpu_decision": self.decision.to_dict() if self.decision else None,
+        }
+        tmp = self.cfg.status_file.with_name(f".{self.cfg.status_file.name}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.cfg.status_file)
+        except OSError as exc:
+            log.debug("cannot write status file: %s", exc)
+
+
+def _resources(r: dict[str, Any]) -> pb.RoundResources:
+    def num(key: str) -> int:
+        v = r.get(key)
+        return -1 if v is None else int(v)
+
+    return pb.RoundResources(
+        device=r.get("device", ""),
+        gpu_uuid=r.get("gpu_uuid", "") or "",
+        nvml_used_before_mib=num("nvml_used_before_mib"),
+        nvml_used_peak_mib=num("nvml_used_peak_mib"),
+        nvml_used_after_mib=num("nvml_used_after_mib"),
+        torch_peak_allocated_mib=num("torch_peak_allocated_mib"),
+        torch_peak_reserved_mib=num("torch_peak_reserved_mib"),
+        rss_peak_mib=num("rss_peak_mib"),
+        train_seconds=float(r.get("train_seconds") or 0.0),
+        round_seconds=float(r.get("round_seconds") or 0.0),
+    )
+
+
+def _floats(d: Any) -> dict[str, float]:
+    if not isinstance(d, dict):
+        return {}
+    return {str(k): float(v) for k, v in d.items() if isinstance(v, int | float)}
+
+
+def _fmt(m: Any) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in sorted(dict(m).items())) or "-"
+
+
+def status_is_fresh(path: Path, now: float | None = None) -> tuple[bool, str]:
+    """For the container HEALTHCHECK: is the agent alive and talking to its aggregator?"""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return False, f"no status file at {path}: the agent has not started"
+    except (OSError, json.JSONDecodeError) as exc:
+        return False, f"unreadable status file {path}: {exc}"
+    age = (now or time.time()) - float(doc.get("time", 0))
+    limit = 3 * float(doc.get("heartbeat_interval_s", 5)) + 30
+    if age > limit:
+        return False, f"status is {age:.0f}s old (limit {limit:.0f}s); state {doc.get('state')}"
+    return True, f"state {doc.get('state')}, updated {age:.0f}s ago"

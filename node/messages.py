@@ -1,0 +1,49 @@
+"""Typed node records (NVML snapshot, GPU decision) to and from their wire messages."""
+
+from __future__ import annotations
+
+from node.nvml import NvmlSnapshot
+from node.policy import Decision
+from fedgpu.proto import pb
+
+
+def _num(value: int | None) -> int:
+    return -1 if value is None else int(value)
+
+
+def inventory(snap: NvmlSnapshot) -> pb.DeviceInventory:
+    return pb.DeviceInventory(
+        nvml_available=snap.available,
+        nvml_reason=snap.reason,
+        driver_version=snap.driver_version or "",
+        cuda_driver_version=snap.cuda_driver_version or "",
+        gpus=[
+            pb.GpuInfo(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                memory_total_mib=_num(g.memory_total_mib),
+                memory_used_mib=_num(g.memory_used_mib),
+                memory_free_mib=_num(g.memory_free_mib),
+                utilization_pct=_num(g.utilization_pct),
+                compute_capability=g.compute_capability or "",
+                healthy=g.healthy,
+                reason=g.reason,
+            )
+            for g in snap.gpus
+        ],
+    )
+
+
+def decision(d: Decision) -> pb.GpuDecision:
+    return pb.GpuDecision(
+        mode=d.mode,
+        use_gpu=d.use_gpu,
+        device=d.device,
+        gpu_index=_num(d.gpu_index),
+        gpu_uuid=d.gpu_uuid or "",
+        gpu_name=d.gpu_name or "",
+        memory_fraction=d.memory_fraction or 0.0,
+        reason=d.reason,
+        warnings=list(d.warnings),
+    )

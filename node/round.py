@@ -1,0 +1,151 @@
+"""One task on the node: a freshly spawned training subprocess, watched and measured.
+
+The agent never imports torch, so every CUDA context lives in the child and the driver
+takes all of its memory back when the child exits. NVML used memory of the chosen GPU is read
+before the child starts, sampled while it runs (peak) and read after it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node import nvml, workfiles
+from node.policy import Decision, subprocess_env
+
+log = logging.getLogger("fedgpu.node.round")
+
+
+@dataclass
+class RoundOutcome:
+    ok: bool
+    error: str = ""
+    error_kind: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    weights: Path | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    workdir: Path | None = None
+
+    def cleanup(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def run_task(
+    *,
+    kind: str,
+    task_name: str,
+    hyperparameters: dict[str, Any],
+    seed: int,
+    round_number: int,
+    data_dir: Path,
+    payload: bytes | bytearray | None,
+    decision: Decision,
+    work_root: Path | None,
+    sampler: nvml.MemorySampler | None,
+    torch_threads: int | None,
+    timeout_s: float | None = None,
+) -> RoundOutcome:
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
+    task: workfiles.TaskFile = {
+        "kind": kind,  # type: ignore[typeddict-item]
+        "task_name": task_name,
+        "hyperparameters": hyperparameters,
+        "seed": seed,
+        "round": round_number,
+        "data_dir": str(data_dir.resolve()),
+        "device": "cuda:0" if decision.device == "cuda" else "cpu",
+        "memory_fraction": decision.memory_fraction if decision.device == "cuda" else None,
+        "torch_threads": torch_threads,
+    }
+    workfiles.write_json(workdir / workfiles.TASK_FILE, task)
+    if payload is not None:
+        (workdir / workfiles.WEIGHTS_IN).write_bytes(payload)
+    env = subprocess_env(decision, os.environ)
+    uuid = decision.gpu_uuid if decision.device == "cuda" else None
+    measure = uuid is not None and sampler is not None and sampler.active
+    before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
+    peak: int | None = None
+    cmd = [sys.executable, "-m", "node.worker", str(workdir)]
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        if measure:
+            with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
+                code = proc.wait(timeout=timeout_s)
+            peak = watch.peak_mib
+        else:
+            code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = None
+    except BaseException:
+        # Ctrl-C or a shutdown must not leave a training child holding the GPU.
+        proc.kill()
+        proc.wait()
+        raise
+    after = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
+    outcome = RoundOutcome(ok=False, workdir=workdir)
+    outcome.resources = {
+        "device": decision.device,
+        "gpu_uuid": uuid or "",
+        "nvml_used_before_mib": before,
+        "nvml_used_peak_mib": peak,
+        "nvml_used_after_mib": after,
+        "round_seconds": time.monotonic() - started,
+    }
+    if code is None:
+        outcome.error, outcome.error_kind = f"training subprocess exceeded {timeout_s}s", "timeout"
+        return outcome
+    if code != 0:
+        err = _read_json(workdir / workfiles.ERROR_FILE)
+        outcome.error = (err or {}).get("error") or _exit_reason(code)
+        outcome.error_kind = (err or {}).get("kind") or "crash"
+        return outcome
+    result = _read_json(workdir / workfiles.RESULT_FILE)
+    if result is None:
+        outcome.error, outcome.error_kind = "training subprocess wrote no result.json", "crash"
+        return outcome
+    outcome.ok = True
+    outcome.result = result
+    out = workdir / workfiles.WEIGHTS_OUT
+    outcome.weights = out if out.exists() else None
+    outcome.resources.update(
+        torch_peak_allocated_mib=result.get("torch_peak_allocated_mib"),
+        torch_peak_reserved_mib=result.get("torch_peak_reserved_mib"),
+        rss_peak_mib=result.get("rss_peak_mib"),
+        train_seconds=result.get("train_seconds", 0.0),
+    )
+    return outcome
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"training subprocess killed by signal {name}" + (
+            " (out of host memory? the kernel OOM killer sends SIGKILL)" if -code == 9 else "")
+    return f"training subprocess exited with code {code}"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
