@@ -1,0 +1,70 @@
+"""Task lookup by name through the `fedgpu.tasks` entry-point group.
+
+Importing this package does not import torch: the agent lists tasks without paying for it, and
+only `load_task` imports the task's module.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+
+from fedgpu.errors import FedgpuError
+from node.tasks.base import HyperparameterError, Task
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "HyperparameterError",
+    "Task",
+    "TaskLoadError",
+    "UnknownTaskError",
+    "available_tasks",
+    "load_task",
+]
+
+ENTRY_POINT_GROUP = "fedgpu.tasks"
+# The built-ins, as pyproject declares them; used when the package runs from a source tree that
+# was never installed (so no entry-point metadata exists), e.g. PYTHONPATH=. in a container.
+_BUILTIN = {"digits": "node.tasks.digits:DigitsTask"}
+
+
+class UnknownTaskError(FedgpuError, LookupError):
+    exit_code = 2
+
+
+class TaskLoadError(FedgpuError, RuntimeError):
+    """The task is registered but its code failed to import or to construct."""
+
+
+def _registered() -> dict[str, str]:
+    found = dict(_BUILTIN)
+    found.update({ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return found
+
+
+def available_tasks() -> list[str]:
+    return sorted(_registered())
+
+
+def load_task(name: str) -> Task:
+    registered = _registered()
+    if name not in registered:
+        raise UnknownTaskError(
+            f"unknown task {name!r}; installed tasks: {', '.join(sorted(registered)) or 'none'}. "
+            f"To add one, install a package that declares it under the {ENTRY_POINT_GROUP!r} "
+            f"entry-point group, e.g. in its pyproject.toml: "
+            f'[project.entry-points."{ENTRY_POINT_GROUP}"] {name} = "mypkg.tasks:MyTask"'
+        )
+    target = registered[name]
+    try:
+        obj = EntryPoint(name=name, value=target, group=ENTRY_POINT_GROUP).load()
+        # An entry point may name a class (instantiated here) or a ready task object.
+        task = obj() if isinstance(obj, type) else obj
+    except Exception as exc:
+        raise TaskLoadError(f"task {name!r} ({target}) failed to load: {exc}") from exc
+    if not isinstance(task, Task):
+        raise TaskLoadError(
+            f"task {name!r} ({target}) does not implement the task contract "
+            f"(name, build_model, load_data, train, evaluate; see node/tasks/base.py)"
+        )
+    return task
+

@@ -1,0 +1,87 @@
+"""The task contract: what a built-in or third-party task implements to train on a node.
+
+A task is found by name through the `fedgpu.tasks` entry-point group, so the aggregator only ever
+sends a name, hyperparameters and weights — never code. The runner (node/runner.py) owns the
+device: it builds the model under `torch.device(device)`, loads the global weights onto it and
+moves the data there once; task code receives everything already on `device` and never calls
+`.cuda()` or `.to()` on models or data itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+Metrics = dict[str, float]
+
+
+class HyperparameterError(ValueError):
+    """A hyperparameter the task does not know, or a value it cannot use."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def build_model(self, hparams: Mapping[str, Any]) -> torch.nn.Module:
+        """A freshly initialised model; called under `torch.device(device)` and a fixed seed."""
+        ...
+
+    def load_data(self, data_dir: Path) -> Mapping[str, torch.Tensor]:
+        """This node's train and held-out tensors, on the CPU."""
+        ...
+
+    def train(
+        self,
+        model: torch.nn.Module,
+        data: Mapping[str, torch.Tensor],
+        device: torch.device,
+        hparams: Mapping[str, Any],
+        seed: int,
+    ) -> tuple[int, Metrics]:
+        """Train in place; return (examples used for weighting, metrics such as loss)."""
+        ...
+
+    def evaluate(
+        self,
+        model: torch.nn.Module,
+        data: Mapping[str, torch.Tensor],
+        device: torch.device,
+        hparams: Mapping[str, Any],
+    ) -> tuple[int, Metrics]:
+        """Score on the held-out split; classification tasks report "loss" and "accuracy"."""
+        ...
+
+
+def resolve_hparams(
+    task_name: str, given: Mapping[str, Any], defaults: Mapping[str, int | float]
+) -> dict[str, Any]:
+    """Defaults overlaid with `given`, refusing unknown keys and values of the wrong kind.
+
+    Strict because a typo such as `learning_rate` for `lr` would otherwise train silently with
+    the default and look like a bad model rather than a bad job file.
+    """
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise HyperparameterError(
+            f"task {task_name!r} has no hyperparameter(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(defaults))}"
+        )
+    resolved: dict[str, Any] = dict(defaults)
+    for key, value in given.items():
+        default = defaults[key]
+        # bool is an int in Python; `local_epochs = true` is a mistake, not 1.
+        ok = not isinstance(value, bool) and (
+            isinstance(value, int) if isinstance(default, int) else isinstance(value, int | float)
+        )
+        if not ok:
+            kind = "an integer" if isinstance(default, int) else "a number"
+            raise HyperparameterError(
+                f"task {task_name!r}: hyperparameter {key} must be {kind}, got {value!r}"
+            )
+        resolved[key] = type(default)(value)
+    return resolved

@@ -1,0 +1,100 @@
+"""The per-round training subprocess: `python -m node.worker WORKDIR`.
+
+Spawned fresh by the node agent for every round, so CUDA is initialised here and never in the
+agent, and all GPU memory of the round goes back to the driver when this process exits. The file
+contract (task.json in; result.json + weights.out.safetensors, or error.json, out) is described
+in node/workfiles.py. Exit status: 0 ok, 1 exception, 2 bad input, 3 out of memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from node.workfiles import (
+    ERROR_FILE,
+    EXIT_BAD_INPUT,
+    EXIT_EXCEPTION,
+    EXIT_OK,
+    RESULT_FILE,
+    TASK_FILE,
+    write_json,
+)
+
+log = logging.getLogger("fedgpu.worker")
+
+
+def run(workdir: Path) -> int:
+    """Run the round described in `workdir` and return the process exit status."""
+    # Imported here, not at the top, so a torch that fails to import still yields error.json.
+    try:
+        from node import runner
+    except Exception as exc:
+        return _fail(workdir, "exception", f"cannot import the training stack: {exc}", exc)
+
+    try:
+        raw = json.loads((workdir / TASK_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return _fail(workdir, "bad_input", f"cannot read {workdir / TASK_FILE}: {exc}")
+    try:
+        spec = runner.parse_spec(raw)
+        log.info(
+            "round %s: %s task %r on %s (seed %s)",
+            spec.round, spec.kind, spec.task_name, spec.device, spec.seed,
+        )
+        result = runner.run_round(spec, workdir)
+    except Exception as exc:
+        failure = runner.classify(exc)
+        return _fail(workdir, failure.kind, failure.message, exc, failure.exit_code)
+    write_json(workdir / RESULT_FILE, result.to_dict())
+    log.info(
+        "round %s done: %s examples, train %s, eval %s, torch peak %s MiB, %.2fs",
+        spec.round, result.num_examples, result.train_metrics, result.eval_metrics,
+        result.torch_peak_allocated_mib, result.train_seconds,
+    )
+    return EXIT_OK
+
+
+def _fail(
+    workdir: Path,
+    kind: str,
+    message: str,
+    exc: BaseException | None = None,
+    code: int | None = None,
+) -> int:
+    if kind == "bad_input":
+        log.error("bad input: %s", message)
+    else:
+        # The agent gets error.json's one line; the traceback is for whoever reads the logs.
+        log.error("%s: %s", kind, message, exc_info=exc)
+    try:
+        write_json(workdir / ERROR_FILE, {"error": message, "kind": kind})
+    except OSError as err:
+        log.error("cannot write %s: %s", workdir / ERROR_FILE, err)
+    if code is not None:
+        return code
+    return EXIT_BAD_INPUT if kind == "bad_input" else EXIT_EXCEPTION
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m node.worker WORKDIR", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    workdir = Path(args[0])
+    if not workdir.is_dir():
+        # No directory means nowhere to put error.json; the exit status and stderr must do.
+        log.error("work directory %s does not exist", workdir)
+        return EXIT_BAD_INPUT
+    return run(workdir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
