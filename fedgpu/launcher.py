@@ -126,6 +126,19 @@ class LocalRun:
             raise FedgpuError("--nodes must be at least 1")
         if self.cfg.rounds < 1:
             raise FedgpuError("--rounds must be at least 1")
+        if self.cfg.job is not None:
+            from fedgpu.config import load_job
+            from node.tasks import available_tasks
+
+            # Fail here, with the file's name, not somewhere in a child's log.
+            task = load_job(self.cfg.job).task
+            if task not in available_tasks():
+                raise FedgpuError(
+                    f"{self.cfg.job}: task {task!r} is not installed here (installed: "
+                    f"{', '.join(available_tasks())}); install its package or fix the name")
+            job_text = self.cfg.job.read_text()
+        else:
+            job_text = _job_toml(self.cfg)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
             dirs = split_digits(self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
@@ -133,13 +146,7 @@ class LocalRun:
         except ValueError as exc:
             raise FedgpuError(str(exc)) from None
         job = self.run_dir / "job.toml"
-        if self.cfg.job is not None:
-            from fedgpu.config import load_job
-
-            load_job(self.cfg.job)  # fail here, with the file's name, not in a child's log
-            job.write_text(self.cfg.job.read_text())
-        else:
-            job.write_text(_job_toml(self.cfg))
+        job.write_text(job_text)
         return job, dirs
 
     def start(self, job: Path, dirs: list[Path]) -> None:

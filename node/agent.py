@@ -106,7 +106,8 @@ class Agent:
             try:
                 reply = self.client.register(self._register_request())
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.FAILED_PRECONDITION):
                     raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
                                       f"{exc.details()}") from None
                 if not is_unreachable(exc):

@@ -61,6 +61,14 @@ class FederationService(pb_grpc.FederationServicer):
         if not name or len(name) > 128:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "node_name must be 1-128 characters")
+        task = self.orch.job.task
+        if request.tasks and task not in request.tasks:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this federation runs task {task!r}, which is not installed on node {name!r} "
+                f"(installed: {', '.join(request.tasks)}); install the package that provides "
+                "it (entry-point group fedgpu.tasks) or fix the job's task name",
+            )
         node = self.registry.register(
             name=name,
             peer=context.peer(),

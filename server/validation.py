@@ -44,7 +44,8 @@ def check_spec(
             parts.append(f"missing {', '.join(missing[:5])}")
         if extra:
             parts.append(f"unexpected {', '.join(extra[:5])}")
-        raise UpdateRejected("names", f"tensor names differ from the global model: {'; '.join(parts)}")
+        raise UpdateRejected(
+            "names", f"tensor names differ from the global model: {'; '.join(parts)}")
     for name, (dtype, shape) in expected.items():
         got_dtype = codec.dtype_name(tensors[name].dtype)
         got_shape = tuple(tensors[name].shape)

@@ -1,0 +1,93 @@
+"""FedAvg arithmetic against a direct numpy computation."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from server.aggregate import WeightedSum, weighted_mean, weighted_metric
+from server.strategies import make_strategy
+
+RNG = np.random.default_rng(1)
+
+
+def model(scale: float = 1.0) -> dict[str, np.ndarray]:
+    return {
+        "conv.w": (RNG.standard_normal((4, 3, 3, 3)) * scale).astype(np.float32),
+        "fc.b": (RNG.standard_normal(10) * scale).astype(np.float32),
+        "half": (RNG.standard_normal(6) * scale).astype(np.float16),
+        "steps": np.array(RNG.integers(0, 100), dtype=np.int64),
+        "empty": np.zeros((0,), np.float32),
+    }
+
+
+def direct(updates: list[tuple[dict[str, np.ndarray], float]]) -> dict[str, np.ndarray]:
+    total = sum(w for _, w in updates)
+    return {
+        k: sum(u[k].astype(np.float64) * w for u, w in updates) / total
+        for k in updates[0][0]
+    }
+
+
+@pytest.mark.parametrize("k", [1, 2, 7])
+def test_weighted_fedavg_matches_numpy(k: int) -> None:
+    updates = [(model(), float(RNG.integers(1, 500))) for _ in range(k)]
+    got = weighted_mean(updates)
+    want = direct(updates)
+    for name, arr in got.items():
+        assert arr.dtype == updates[0][0][name].dtype and arr.shape == want[name].shape
+        tol = 1e-2 if arr.dtype == np.float16 else 1e-5
+        if arr.dtype.kind == "i":
+            assert arr == np.rint(want[name])
+        else:
+            np.testing.assert_allclose(arr, want[name], rtol=tol, atol=tol)
+
+
+def test_weights_matter() -> None:
+    a = {"w": np.zeros(3, np.float32)}
+    b = {"w": np.ones(3, np.float32)}
+    np.testing.assert_allclose(weighted_mean([(a, 1), (b, 3)])["w"], 0.75)
+    np.testing.assert_allclose(weighted_mean([(a, 3), (b, 1)])["w"], 0.25)
+
+
+def test_bfloat16_is_averaged_in_float32() -> None:
+    a = {"w": np.full(4, 1.0, ml_dtypes.bfloat16)}
+    b = {"w": np.full(4, 2.0, ml_dtypes.bfloat16)}
+    out = weighted_mean([(a, 1), (b, 1)])["w"]
+    assert out.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out.astype(np.float32), 1.5)
+
+
+def test_streaming_sum_uses_constant_memory() -> None:
+    like = {"w": np.zeros(1000, np.float32)}
+    acc = WeightedSum(like)
+    buffers = len(acc._acc) + len(acc._scratch)
+    for _ in range(50):
+        acc.add({"w": RNG.standard_normal(1000).astype(np.float32)}, 2.0)
+    assert len(acc._acc) + len(acc._scratch) == buffers and acc.count == 50
+
+
+def test_invalid_inputs() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        WeightedSum({"w": np.zeros(2)}).add({"w": np.zeros(2)}, 0)
+    with pytest.raises(ValueError, match="no updates"):
+        WeightedSum({"w": np.zeros(2)}).mean()
+    with pytest.raises(ValueError, match="unknown strategy"):
+        make_strategy("fedmagic")
+
+
+def test_fedavg_strategy_rounds() -> None:
+    s = make_strategy("fedavg")
+    g = model()
+    s.begin_round(g)
+    u1, u2 = model(), model()
+    s.add(u1, 10)
+    s.add(u2, 30)
+    out = s.finish()
+    np.testing.assert_allclose(out["fc.b"], (u1["fc.b"] * 10 + u2["fc.b"] * 30) / 40, rtol=1e-5)
+
+
+def test_weighted_metric() -> None:
+    assert weighted_metric([(1.0, 1), (0.0, 3)]) == 0.25
+    assert weighted_metric([]) is None
