@@ -1,0 +1,171 @@
+"""The compose deployment, run for real on a Docker engine.
+
+Skips (with the reason) when no engine answers; `bash tests/e2e/setup_docker.sh` installs
+and starts one. Images are built once per session from the Dockerfiles as shipped (the
+built_images fixture); every compose project gets its own name, port and volumes and is
+taken down with `compose down -v`, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .dockerutil import NO_GPU_FILE, ComposeProject, fedgpu_cli, run
+
+pytestmark = pytest.mark.e2e
+
+FEDERATION_TIMEOUT_S = float(os.environ.get("FEDGPU_E2E_FEDERATION_TIMEOUT", "480"))
+TOOLKIT_HINT = "NVIDIA Container Toolkit"
+
+
+def admin(project: ComposeProject, command: str) -> dict[str, Any] | None:
+    """`fedgpu <command> --json` from the host against the published port; None while the
+    aggregator does not answer yet."""
+    proc = subprocess.run(
+        [fedgpu_cli(), command, "--address", project.address, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FEDGPU_TOKEN": project.token},
+    )
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout)
+
+
+def wait_for(what: str, probe, timeout: float, interval: float = 3.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def exited(project: ComposeProject, service: str) -> dict[str, Any] | None:
+    container = project.container(service)
+    return container if container.get("State") == "exited" else None
+
+
+def test_cpu_profile_runs_a_federation_to_completion(compose_project) -> None:
+    project: ComposeProject = compose_project()
+    t0 = time.monotonic()
+    # --wait would also wait for the nodes' health, which is not the point here;
+    # depends_on already orders split -> aggregator healthy -> nodes.
+    project.compose("up", "-d", "--no-build", profiles=["cpu"], timeout=300)
+
+    split = project.container("data-split")
+    assert split["State"] == "exited" and split["ExitCode"] == 0, split
+
+    seen: list[dict[str, Any] | None] = [None]
+
+    def finished() -> dict[str, Any] | None:
+        doc = seen[0] = admin(project, "status")
+        if doc and doc.get("error"):
+            raise AssertionError(f"the run failed: {doc['error']}")
+        return doc if doc and doc["state"] == "finished" else None
+
+    try:
+        status = wait_for("the federation to finish", finished, FEDERATION_TIMEOUT_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nlast status: {json.dumps(seen[0], indent=1)}") from None
+    assert status["round"] == status["rounds"], status
+    print(f"federation of 3 CPU nodes finished in {time.monotonic() - t0:.0f}s: {status}")
+
+    nodes = admin(project, "nodes")
+    assert nodes is not None
+    by_name = {n["name"]: n for n in nodes["nodes"]}
+    assert set(by_name) == {"node-cpu-1", "node-cpu-2", "node-cpu-3"}
+    for node in by_name.values():
+        assert node["gpu_decision"]["device"] == "cpu", node
+        assert node["rounds_completed"] >= 1, node
+
+    aggregator = project.container("aggregator")
+    assert aggregator["State"] == "running"
+    assert aggregator.get("Health") == "healthy", aggregator
+
+
+def test_gpu_policy_on_a_machine_without_gpu(compose_project) -> None:
+    """hetero, with the GPU services exactly as shipped minus their device reservation:
+    the enforcing node exits non-zero naming the toolkit, the offering node trains on CPU
+    and says why (log and `fedgpu nodes --json`)."""
+    project: ComposeProject = compose_project(files=[NO_GPU_FILE])
+    project.compose("up", "-d", "--no-build", profiles=["hetero"], timeout=300)
+
+    enforced = wait_for(
+        "node-gpu-enforced-1 to exit", lambda: exited(project, "node-gpu-enforced-1"), 120
+    )
+    assert enforced["ExitCode"] != 0, enforced
+    enforced_log = project.logs("node-gpu-enforced-1")
+    assert TOOLKIT_HINT in enforced_log, enforced_log
+    assert "--gpu enforce" in enforced_log, enforced_log
+    assert "Traceback" not in enforced_log, "a clear message, not a stack trace"
+
+    def offered_registered() -> dict[str, Any] | None:
+        doc = admin(project, "nodes")
+        for node in (doc or {}).get("nodes", []):
+            if node["name"] == "node-gpu-offered-1" and node.get("gpu_decision"):
+                return node
+        return None
+
+    offered = wait_for("node-gpu-offered-1 to register", offered_registered, 120)
+    decision = offered["gpu_decision"]
+    assert decision["device"] == "cpu", decision
+    assert decision.get("reason"), f"the CPU fallback gives its reason: {decision}"
+    # The same reason is in the node's own log (one structured decision line).
+    assert decision["reason"] in project.logs("node-gpu-offered-1")
+    assert project.container("node-gpu-offered-1")["State"] == "running"
+
+
+def test_fake_nvml_inside_the_node_image(built_images, tmp_path: Path) -> None:
+    """The fake libnvidia-ml.so.1 mounted into a node container: `fedgpu devices --json`
+    there reports the simulated GPUs, so the image's NVML path works end to end."""
+    from tests.fixtures.fake_nvml import build_fake_nvml, fake_uuid, write_inventory
+
+    try:
+        libdir = build_fake_nvml(tmp_path / "fake-nvml")
+    except RuntimeError as exc:  # no C compiler on the host
+        pytest.skip(str(exc))
+    inventory = write_inventory(
+        libdir / "inventory.txt",
+        gpus=[
+            {"name": "NVIDIA Fake A100", "memory_total_mib": 40960, "memory_used_mib": 1024},
+            {"name": "NVIDIA Fake T4", "memory_total_mib": 15360, "memory_used_mib": 0},
+        ],
+    )
+    # pytest's tmp dirs are private to root; the container runs as UID 10001.
+    for path in (tmp_path, libdir):
+        path.chmod(0o755)
+    for path in libdir.iterdir():
+        path.chmod(0o644)
+
+    proc = run(
+        [
+            "docker", "run", "--rm",
+            "-v", f"{libdir}:/opt/fake-nvml:ro",
+            "-e", "LD_LIBRARY_PATH=/opt/fake-nvml",
+            "-e", f"FAKE_NVML_CONFIG=/opt/fake-nvml/{inventory.name}",
+            built_images["node"], "devices", "--json",
+        ],
+        timeout=120,
+    )  # fmt: skip
+    doc = json.loads(proc.stdout)
+    nvml = doc["nvml"]
+    assert nvml["available"] is True, doc
+    assert nvml["driver_version"] == "550.54.15"
+    assert [(g["name"], g["uuid"]) for g in nvml["gpus"]] == [
+        ("NVIDIA Fake A100", fake_uuid(0)),
+        ("NVIDIA Fake T4", fake_uuid(1)),
+    ]
+    # The image defaults to --gpu offer: the policy picks the GPU with most free memory.
+    assert doc["decision"]["mode"] == "offer"
+    assert doc["decision"]["gpu_uuid"] == fake_uuid(0), doc["decision"]
