@@ -24,7 +24,7 @@ from fedgpu.errors import FedgpuError
 from fedgpu.proto import pb
 from node import messages, nvml, policy
 from node.client import AggregatorClient, PayloadError, is_unreachable
-from node.round import RoundOutcome, run_task
+from node.round import SIMULATED_GPUS_ENV, RoundOutcome, run_task, simulated_gpus
 from node.workfiles import KINDS
 
 log = logging.getLogger("fedgpu.node")
@@ -85,6 +85,10 @@ class Agent:
         # The job's use_gpu is known only with the first task; report what "yes" would mean.
         self.decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=True)
         log.info("%s", policy.log_line(self.decision))
+        if simulated_gpus():
+            log.warning("%s=1: GPU decisions and NVML accounting run against the NVML library "
+                        "as loaded, training runs on the CPU (for testing the GPU layer only)",
+                        SIMULATED_GPUS_ENV)
         return self.decision
 
     def _register_request(self) -> pb.RegisterRequest:

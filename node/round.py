@@ -24,6 +24,15 @@ from node.policy import Decision, subprocess_env
 
 log = logging.getLogger("fedgpu.node.round")
 
+# With a simulated NVML (the test suite's fake libnvidia-ml.so.1) every GPU decision and
+# every NVML figure is real code against simulated hardware, but there is no CUDA device to
+# train on: this switch keeps the whole GPU path and trains on the CPU. Never for production.
+SIMULATED_GPUS_ENV = "FEDGPU_SIMULATED_GPUS"
+
+
+def simulated_gpus() -> bool:
+    return os.environ.get(SIMULATED_GPUS_ENV, "") == "1"
+
 
 @dataclass
 class RoundOutcome:
@@ -64,8 +73,9 @@ def run_task(
         "seed": seed,
         "round": round_number,
         "data_dir": str(data_dir.resolve()),
-        "device": "cuda:0" if decision.device == "cuda" else "cpu",
-        "memory_fraction": decision.memory_fraction if decision.device == "cuda" else None,
+        "device": "cuda:0" if decision.device == "cuda" and not simulated_gpus() else "cpu",
+        "memory_fraction": (decision.memory_fraction
+                            if decision.device == "cuda" and not simulated_gpus() else None),
         "torch_threads": torch_threads,
     }
     workfiles.write_json(workdir / workfiles.TASK_FILE, task)
