@@ -29,8 +29,16 @@ lint: venv
 proto: venv
 	$(BIN)/python -m fedgpu.proto.generate
 
-bench: venv
-	$(BIN)/pip install -q -e '.[bench]'
+# Flower needs protobuf < 7, fedgpu's generated code protobuf 7: Flower gets its own venv,
+# and the benchmarks run its side there as a subprocess. .venv itself is never changed.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q 'flwr>=1.8'
+	touch $@
+
+bench: venv $(BENCH_VENV)/.installed
 	$(BIN)/python -m benchmarks.run_all
 
 clean:

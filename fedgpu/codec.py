@@ -64,8 +64,13 @@ class Encoded:
 
 
 def encode(
-    tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+    tensors: Mapping[str, np.ndarray],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    digest: bool = True,
 ) -> Encoded:
+    """Lay tensors out as safetensors segments; `digest=False` skips the sha256 (local files
+    that never cross the wire, such as the aggregator's spill of robust-strategy updates)."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -93,11 +98,13 @@ def encode(
     segments = [memoryview(struct.pack("<Q", len(head)) + head)]
     # Viewing as bytes first: dtypes such as bfloat16 cannot export a buffer themselves.
     segments += [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays if a.nbytes]
-    digest = hashlib.sha256()
-    for seg in segments:
-        digest.update(seg)
     size = sum(s.nbytes for s in segments)
-    return Encoded(tuple(segments), size, digest.hexdigest())
+    if not digest:
+        return Encoded(tuple(segments), size, "")
+    sha = hashlib.sha256()
+    for seg in segments:
+        sha.update(seg)
+    return Encoded(tuple(segments), size, sha.hexdigest())
 
 
 def iter_chunks(encoded: Encoded, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[bytes]:

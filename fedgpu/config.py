@@ -10,7 +10,8 @@ from typing import Any
 
 from fedgpu.errors import ConfigError
 
-STRATEGIES = ("fedavg",)
+# Implemented in server/strategies/, one module each; [strategy_params] are checked there.
+STRATEGIES = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
 MODES = ("star",)
 Scalar = int | float | str | bool
 
@@ -21,6 +22,9 @@ class Job:
     rounds: int = 5
     min_nodes: int = 1
     fraction: float = 1.0
+    # Live nodes a round waits for before it samples (default min_nodes): with a pool of 100
+    # and fraction 0.1, sampling must not start over the first 10 that happened to connect.
+    min_available_nodes: int | None = None
     round_deadline_s: float = 600.0
     use_gpu: bool = True
     strategy: str = "fedavg"
@@ -69,6 +73,13 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     min_nodes = get("min_nodes", int, "a positive integer")
     if min_nodes < 1:
         raise _fail(source, "min_nodes", "a positive integer", min_nodes)
+    min_available = raw.get("min_available_nodes")
+    if min_available is not None and (
+        isinstance(min_available, bool) or not isinstance(min_available, int)
+        or min_available < min_nodes
+    ):
+        raise _fail(source, "min_available_nodes", f"an integer >= min_nodes ({min_nodes})",
+                    min_available)
     fraction = float(get("fraction", (int, float), "a number in (0, 1]"))
     if not 0.0 < fraction <= 1.0:
         raise _fail(source, "fraction", "a number in (0, 1]", fraction)
@@ -95,6 +106,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         rounds=rounds,
         min_nodes=min_nodes,
         fraction=fraction,
+        min_available_nodes=min_available,
         round_deadline_s=deadline,
         use_gpu=use_gpu,
         strategy=strategy,

@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
+# Elements per block of the weighted sum (1 MiB of float32). numpy has no fused multiply-add,
+# so w * x goes through a scratch buffer; a block that stays in L2 means the scratch never
+# travels to memory and each update costs one read of x plus one read/write of the sum.
+BLOCK = 1 << 18
 
-def _acc_dtype(dtype: np.dtype) -> np.dtype:
+
+def acc_dtype(dtype: np.dtype) -> np.dtype:
     # Half-precision sums lose digits fast; float32 is exact enough for averaging and
     # halves the memory of float64. Integers and float64 keep float64.
+    dtype = np.dtype(dtype)
     if dtype.kind == "f" and dtype.itemsize <= 4 or dtype.kind == "V" or dtype.name == "bfloat16":
         return np.dtype(np.float32)
     return np.dtype(np.float64)
+
+
+_acc_dtype = acc_dtype
+
+
+def cast_back(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An aggregate in its working dtype back to the model's dtype (integers rounded)."""
+    if np.dtype(dtype).kind in "iub":
+        values = np.rint(values)
+    # No copy when the dtypes already agree (float32 models): the mean is the sum's buffer.
+    return values.astype(dtype, copy=False)
 
 
 class WeightedSum:
@@ -22,48 +39,73 @@ class WeightedSum:
 
     def __init__(self, like: Mapping[str, np.ndarray]) -> None:
         self._dtypes = {k: v.dtype for k, v in like.items()}
-        self._acc = {k: np.zeros(v.shape, _acc_dtype(v.dtype)) for k, v in like.items()}
-        largest = max((v.size for v in like.values()), default=0)
-        # One scratch buffer reused for every tensor: w * x without a temporary per call.
+        # Uninitialised on purpose: the first add writes w * x straight into it, which saves
+        # a pass over zeros the size of the model.
+        self._acc = {k: np.empty(v.shape, acc_dtype(v.dtype)) for k, v in like.items()}
         self._scratch = {
-            dt: np.empty(largest, dt) for dt in {a.dtype for a in self._acc.values()}
+            dt: np.empty(BLOCK, dt) for dt in {a.dtype for a in self._acc.values()}
         }
         self.total_weight = 0.0
         self.count = 0
 
     def add(self, tensors: Mapping[str, np.ndarray], weight: float) -> None:
-        if weight <= 0:
-            raise ValueError(f"weight must be positive, got {weight}")
+        self.add_many([(tensors, weight)])
+
+    def add_many(self, updates: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> None:
+        """Fold in several updates in one sweep: the sum is read and written once per block
+        for all of them, so K updates held in memory cost K reads of x and one of the sum."""
+        if not updates:
+            return
+        if not self._acc and self._dtypes:
+            raise ValueError("this sum's mean() was already taken; start a new WeightedSum")
+        for _, weight in updates:
+            if not weight > 0:
+                raise ValueError(f"weight must be positive, got {weight}")
+        weights = [float(w) for _, w in updates]
         for name, acc in self._acc.items():
-            x = tensors[name]
-            if x.size == 0:
+            if acc.size == 0:
                 continue
-            scratch = self._scratch[acc.dtype][: x.size].reshape(x.shape)
-            np.multiply(x, weight, out=scratch, casting="unsafe")
-            acc += scratch
-        self.total_weight += weight
-        self.count += 1
+            flat = acc.reshape(-1)
+            xs = [np.asarray(t[name]).reshape(-1) for t, _ in updates]
+            scratch = self._scratch[acc.dtype]
+            dt = acc.dtype
+            for start in range(0, flat.size, BLOCK):
+                stop = min(start + BLOCK, flat.size)
+                out = flat[start:stop]
+                tmp = scratch[: stop - start]
+                first = 0
+                if self.count == 0:
+                    np.multiply(xs[0][start:stop], weights[0], out=out, dtype=dt,
+                                casting="unsafe")
+                    first = 1
+                for x, w in zip(xs[first:], weights[first:], strict=True):
+                    np.multiply(x[start:stop], w, out=tmp, dtype=dt, casting="unsafe")
+                    np.add(out, tmp, out=out)
+        self.total_weight += sum(weights)
+        self.count += len(updates)
 
     def mean(self) -> dict[str, np.ndarray]:
-        if self.count == 0:
+        if self.count == 0 or not self._acc and self._dtypes:
             raise ValueError("no updates were added")
         out: dict[str, np.ndarray] = {}
         for name, acc in self._acc.items():
-            avg = acc / self.total_weight
-            dtype = self._dtypes[name]
-            if dtype.kind in "iub":
-                avg = np.rint(avg)
-            out[name] = avg.astype(dtype)
+            if acc.size == 0:
+                out[name] = np.zeros(acc.shape, self._dtypes[name])
+                continue
+            # In place: the sum is not needed after this, and a copy would double peak memory.
+            acc /= self.total_weight
+            out[name] = cast_back(acc, self._dtypes[name])
+        # The mean may share the sum's buffers: this sum is used up.
+        self._acc = {}
         return out
 
 
 def weighted_mean(updates: list[tuple[Mapping[str, np.ndarray], float]]) -> dict[str, np.ndarray]:
-    """Convenience over WeightedSum for a list already in memory (tests, robust fallbacks)."""
+    """The weighted mean of updates already in memory, in one blocked sweep."""
     if not updates:
         raise ValueError("no updates")
     acc = WeightedSum(updates[0][0])
-    for tensors, weight in updates:
-        acc.add(tensors, weight)
+    acc.add_many(updates)
     return acc.mean()
 
 
@@ -73,3 +115,105 @@ def weighted_metric(values: list[tuple[float, float]]) -> float | None:
     if total <= 0:
         return None
     return sum(v * w for v, w in values) / total
+
+
+# ---- server optimisers on the pseudo-gradient (Reddi et al., "Adaptive Federated
+# Optimization", 2021). delta = mean of the updates - global model: the direction the
+# nodes moved. Only floating tensors are optimised; integer ones (counters) take the mean.
+
+
+def _floating(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
+
+
+def momentum_step(
+    global_weights: Mapping[str, np.ndarray],
+    mean: Mapping[str, np.ndarray],
+    velocity: dict[str, np.ndarray],
+    lr: float,
+    momentum: float,
+) -> dict[str, np.ndarray]:
+    """FedAvgM: v <- momentum * v + delta; x <- x + lr * v. Updates `velocity` in place."""
+    out: dict[str, np.ndarray] = {}
+    for name, avg in mean.items():
+        g = global_weights[name]
+        if not _floating(g.dtype):
+            out[name] = np.array(avg)
+            continue
+        dt = acc_dtype(g.dtype)
+        delta = avg.astype(dt) - g.astype(dt)
+        v = velocity.get(name)
+        if v is None:
+            v = velocity[name] = np.zeros(g.shape, dt)
+        v *= momentum
+        v += delta
+        out[name] = cast_back(g.astype(dt) + lr * v, g.dtype)
+    return out
+
+
+def adam_step(
+    global_weights: Mapping[str, np.ndarray],
+    mean: Mapping[str, np.ndarray],
+    m: dict[str, np.ndarray],
+    v: dict[str, np.ndarray],
+    eta: float,
+    beta1: float,
+    beta2: float,
+    tau: float,
+) -> dict[str, np.ndarray]:
+    """FedAdam: m <- b1 m + (1-b1) d; v <- b2 v + (1-b2) d^2; x <- x + eta m / (sqrt(v) + tau).
+
+    As in the paper (and Flower), no bias correction: tau bounds the first steps instead.
+    Updates `m` and `v` in place.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, avg in mean.items():
+        g = global_weights[name]
+        if not _floating(g.dtype):
+            out[name] = np.array(avg)
+            continue
+        dt = acc_dtype(g.dtype)
+        delta = avg.astype(dt) - g.astype(dt)
+        mm = m.setdefault(name, np.zeros(g.shape, dt))
+        vv = v.setdefault(name, np.zeros(g.shape, dt))
+        mm *= beta1
+        mm += (1 - beta1) * delta
+        vv *= beta2
+        vv += (1 - beta2) * np.square(delta)
+        out[name] = cast_back(g.astype(dt) + eta * mm / (np.sqrt(vv) + tau), g.dtype)
+    return out
+
+
+# ---- robust statistics over a block of K stacked updates (shape (K, n)) -------------------
+
+
+def coordinate_median(block: np.ndarray) -> np.ndarray:
+    """Median of each column; for even K the mean of the two middle values. Sorts in place."""
+    k = block.shape[0]
+    if k == 0:
+        raise ValueError("no updates")
+    mid = k // 2
+    kth = [mid - 1, mid] if k % 2 == 0 else [mid]
+    block.partition(kth, axis=0)
+    if k % 2:
+        return block[mid].copy()
+    return (block[mid - 1] + block[mid]) / 2
+
+
+def trim_count(k: int, trim: float) -> int:
+    """Updates removed from each end: floor(trim * K), always leaving at least one."""
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    return min(int(np.floor(trim * k)), (k - 1) // 2)
+
+
+def trimmed_mean(block: np.ndarray, trim: float) -> np.ndarray:
+    """Mean of each column without its floor(trim*K) smallest and largest values."""
+    k = block.shape[0]
+    if k == 0:
+        raise ValueError("no updates")
+    t = trim_count(k, trim)
+    if t == 0:
+        return block.mean(axis=0)
+    block.partition([t - 1, k - t], axis=0)
+    return block[t : k - t].mean(axis=0)

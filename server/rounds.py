@@ -165,7 +165,7 @@ class Orchestrator:
 
     async def _train_round(self, number: int) -> None:
         for attempt in range(1, self.job.round_retries + 2):
-            nodes = await self._wait_for_nodes(self.job.min_nodes)
+            nodes = await self._wait_for_nodes(self.job.min_available_nodes or self.job.min_nodes)
             chosen = self._sample(nodes, number, attempt)
             rnd = self._open_round(number, pb.TASK_KIND_TRAIN, attempt, chosen,
                                    required=self.job.min_nodes)
@@ -198,7 +198,8 @@ class Orchestrator:
         self._close_round(rnd)
 
     def _sample(self, nodes: list[Node], number: int, attempt: int) -> list[Node]:
-        k = max(self.job.min_nodes, math.ceil(self.job.fraction * len(nodes)))
+        # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating point, not 8 nodes.
+        k = max(self.job.min_nodes, math.ceil(round(self.job.fraction * len(nodes), 9)))
         k = min(k, len(nodes))
         # Seeded by job seed, round and attempt: the same pool gives the same sample.
         rng = random.Random(f"{self.job.seed}:{number}:{attempt}")
@@ -287,7 +288,8 @@ class Orchestrator:
         self.global_round = number
         self._payload = None
         if self.checkpointer is not None:
-            self.checkpointer.save(weights, self.checkpoint_state())
+            self.checkpointer.save(weights, self.checkpoint_state(),
+                                   tensors=self.strategy.tensor_state())
 
     def _record(self, rnd: RoundState, status: str = "finished") -> None:
         train_loss = weighted_metric(

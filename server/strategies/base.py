@@ -3,19 +3,41 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
+
+from fedgpu.errors import ConfigError
 
 Weights = dict[str, np.ndarray]
 
 
 class Strategy(ABC):
     name: str = ""
+    # Allowed [strategy_params] keys and their defaults; anything else is refused by name.
+    defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
-        self.params = dict(params or {})
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            allowed = ", ".join(sorted(self.defaults)) or "none"
+            raise ConfigError(
+                f"job: [strategy_params] {', '.join(unknown)} not understood by strategy "
+                f"{self.name!r} (allowed: {allowed})"
+            )
+        self.params = {**self.defaults, **params}
+
+    def param(self, key: str, check: Callable[[float], bool], expected: str) -> float:
+        """A numeric parameter, refused with the key and the valid range in the message."""
+        value = self.params[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not check(value):
+            raise ConfigError(
+                f"job: [strategy_params] {key} of strategy {self.name!r} must be {expected}, "
+                f"got {value!r}"
+            )
+        return float(value)
 
     @abstractmethod
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
@@ -33,5 +55,11 @@ class Strategy(ABC):
         """JSON-able optimiser state to checkpoint (none for plain averaging)."""
         return {}
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        del state
+    def tensor_state(self) -> dict[str, np.ndarray]:
+        """Optimiser arrays to checkpoint as safetensors next to the global weights."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any],
+                   tensors: Mapping[str, np.ndarray] | None = None) -> None:
+        """Resume from what state() and tensor_state() returned."""
+        del state, tensors

@@ -29,3 +29,30 @@ def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:
     # Nothing of the run is left running.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(run_dir) not in ps
+
+
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([*FEDGPU, "run", "--nodes", "2", "--rounds", "50", "--run-dir",
+                          str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=base_env(), cwd=ROOT)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while "round 1/50" not in line and time.monotonic() < deadline:
+            line = p.stdout.readline()
+            assert line or p.poll() is None, p.stderr.read()
+        assert "round 1/50" in line
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out + err
+    assert "interrupted" in out
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(run_dir) not in ps
+    assert (run_dir / "rounds.json").exists()

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fedgpu.errors import ConfigError
 from server.aggregate import WeightedSum, weighted_mean, weighted_metric
 from server.strategies import make_strategy
 
@@ -68,12 +69,31 @@ def test_streaming_sum_uses_constant_memory() -> None:
     assert len(acc._acc) + len(acc._scratch) == buffers and acc.count == 50
 
 
+@pytest.mark.parametrize("block", [7, 1 << 18])
+def test_blocked_sum_streamed_or_batched_matches_numpy(block: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Block edges (a block of 7 never divides the tensors) and the first-update shortcut
+    # (the sum starts uninitialised) are where a blocked sum goes wrong.
+    monkeypatch.setattr("server.aggregate.BLOCK", block)
+    updates = [(model(), float(RNG.integers(1, 50))) for _ in range(5)]
+    want = direct(updates)
+    streamed = WeightedSum(updates[0][0])
+    for tensors, w in updates:
+        streamed.add(tensors, w)
+    batched = WeightedSum(updates[0][0])
+    batched.add_many(updates[:2])
+    batched.add_many(updates[2:])
+    for got in (streamed.mean(), batched.mean()):
+        np.testing.assert_allclose(got["conv.w"], want["conv.w"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["half"], want["half"], rtol=1e-2, atol=1e-2)
+
+
 def test_invalid_inputs() -> None:
     with pytest.raises(ValueError, match="positive"):
         WeightedSum({"w": np.zeros(2)}).add({"w": np.zeros(2)}, 0)
     with pytest.raises(ValueError, match="no updates"):
         WeightedSum({"w": np.zeros(2)}).mean()
-    with pytest.raises(ValueError, match="unknown strategy"):
+    with pytest.raises(ConfigError, match="unknown strategy"):
         make_strategy("fedmagic")
 
 

@@ -1,0 +1,81 @@
+"""FedAvg of K updates: fedgpu vs Flower's `aggregate` vs plain numpy vs the read-once bound.
+
+One case per process so peak RSS belongs to it alone:
+    python -m benchmarks.aggregation --impl fedgpu --k 10 --params 11000000
+`extra_mib` is the peak resident memory above what the K input models themselves take.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from benchmarks.common import MIB, best_of, emit, model_arrays, peak_rss_mib, rss_mib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", required=True,
+                    choices=["fedgpu", "fedgpu_stream", "numpy", "bound", "flower"])
+    ap.add_argument("--k", type=int, required=True)
+    ap.add_argument("--params", type=int, required=True)
+    ap.add_argument("--tensors", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    updates = [model_arrays(a.params, a.tensors, seed=i) for i in range(a.k)]
+    weights = [int(10 + 7 * i) for i in range(a.k)]
+    names = [f"t{i:02d}" for i in range(a.tensors)]
+    dicts = [dict(zip(names, u, strict=True)) for u in updates]
+    base = rss_mib()
+
+    if a.impl == "fedgpu":
+        from server.aggregate import weighted_mean
+
+        def run() -> object:
+            return weighted_mean(list(zip(dicts, map(float, weights), strict=True)))
+    elif a.impl == "fedgpu_stream":
+        from server.aggregate import WeightedSum
+
+        def run() -> object:
+            # What the aggregator does: one update at a time as each arrives.
+            acc = WeightedSum(dicts[0])
+            for d, w in zip(dicts, weights, strict=True):
+                acc.add(d, float(w))
+            return acc.mean()
+    elif a.impl == "numpy":
+        def run() -> object:
+            # The obvious in-place accumulate: multiply into scratch, add, divide.
+            acc = [np.zeros_like(x) for x in updates[0]]
+            scratch = np.empty(max(x.size for x in updates[0]), np.float32)
+            for u, w in zip(updates, weights, strict=True):
+                for s, x in zip(acc, u, strict=True):
+                    t = scratch[: x.size]
+                    np.multiply(x, w, out=t)
+                    s += t
+            total = sum(weights)
+            for s in acc:
+                s /= total
+            return acc
+    elif a.impl == "bound":
+        def run() -> object:
+            # Every input byte read once, nothing written: no aggregation can beat this.
+            return [x.max() for u in updates for x in u]
+    else:
+        from flwr.server.strategy.aggregate import aggregate
+
+        results = list(zip(updates, weights, strict=True))
+
+        def run() -> object:
+            return aggregate(results)
+
+    seconds = best_of(run, a.repeat)
+    model_mib = a.params * 4 / MIB
+    extra = max(0.0, peak_rss_mib() - base)
+    emit({"impl": a.impl, "k": a.k, "params": a.params, "seconds": round(seconds, 4),
+          "extra_mib": round(extra, 1), "model_mib": round(model_mib, 1),
+          "extra_models": round(extra / model_mib, 2)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Per-round process isolation: a freshly spawned training process vs training in-process.
+
+The digits task, CPU, one node's partition; the same round through both paths:
+  spawned    node.round.run_task, what the agent does (python -m node.worker per round)
+  in-process node.runner.run_round called directly, torch already imported and warm
+    python -m benchmarks.isolation --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import ROOT, emit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    from fedgpu.datasets import split_digits
+    from node import nvml, policy, workfiles
+    from node.round import run_task
+
+    hp = {"lr": 0.05, "local_epochs": 1}
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        data = split_digits(tmp / "data", 3, "iid", 0.5, 0)[0]
+        flags = policy.parse_gpu_flags("none", None, 0, None)
+        decision = policy.decide(nvml.snapshot(), flags, job_use_gpu=False)
+
+        def spawned(kind: str, payload: bytes | None, rnd: int) -> tuple[float, bytes | None]:
+            start = time.perf_counter()
+            out = run_task(kind=kind, task_name="digits", hyperparameters=hp, seed=rnd,
+                           round_number=rnd, data_dir=data, payload=payload,
+                           decision=decision, work_root=tmp, sampler=None, torch_threads=1)
+            assert out.ok, out.error
+            weights = out.weights.read_bytes() if out.weights else None
+            out.cleanup()
+            return time.perf_counter() - start, weights
+
+        _, init = spawned("init", None, 0)
+        spawn_s = [spawned("train", init, r)[0] for r in range(1, a.rounds + 1)]
+
+        import torch
+
+        from node.runner import parse_spec, run_round
+
+        torch.set_num_threads(1)
+
+        def in_process(rnd: int) -> float:
+            start = time.perf_counter()
+            work = Path(tempfile.mkdtemp(dir=tmp))
+            task = {"kind": "train", "task_name": "digits", "hyperparameters": hp, "seed": rnd,
+                    "round": rnd, "data_dir": str(data), "device": "cpu",
+                    "memory_fraction": None, "torch_threads": 1}
+            workfiles.write_json(work / workfiles.TASK_FILE, task)
+            (work / workfiles.WEIGHTS_IN).write_bytes(init)  # type: ignore[arg-type]
+            result = run_round(parse_spec(task), work)
+            workfiles.write_json(work / workfiles.RESULT_FILE, result.to_dict())
+            return time.perf_counter() - start
+
+        in_process(0)  # warm: imports, allocator, dataset cache
+        inproc_s = [in_process(r) for r in range(1, a.rounds + 1)]
+
+    # What the spawn costs before any training: a Python start that imports torch.
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, cwd=ROOT)
+    import_s = time.perf_counter() - start
+    sp, ip = statistics.median(spawn_s), statistics.median(inproc_s)
+    emit({"rounds": a.rounds, "spawned_round_s": round(sp, 3), "in_process_round_s": round(ip, 3),
+          "overhead_s": round(sp - ip, 3), "python_plus_torch_import_s": round(import_s, 3),
+          "spawned_all": [round(x, 3) for x in spawn_s],
+          "in_process_all": [round(x, 3) for x in inproc_s]})
+
+
+if __name__ == "__main__":
+    main()

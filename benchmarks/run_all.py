@@ -1,0 +1,85 @@
+"""Run every benchmark and write BENCHMARKS.md (`make bench`).
+
+Flower's side runs in .venv-bench (see benchmarks/common.py for why); everything else in the
+project's venv. Each measurement is its own process so peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, bench_python, run_case
+
+CHUNKS_KIB = [256, 512, 1024, 2048, 4096, 8192]
+
+
+def _version(python: str, pkg: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version('{pkg}'))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return out.stdout.strip() or "not installed"
+
+
+def machine() -> dict[str, str]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                .splitlines() if ln.startswith("model name")), platform.processor())
+    mem = next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+               if ln.startswith("MemTotal"))
+    return {"cpu": f"{cpu}, {os.cpu_count()} logical CPUs",
+            "memory": f"{int(mem) / 1024 / 1024:.1f} GiB", "os": platform.platform(),
+            "python": platform.python_version()}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    started = time.time()
+    r: dict[str, Any] = {}
+    flower = bench_python()
+    log("1/5 aggregation")
+    r["agg"] = []
+    for k, params in ((10, 11_000_000), (100, 1_000_000)):
+        args = ["--k", str(k), "--params", str(params)]
+        for impl in ("fedgpu", "fedgpu_stream", "numpy", "bound"):
+            r["agg"].append(run_case("benchmarks.aggregation", ["--impl", impl, *args]))
+        r["agg"].append(run_case("benchmarks.aggregation", ["--impl", "flower", *args],
+                                 python=flower))
+    log("2/5 transport")
+    r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
+    r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", str(c)])
+                 for c in CHUNKS_KIB]
+    r["e2e"] = [run_case("benchmarks.wire_e2e", ["--chunk-kib", str(c)]) for c in CHUNKS_KIB]
+    log("3/5 serialization")
+    r["ser"] = [run_case("benchmarks.serialization", ["--impl", "fedgpu"]),
+                run_case("benchmarks.serialization", ["--impl", "flower"], python=flower)]
+    log("4/5 scale")
+    r["scale"] = run_case("benchmarks.scale", [], timeout=1200)
+    log("5/5 isolation")
+    r["iso"] = run_case("benchmarks.isolation", ["--rounds", "5"])
+    r["versions"] = {
+        "fedgpu": md.version("fedgpu"), "numpy": md.version("numpy"),
+        "grpcio": md.version("grpcio"), "protobuf": md.version("protobuf"),
+        "torch": md.version("torch"),
+        "flwr (in .venv-bench)": _version(flower, "flwr"),
+        "numpy (in .venv-bench)": _version(flower, "numpy"),
+        "protobuf (in .venv-bench)": _version(flower, "protobuf"),
+    }
+    r["machine"] = machine()
+    r["minutes"] = round((time.time() - started) / 60, 1)
+    from benchmarks.report import render
+
+    (ROOT / "BENCHMARKS.md").write_text(render(r))
+    (ROOT / "benchmarks" / "results.json").write_text(__import__("json").dumps(r, indent=1))
+    log(f"wrote BENCHMARKS.md in {r['minutes']} min")
+
+
+if __name__ == "__main__":
+    main()

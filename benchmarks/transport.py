@@ -1,0 +1,148 @@
+"""One large update node -> aggregator over loopback: raw TCP, fedgpu's gRPC stream, end to end.
+
+Each receiver runs in its own process (as the aggregator would), the sender in this one:
+    python -m benchmarks.transport raw|grpc --size-mib 256 [--chunk-kib 1024]
+prints {"seconds", "gb_per_s"} for the best of --repeat sends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.common import MIB, ROOT, emit
+
+
+def _receiver_raw(port_file: str) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    print(srv.getsockname()[1], file=open(port_file, "w"), flush=True)  # noqa: SIM115
+    buf = bytearray(0)
+    while True:
+        conn, _ = srv.accept()
+        with conn:
+            head = conn.recv(8, socket.MSG_WAITALL)
+            if len(head) < 8:
+                return
+            (size,) = struct.unpack("<Q", head)
+            if len(buf) != size:
+                buf = bytearray(size)
+            view, got = memoryview(buf), 0
+            while got < size:
+                got += conn.recv_into(view[got:], min(size - got, 8 * MIB))
+            conn.sendall(b"k")
+
+
+def _send_raw(port: int, payload: memoryview, chunk: int) -> float:
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(struct.pack("<Q", payload.nbytes))
+        for pos in range(0, payload.nbytes, chunk):
+            s.sendall(payload[pos : pos + chunk])
+        assert s.recv(1) == b"k"
+    return time.perf_counter() - start
+
+
+async def _receiver_grpc(port_file: str) -> None:
+    # fedgpu's server options and messages; the handler keeps only what transport needs:
+    # every chunk copied into one preallocated buffer, no digest, no decode.
+    import grpc
+
+    from fedgpu.proto import pb, pb_grpc
+    from fedgpu.transport import SERVER_OPTIONS
+
+    class Sink(pb_grpc.FederationServicer):
+        async def PushUpdate(self, request_iterator, context):  # type: ignore[no-untyped-def]
+            first = await anext(aiter(request_iterator))
+            buf = bytearray(first.header.payload_size)
+            pos = 0
+            async for msg in request_iterator:
+                n = len(msg.data)
+                buf[pos : pos + n] = msg.data
+                pos += n
+            return pb.PushReply(accepted=pos == len(buf))
+
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_FederationServicer_to_server(Sink(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, file=open(port_file, "w"), flush=True)  # noqa: SIM115
+    await server.wait_for_termination()
+
+
+def _send_grpc(port: int, payload: np.ndarray, chunk: int, repeat: int) -> float:
+    from fedgpu import codec
+    from fedgpu.proto import pb, pb_grpc
+    from fedgpu.transport import channel
+
+    enc = codec.encode({"w": payload})
+    best = float("inf")
+    with channel(f"127.0.0.1:{port}") as ch:
+        stub = pb_grpc.FederationStub(ch)
+
+        def stream():  # type: ignore[no-untyped-def]
+            yield pb.UpdateChunk(header=pb.UpdateHeader(payload_size=enc.size))
+            for part in codec.iter_chunks(enc, chunk):
+                yield pb.UpdateChunk(data=part)
+
+        for _ in range(repeat):
+            start = time.perf_counter()
+            assert stub.PushUpdate(stream(), timeout=120).accepted
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _start(kind: str, tmp: str) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = f"{tmp}/{kind}.port"
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.transport", f"_{kind}_receiver",
+                             "--port-file", port_file], cwd=ROOT)
+    for _ in range(200):
+        try:
+            return proc, int(open(port_file).read())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{kind} receiver did not start")
+
+
+def main() -> None:
+    import tempfile
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["raw", "grpc", "_raw_receiver", "_grpc_receiver"])
+    ap.add_argument("--size-mib", type=int, default=256)
+    ap.add_argument("--chunk-kib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--port-file", default="")
+    a = ap.parse_args()
+    if a.mode == "_raw_receiver":
+        return _receiver_raw(a.port_file)
+    if a.mode == "_grpc_receiver":
+        return asyncio.run(_receiver_grpc(a.port_file))
+    size = a.size_mib * MIB
+    payload = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = _start(a.mode, tmp)
+        try:
+            if a.mode == "raw":
+                view = memoryview(payload.view(np.uint8))
+                seconds = min(_send_raw(port, view, a.chunk_kib << 10) for _ in range(a.repeat))
+            else:
+                seconds = _send_grpc(port, payload, a.chunk_kib << 10, a.repeat)
+        finally:
+            proc.kill()
+            proc.wait()
+    emit({"mode": a.mode, "size_mib": a.size_mib, "chunk_kib": a.chunk_kib,
+          "seconds": round(seconds, 4), "gb_per_s": round(size / seconds / 1e9, 3)})
+
+
+if __name__ == "__main__":
+    main()

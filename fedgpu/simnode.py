@@ -1,0 +1,301 @@
+"""Simulated nodes: the real wire protocol, synthetic weights, no torch, many per process.
+
+For scale tests and benchmarks. Each simulated node registers, heartbeats, long-polls for tasks
+and answers them exactly as a real agent does (same stubs, same chunked payloads with sha256),
+but its "training" is a cheap synthetic update of the global model's shapes. All nodes of a
+process share one asyncio loop on grpc.aio, so a thousand of them cost a few hundred MB and
+no thread each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+import fedgpu
+from fedgpu import codec
+from fedgpu.proto import pb, pb_grpc
+from fedgpu.transport import CHANNEL_OPTIONS, token_metadata
+
+log = logging.getLogger("fedgpu.sim")
+
+
+@dataclass
+class SimConfig:
+    aggregator: str
+    token: str | None
+    nodes: int
+    prefix: str = "sim"
+    start_index: int = 0
+    params: int = 1_000_000
+    tensors: int = 20
+    poll_s: int = 25
+    # Nodes that share one HTTP/2 connection; 1 = a connection per node, as real sites have.
+    nodes_per_channel: int = 1
+    connect_timeout_s: float = 120.0
+    stats_file: Path | None = None
+
+
+def model_shapes(params: int, tensors: int) -> dict[str, tuple[int, ...]]:
+    """`tensors` float32 tensors totalling `params` elements (the last one takes the rest)."""
+    if params < tensors or tensors < 1:
+        raise ValueError("need at least one parameter per tensor")
+    each = params // tensors
+    sizes = [each] * (tensors - 1) + [params - each * (tensors - 1)]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, n in enumerate(sizes):
+        # Two-dimensional where it divides, like the weight matrices of a real model.
+        cols = 256 if n % 256 == 0 else 1
+        shapes[f"layer{i:03d}.weight"] = (n // cols, cols) if cols > 1 else (n,)
+    return shapes
+
+
+def synthetic_model(params: int, tensors: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: (rng.standard_normal(shape, dtype=np.float32) * 0.05)
+            for name, shape in model_shapes(params, tensors).items()}
+
+
+@dataclass
+class SimStats:
+    registered: int = 0
+    register_seconds: float = 0.0
+    tasks: dict[str, int] = field(default_factory=dict)
+    pushes: list[dict[str, float]] = field(default_factory=list)
+    pulls: list[dict[str, float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "register_seconds": round(self.register_seconds, 3),
+            "tasks": self.tasks,
+            "pushes": self.pushes,
+            "pulls": self.pulls,
+            "errors": self.errors[:20],
+        }
+
+
+class _Noise:
+    """One random direction per tensor shared by all nodes of the process; each node scales
+    it by its own factor, so updates differ without generating K random models per round."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = (name, shape)
+        if key not in self._arrays:
+            # crc32, not hash(): str hashes change per process and the noise must not.
+            rng = np.random.default_rng(zlib.crc32(f"{name}{shape}".encode()))
+            self._arrays[key] = rng.standard_normal(shape, dtype=np.float32) * 0.01
+        return self._arrays[key]
+
+
+class SimNode:
+    def __init__(self, index: int, cfg: SimConfig, channel: grpc.aio.Channel, stats: SimStats,
+                 noise: _Noise) -> None:
+        self.index = index
+        self.name = f"{cfg.prefix}-{index:05d}"
+        self.cfg = cfg
+        self.stub = pb_grpc.FederationStub(channel)
+        self.metadata = token_metadata(cfg.token)
+        self.stats = stats
+        self.noise = noise
+        self.node_id = ""
+        self.heartbeat_s = 5
+        self.chunk_size = codec.DEFAULT_CHUNK_SIZE
+        self.max_bytes = 4 << 30
+        self.state = "idle"
+
+    async def register(self, deadline: float) -> None:
+        req = pb.RegisterRequest(
+            node_name=self.name, version=fedgpu.__version__,
+            devices=pb.DeviceInventory(nvml_available=False, nvml_reason="simulated node"),
+            decision=pb.GpuDecision(mode="none", device="cpu", gpu_index=-1,
+                                    reason="simulated node: no training, no GPU"),
+            labels={"simulated": "true"},
+        )
+        delay = 0.2
+        while True:
+            try:
+                reply = await self.stub.Register(req, metadata=self.metadata, timeout=30)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5)
+        self.node_id = reply.node_id
+        self.heartbeat_s = max(1, reply.heartbeat_interval_s)
+        self.chunk_size = reply.chunk_size or self.chunk_size
+        self.max_bytes = reply.max_update_bytes or self.max_bytes
+
+    async def heartbeats(self) -> None:
+        # Spread over the interval so a thousand nodes don't beat in the same millisecond.
+        await asyncio.sleep((self.index % 97) / 97 * self.heartbeat_s)
+        while True:
+            try:
+                await self.stub.Heartbeat(
+                    pb.HeartbeatRequest(node_id=self.node_id, state=self.state),
+                    metadata=self.metadata, timeout=max(2, self.heartbeat_s))
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def serve(self) -> None:
+        while True:
+            try:
+                header, payload, pull = await self._pull()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    return  # the aggregator is gone: the run is over for a simulation
+                self.stats.errors.append(f"{self.name} pull: {exc.code().name} {exc.details()}")
+                await asyncio.sleep(1)
+                continue
+            if header.kind == pb.TASK_KIND_NONE:
+                continue
+            if header.kind == pb.TASK_KIND_SHUTDOWN:
+                return
+            kind = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
+                    pb.TASK_KIND_EVALUATE: "evaluate"}.get(header.kind, "unknown")
+            self.stats.tasks[kind] = self.stats.tasks.get(kind, 0) + 1
+            if payload is not None:
+                self.stats.pulls.append(pull)
+            await self._answer(header, payload)
+
+    async def _pull(self) -> tuple[pb.TaskHeader, bytearray | None, dict[str, float]]:
+        started = time.perf_counter()
+        header: pb.TaskHeader | None = None
+        asm: codec.Assembler | None = None
+        call = self.stub.PullTask(pb.PullTaskRequest(node_id=self.node_id,
+                                                     wait_s=self.cfg.poll_s),
+                                  metadata=self.metadata, timeout=self.cfg.poll_s + 600)
+        first_byte = 0.0
+        async for msg in call:
+            if msg.HasField("header"):
+                header = msg.header
+                first_byte = time.perf_counter()
+                if header.payload_size:
+                    asm = codec.Assembler(header.payload_size, header.payload_sha256,
+                                          self.max_bytes)
+            elif asm is not None:
+                asm.add(msg.data)
+        assert header is not None, "task stream without a header"
+        payload = asm.finish() if asm is not None else None
+        done = time.perf_counter()
+        return header, payload, {"bytes": float(header.payload_size),
+                                 "seconds": round(done - (first_byte or started), 6)}
+
+    def _update(self, header: pb.TaskHeader, payload: bytearray | None
+                ) -> dict[str, np.ndarray] | None:
+        if header.kind == pb.TASK_KIND_INIT:
+            return synthetic_model(self.cfg.params, self.cfg.tensors, seed=header.seed)
+        if header.kind != pb.TASK_KIND_TRAIN or payload is None:
+            return None
+        tensors, _ = codec.decode(payload)
+        # A node-specific step along a shared direction, shrinking with the round.
+        scale = np.float32((1 + self.index % 7) / (1 + header.round))
+        return {name: g + self.noise.get(name, g.shape) * scale for name, g in tensors.items()}
+
+    async def _answer(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
+        self.state = "training"
+        try:
+            weights = await asyncio.to_thread(self._update, header, payload)
+            update = pb.UpdateHeader(
+                node_id=self.node_id, task_id=header.task_id, round=header.round,
+                kind=header.kind, evaluated_round=header.evaluated_round,
+                num_examples=10 + self.index % 90 if header.kind != pb.TASK_KIND_EVALUATE else 0,
+            )
+            update.decision.CopyFrom(pb.GpuDecision(mode="none", device="cpu", gpu_index=-1,
+                                                    reason="simulated node"))
+            update.resources.CopyFrom(pb.RoundResources(
+                device="cpu", nvml_used_before_mib=-1, nvml_used_peak_mib=-1,
+                nvml_used_after_mib=-1, torch_peak_allocated_mib=-1,
+                torch_peak_reserved_mib=-1, rss_peak_mib=-1))
+            if header.kind in (pb.TASK_KIND_TRAIN, pb.TASK_KIND_EVALUATE):
+                # A synthetic learning curve, so status/rounds show something that moves.
+                r = header.evaluated_round
+                update.eval_metrics.update({"loss": 2.3 / (1 + r), "accuracy": 1 - 0.9 / (1 + r)})
+                update.num_eval_examples = 20
+            if header.kind == pb.TASK_KIND_TRAIN:
+                update.train_metrics.update({"loss": 2.0 / (1 + header.round)})
+            enc = None
+            if weights is not None:
+                enc = await asyncio.to_thread(codec.encode, weights)
+                update.payload_size, update.payload_sha256 = enc.size, enc.sha256
+            started = time.perf_counter()
+            try:
+                await self.stub.PushUpdate(self._chunks(update, enc), metadata=self.metadata,
+                                           timeout=3600)
+            except grpc.aio.AioRpcError as exc:
+                self.stats.errors.append(f"{self.name} push: {exc.code().name} {exc.details()}")
+                return
+            if enc is not None:
+                self.stats.pushes.append({"bytes": float(enc.size),
+                                          "seconds": round(time.perf_counter() - started, 6)})
+        finally:
+            self.state = "idle"
+
+    async def _chunks(self, header: pb.UpdateHeader, enc: codec.Encoded | None
+                      ) -> AsyncIterator[pb.UpdateChunk]:
+        yield pb.UpdateChunk(header=header)
+        if enc is not None:
+            for chunk in codec.iter_chunks(enc, self.chunk_size):
+                yield pb.UpdateChunk(data=chunk)
+
+
+async def run_sim(cfg: SimConfig) -> SimStats:
+    stats = SimStats()
+    noise = _Noise()
+    channels = [grpc.aio.insecure_channel(cfg.aggregator, options=CHANNEL_OPTIONS)
+                for _ in range(math.ceil(cfg.nodes / max(1, cfg.nodes_per_channel)))]
+    nodes = [SimNode(cfg.start_index + i, cfg, channels[i // max(1, cfg.nodes_per_channel)],
+                     stats, noise) for i in range(cfg.nodes)]
+    started = time.perf_counter()
+    deadline = time.monotonic() + cfg.connect_timeout_s
+    # Bounded concurrency: a thousand simultaneous handshakes gain nothing over fifty.
+    gate = asyncio.Semaphore(50)
+
+    async def register(node: SimNode) -> None:
+        async with gate:
+            await node.register(deadline)
+
+    beats: list[asyncio.Task[None]] = []
+    try:
+        await asyncio.gather(*(register(n) for n in nodes))
+        stats.registered = len(nodes)
+        stats.register_seconds = time.perf_counter() - started
+        log.info("%d simulated nodes registered in %.1fs", len(nodes), stats.register_seconds)
+        _write_stats(cfg, stats)
+        beats = [asyncio.create_task(n.heartbeats()) for n in nodes]
+        await asyncio.gather(*(n.serve() for n in nodes))
+    finally:
+        for t in beats:
+            t.cancel()
+        await asyncio.gather(*beats, return_exceptions=True)
+        for ch in channels:
+            await ch.close()
+        _write_stats(cfg, stats)
+    return stats
+
+
+def _write_stats(cfg: SimConfig, stats: SimStats) -> None:
+    if cfg.stats_file is not None:
+        tmp = cfg.stats_file.with_name(cfg.stats_file.name + ".tmp")
+        tmp.write_text(json.dumps(stats.to_dict()))
+        tmp.replace(cfg.stats_file)
