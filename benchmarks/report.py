@@ -24,7 +24,9 @@ def render(r: dict[str, Any]) -> str:
         "`.venv` never changes. fedgpu never imports Flower.",
         "- Every case runs in its own process (so peak RSS is its own); times are the best of "
         "5 repetitions. The machine has 2 vCPUs, shared with whatever else runs on it: "
-        "numbers move by +-20% between runs.",
+        "numbers move by +-20% between runs. 1-minute load average when the run started / "
+        f"ended: {r.get('load_before', float('nan')):.1f} / {r.get('load_after', float('nan')):.1f}"
+        " (above ~0.5, other processes were competing for the CPUs).",
         "",
     ]
     out += _aggregation(r)

@@ -42,7 +42,7 @@ def log(msg: str) -> None:
 
 def main() -> None:
     started = time.time()
-    r: dict[str, Any] = {}
+    r: dict[str, Any] = {"load_before": os.getloadavg()[0]}
     flower = bench_python()
     log("1/5 aggregation")
     r["agg"] = []
@@ -74,6 +74,8 @@ def main() -> None:
     }
     r["machine"] = machine()
     r["minutes"] = round((time.time() - started) / 60, 1)
+    # Other work on the same 2 vCPUs skews every number; the load average says how much.
+    r["load_after"] = os.getloadavg()[0]
     from benchmarks.report import render
 
     (ROOT / "BENCHMARKS.md").write_text(render(r))
