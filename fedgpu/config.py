@@ -12,7 +12,7 @@ from fedgpu.errors import ConfigError
 
 # Implemented in server/strategies/, one module each; [strategy_params] are checked there.
 STRATEGIES = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
-MODES = ("star",)
+MODES = ("star", "ring")
 Scalar = int | float | str | bool
 
 
@@ -36,6 +36,14 @@ class Job:
     # Retries of a round that closed at its deadline with fewer than min_nodes updates.
     round_retries: int = 3
     initial_weights: str | None = None
+    # Ring mode (D-PSGD): `rounds` blocks share `iterations` gradient steps per node; nodes
+    # gossip every `local_steps` steps with the weights of `mixing` ("uniform" ring or an
+    # explicit min_nodes x min_nodes doubly stochastic matrix); every rendezvous and exchange
+    # gives up after `ring_timeout_s`.
+    mixing: str | list[list[float]] = "uniform"
+    local_steps: int = 1
+    iterations: int = 100
+    ring_timeout_s: float = 60.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +109,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     initial = raw.get("initial_weights")
     if initial is not None and not isinstance(initial, str):
         raise _fail(source, "initial_weights", "a path to a .safetensors file", initial)
+    ring = _ring_fields(raw, source, mode, rounds, min_nodes, fraction)
     return Job(
         task=task,
         rounds=rounds,
@@ -117,7 +126,41 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         evaluate=evaluate,
         round_retries=retries,
         initial_weights=initial,
+        **ring,
     )
+
+
+def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_nodes: int,
+                 fraction: float) -> dict[str, Any]:
+    from fedgpu import mixing as mx
+
+    defaults = Job.__dataclass_fields__
+    out: dict[str, Any] = {}
+    for key in ("local_steps", "iterations"):
+        value = raw.get(key, defaults[key].default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _fail(source, key, "a positive integer", value)
+        out[key] = value
+    timeout = raw.get("ring_timeout_s", defaults["ring_timeout_s"].default)
+    if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+            or not (math.isfinite(timeout) and timeout > 0)):
+        raise _fail(source, "ring_timeout_s", "a positive number of seconds", timeout)
+    out["ring_timeout_s"] = float(timeout)
+    mixing = raw.get("mixing", "uniform")
+    try:
+        # Checked whatever the mode, so a matrix never sits unnoticed in a star job.
+        w = mx.resolve(mixing, min_nodes, source)
+    except mx.MixingError as exc:
+        raise ConfigError(str(exc)) from None
+    out["mixing"] = mixing if isinstance(mixing, str) else w.tolist()
+    if mode == "ring":
+        if out["iterations"] < rounds:
+            raise _fail(source, "iterations", f"at least rounds ({rounds}): each round is a "
+                        "block of iterations", out["iterations"])
+        if fraction != 1.0:
+            raise _fail(source, "fraction", "1.0 in ring mode (every node of the ring trains "
+                        "every iteration)", fraction)
+    return out
 
 
 def _scalars(table: object, source: str, key: str) -> dict[str, Scalar]:

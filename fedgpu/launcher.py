@@ -40,6 +40,10 @@ class LocalRunConfig:
     torch_threads: int = 1
     node_env: dict[str, str] = field(default_factory=dict)
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # "ring": D-PSGD over torch.distributed instead of FedAvg; rounds are blocks of iterations.
+    mode: str = "star"
+    iterations: int | None = None
+    local_steps: int = 1
 
 
 def free_port() -> int:
@@ -59,11 +63,23 @@ def _job_toml(cfg: LocalRunConfig) -> str:
         f"round_deadline_s = {cfg.round_deadline_s}",
         f"use_gpu = {'true' if cfg.use_gpu else 'false'}",
         f"seed = {cfg.seed}",
+        *_ring_lines(cfg),
         "",
         "[hyperparameters]",
         *(f"{k} = {json.dumps(v)}" for k, v in hp.items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _ring_lines(cfg: LocalRunConfig) -> list[str]:
+    if cfg.mode == "star":
+        return []
+    # One epoch of the node's share per block by default, like a star round of local_epochs=1
+    # (digits: about 1440 training examples split over the nodes, batches of 32).
+    per_epoch = -(-1440 // max(cfg.nodes, 1) // 32)
+    iterations = cfg.iterations or cfg.rounds * per_epoch
+    return [f'mode = "{cfg.mode}"', f"iterations = {iterations}",
+            f"local_steps = {cfg.local_steps}"]
 
 
 class Proc:
@@ -170,6 +186,9 @@ class LocalRun:
             ]
             if self.cfg.gpu_memory_fraction is not None:
                 cmd += ["--gpu-memory-fraction", str(self.cfg.gpu_memory_fraction)]
+            if self.cfg.mode == "ring":
+                # Any node may be rank 0 and host the rendezvous: each gets a port of its own.
+                cmd += ["--ring-host", "127.0.0.1", "--ring-port", str(free_port())]
             self.procs.append(Proc(name, cmd, self.run_dir / "logs" / f"{name}.log",
                                    self._env(self.cfg.node_env)))
         self.say(f"aggregator on {self.address}; {len(dirs)} nodes started; "

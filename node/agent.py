@@ -22,7 +22,7 @@ import grpc
 import fedgpu
 from fedgpu.errors import FedgpuError
 from fedgpu.proto import pb
-from node import messages, nvml, policy
+from node import messages, nvml, policy, ring
 from node.client import AggregatorClient, PayloadError, is_unreachable
 from node.round import SIMULATED_GPUS_ENV, RoundOutcome, run_task, simulated_gpus
 from node.workfiles import KINDS
@@ -47,6 +47,9 @@ class AgentConfig:
     work_root: Path | None = None
     torch_threads: int | None = None
     max_payload_bytes: int = 4 << 30
+    # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
+    ring_host: str = ""
+    ring_port: int = ring.DEFAULT_RING_PORT
 
 
 class Backoff:
@@ -102,6 +105,8 @@ class Agent:
             decision=messages.decision(self.decision),
             labels={"hostname": socket.gethostname()},
             tasks=available_tasks(),
+            ring_host=self.cfg.ring_host,
+            ring_port=self.cfg.ring_port,
         )
 
     def register(self, deadline: float | None) -> None:
@@ -228,6 +233,7 @@ class Agent:
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
+                        **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error
             self._report(header, outcome, error)
@@ -260,6 +266,7 @@ class Agent:
             update.num_eval_examples = int(res.get("num_eval_examples", 0))
             update.train_metrics.update(_floats(res.get("train_metrics")))
             update.eval_metrics.update(_floats(res.get("eval_metrics")))
+            update.iteration_loss.extend(float(v) for v in res.get("iteration_loss") or [])
             weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),

@@ -63,6 +63,8 @@ def run_task(
     sampler: nvml.MemorySampler | None,
     torch_threads: int | None,
     timeout_s: float | None = None,
+    worker_module: str = "node.worker",
+    extra: dict[str, Any] | None = None,
 ) -> RoundOutcome:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
@@ -78,6 +80,8 @@ def run_task(
                             if decision.device == "cuda" and not simulated_gpus() else None),
         "torch_threads": torch_threads,
     }
+    # Mode-specific sections (ring mode's rank and rendezvous) ride along for their worker.
+    task.update(extra or {})  # type: ignore[typeddict-item]
     workfiles.write_json(workdir / workfiles.TASK_FILE, task)
     if payload is not None:
         (workdir / workfiles.WEIGHTS_IN).write_bytes(payload)
@@ -86,7 +90,7 @@ def run_task(
     measure = uuid is not None and sampler is not None and sampler.active
     before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
     peak: int | None = None
-    cmd = [sys.executable, "-m", "node.worker", str(workdir)]
+    cmd = [sys.executable, "-m", worker_module, str(workdir)]
     proc = subprocess.Popen(cmd, env=env)
     try:
         if measure:

@@ -22,6 +22,7 @@ from server.auth import TokenAuth
 from server.checkpoint import Checkpointer
 from server.federation_service import FederationService
 from server.registry import Registry
+from server.ring import RingOrchestrator
 from server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server")
@@ -67,7 +68,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
                     "this federation and read its model", cfg.port)
     check_chunk_size(cfg.chunk_size)
     registry = Registry(cfg.heartbeat_interval_s)
-    orch = Orchestrator(
+    # Ring mode (D-PSGD) coordinates instead of aggregating; see server/ring.py.
+    orch = (RingOrchestrator if cfg.job.mode == "ring" else Orchestrator)(
         cfg.job,
         registry,
         chunk_size=cfg.chunk_size,

@@ -78,6 +78,7 @@ class FederationService(pb_grpc.FederationServicer):
             labels=dict(request.labels),
             tasks=list(request.tasks),
         )
+        node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(

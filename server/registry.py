@@ -33,6 +33,9 @@ class Node:
     pending: Any = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     gone: bool = False
+    # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
+    ring_host: str = ""
+    ring_port: int = 0
 
 
 class Registry:
@@ -125,6 +128,7 @@ class Registry:
                 "last_resources": n.last_resources,
                 "labels": n.labels,
                 "tasks": n.tasks,
+                "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
             }
             for n in self.all()
         ]

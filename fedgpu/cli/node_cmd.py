@@ -43,6 +43,13 @@ def start(
         envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
     status_file: Annotated[Path, typer.Option(
         envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+    ring_host: Annotated[str, typer.Option(
+        envvar="FEDGPU_RING_HOST",
+        help="Ring mode: address peers use to reach this node's worker (default: the address "
+             "the aggregator sees).")] = "",
+    ring_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_RING_PORT",
+        help="Ring mode: TCP port of the rendezvous this node hosts when it is rank 0.")] = 29500,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks."""
@@ -73,6 +80,8 @@ def start(
         connect_timeout_s=connect_timeout,
         status_file=status_file,
         torch_threads=torch_threads,
+        ring_host=ring_host,
+        ring_port=ring_port,
     ))
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     try:

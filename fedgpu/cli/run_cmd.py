@@ -27,6 +27,14 @@ def run(
     local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 1,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 1800.0,
     torch_threads: Annotated[int, typer.Option(help="CPU threads per node.")] = 1,
+    mode: Annotated[str, typer.Option(
+        help="star (FedAvg at the aggregator) or ring (D-PSGD gossip between the nodes).")
+    ] = "star",
+    iterations: Annotated[int | None, typer.Option(
+        help="Ring mode: gradient steps per node in all (default: one epoch per round).")
+    ] = None,
+    local_steps: Annotated[int, typer.Option(
+        help="Ring mode: gradient steps between two gossip exchanges.")] = 1,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round."""
     from fedgpu.launcher import LocalRunConfig, run_local
@@ -36,6 +44,8 @@ def run(
         parse_gpu_flags(gpu, None, 0, gpu_memory_fraction)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
+    if mode not in ("star", "ring"):
+        raise ConfigError(f"--mode must be star or ring, not {mode!r}")
     if partition not in ("iid", "dirichlet"):
         raise ConfigError(f"--partition must be iid or dirichlet, not {partition!r}")
     code = run_local(LocalRunConfig(
@@ -43,6 +53,7 @@ def run(
         alpha=alpha, seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
         hyperparameters={"local_epochs": local_epochs},
+        mode=mode, iterations=iterations, local_steps=local_steps,
     ))
     raise typer.Exit(code)
 

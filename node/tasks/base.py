@@ -85,3 +85,28 @@ def resolve_hparams(
             )
         resolved[key] = type(default)(value)
     return resolved
+
+
+@runtime_checkable
+class RingTask(Task, Protocol):
+    """What ring mode (D-PSGD) needs on top of a Task: one gradient step at a time.
+
+    D-PSGD averages the parameters with the ring neighbours *between* computing a gradient and
+    applying it, so the worker drives the loop itself: it picks the batch indices, asks the
+    task for the batch's loss, gossips, then steps the task's optimizer.
+    """
+
+    def optimizer(self, model: torch.nn.Module, hparams: Mapping[str, Any]
+                  ) -> torch.optim.Optimizer:
+        ...
+
+    def batch_size(self, hparams: Mapping[str, Any]) -> int:
+        ...
+
+    def train_size(self, data: Mapping[str, torch.Tensor]) -> int:
+        ...
+
+    def batch_loss(self, model: torch.nn.Module, data: Mapping[str, torch.Tensor],
+                   idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean loss over training rows `idx` (for backward) and the number predicted right."""
+        ...

@@ -124,6 +124,26 @@ class DigitsTask:
             "accuracy": float(correct) / max(seen, 1),
         }
 
+    # ---- ring mode (node/tasks/base.py RingTask): the ring worker drives the steps ----------
+
+    def optimizer(self, model: nn.Module, hparams: Mapping[str, Any]) -> torch.optim.Optimizer:
+        hp = self.hparams(hparams)
+        return torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"],
+                               weight_decay=hp["weight_decay"])
+
+    def batch_size(self, hparams: Mapping[str, Any]) -> int:
+        return int(self.hparams(hparams)["batch_size"])
+
+    def train_size(self, data: Mapping[str, torch.Tensor]) -> int:
+        return len(data["y_train"])
+
+    def batch_loss(self, model: nn.Module, data: Mapping[str, torch.Tensor],
+                   idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        model.train()
+        logits = model(data["x_train"][idx])
+        target = data["y_train"][idx]
+        return F.cross_entropy(logits, target), (logits.argmax(1) == target).sum()
+
     def evaluate(
         self,
         model: nn.Module,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'fedgpu/proto/fedgpu/v1/federation.proto\x12\tfedgpu.v1\"\xd6\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x18\n\x10memory_total_mib\x18\x04 \x01(\x03\x12\x17\n\x0fmemory_used_mib\x18\x05 \x01(\x03\x12\x17\n\x0fmemory_free_mib\x18\x06 \x01(\x03\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x05\x12\x1a\n\x12\x63ompute_capability\x18\x08 \x01(\t\x12\x0f\n\x07healthy\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\"\x95\x01\n\x0f\x44\x65viceInventory\x12\x16\n\x0envml_available\x18\x01 \x01(\x08\x12\x13\n\x0bnvml_reason\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12\x1b\n\x13\x63uda_driver_version\x18\x04 \x01(\t\x12 \n\x04gpus\x18\x05 \x03(\x0b\x32\x12.fedgpu.v1.GpuInfo\"\xae\x01\n\x0bGpuDecision\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0f\n\x07use_gpu\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x11\n\tgpu_index\x18\x04 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x10\n\x08gpu_name\x18\x06 \x01(\t\x12\x17\n\x0fmemory_fraction\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x10\n\x08warnings\x18\t \x03(\t\"\x82\x02\n\x0fRegisterRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07\x64\x65vices\x18\x03 \x01(\x0b\x32\x1a.fedgpu.v1.DeviceInventory\x12(\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\x12\x36\n\x06labels\x18\x05 \x03(\x0b\x32&.fedgpu.v1.RegisterRequest.LabelsEntry\x12\r\n\x05tasks\x18\x06 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"|\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x05\x12\x18\n\x10max_update_bytes\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"2\n\x0fPullTaskRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x05\"\xf7\x01\n\nTaskHeader\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12!\n\x04kind\x18\x03 \x01(\x0e\x32\x13.fedgpu.v1.TaskKind\x12\x11\n\ttask_name\x18\x04 \x01(\t\x12\x1c\n\x14hyperparameters_json\x18\x05 \x01(\t\x12\x0f\n\x07use_gpu\x18\x06 \x01(\x08\x12\x14\n\x0cpayload_size\x18\x07 \x01(\x03\x12\x16\n\x0epayload_sha256\x18\x08 \x01(\t\x12\x17\n\x0f\x65valuated_round\x18\t \x01(\x05\x12\x0c\n\x04seed\x18\n \x01(\x03\x12\x0f\n\x07message\x18\x0b \x01(\t\"L\n\tTaskChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.fedgpu.v1.TaskHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x90\x02\n\x0eRoundResources\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x14nvml_used_before_mib\x18\x03 \x01(\x03\x12\x1a\n\x12nvml_used_peak_mib\x18\x04 \x01(\x03\x12\x1b\n\x13nvml_used_after_mib\x18\x05 \x01(\x03\x12 \n\x18torch_peak_allocated_mib\x18\x06 \x01(\x03\x12\x1f\n\x17torch_peak_reserved_mib\x18\x07 \x01(\x03\x12\x14\n\x0crss_peak_mib\x18\x08 \x01(\x03\x12\x15\n\rtrain_seconds\x18\t \x01(\x01\x12\x15\n\rround_seconds\x18\n \x01(\x01\"\xbc\x04\n\x0cUpdateHeader\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12!\n\x04kind\x18\x04 \x01(\x0e\x32\x13.fedgpu.v1.TaskKind\x12\x14\n\x0cnum_examples\x18\x05 \x01(\x03\x12\x14\n\x0cpayload_size\x18\x06 \x01(\x03\x12\x16\n\x0epayload_sha256\x18\x07 \x01(\t\x12@\n\rtrain_metrics\x18\x08 \x03(\x0b\x32).fedgpu.v1.UpdateHeader.TrainMetricsEntry\x12>\n\x0c\x65val_metrics\x18\t \x03(\x0b\x32(.fedgpu.v1.UpdateHeader.EvalMetricsEntry\x12\x19\n\x11num_eval_examples\x18\n \x01(\x03\x12,\n\tresources\x18\x0b \x01(\x0b\x32\x19.fedgpu.v1.RoundResources\x12(\n\x08\x64\x65\x63ision\x18\x0c \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\x12\x0e\n\x06\x66\x61iled\x18\r \x01(\x08\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12\x17\n\x0f\x65valuated_round\x18\x0f \x01(\x05\x1a\x33\n\x11TrainMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"P\n\x0bUpdateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.fedgpu.v1.UpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\".\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\\\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\"1\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x10\n\x08shutdown\x18\x02 \x01(\x08*w\n\x08TaskKind\x12\x12\n\x0eTASK_KIND_NONE\x10\x00\x12\x12\n\x0eTASK_KIND_INIT\x10\x01\x12\x13\n\x0fTASK_KIND_TRAIN\x10\x02\x12\x16\n\x12TASK_KIND_EVALUATE\x10\x03\x12\x16\n\x12TASK_KIND_SHUTDOWN\x10\x04\x32\x91\x02\n\nFederation\x12@\n\x08Register\x12\x1a.fedgpu.v1.RegisterRequest\x1a\x18.fedgpu.v1.RegisterReply\x12>\n\x08PullTask\x12\x1a.fedgpu.v1.PullTaskRequest\x1a\x14.fedgpu.v1.TaskChunk0\x01\x12<\n\nPushUpdate\x12\x16.fedgpu.v1.UpdateChunk\x1a\x14.fedgpu.v1.PushReply(\x01\x12\x43\n\tHeartbeat\x12\x1b.fedgpu.v1.HeartbeatRequest\x1a\x19.fedgpu.v1.HeartbeatReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'fedgpu/proto/fedgpu/v1/federation.proto\x12\tfedgpu.v1\"\xd6\x01\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x18\n\x10memory_total_mib\x18\x04 \x01(\x03\x12\x17\n\x0fmemory_used_mib\x18\x05 \x01(\x03\x12\x17\n\x0fmemory_free_mib\x18\x06 \x01(\x03\x12\x17\n\x0futilization_pct\x18\x07 \x01(\x05\x12\x1a\n\x12\x63ompute_capability\x18\x08 \x01(\t\x12\x0f\n\x07healthy\x18\t \x01(\x08\x12\x0e\n\x06reason\x18\n \x01(\t\"\x95\x01\n\x0f\x44\x65viceInventory\x12\x16\n\x0envml_available\x18\x01 \x01(\x08\x12\x13\n\x0bnvml_reason\x18\x02 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\x12\x1b\n\x13\x63uda_driver_version\x18\x04 \x01(\t\x12 \n\x04gpus\x18\x05 \x03(\x0b\x32\x12.fedgpu.v1.GpuInfo\"\xae\x01\n\x0bGpuDecision\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0f\n\x07use_gpu\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x11\n\tgpu_index\x18\x04 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x10\n\x08gpu_name\x18\x06 \x01(\t\x12\x17\n\x0fmemory_fraction\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x10\n\x08warnings\x18\t \x03(\t\"\xa8\x02\n\x0fRegisterRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07\x64\x65vices\x18\x03 \x01(\x0b\x32\x1a.fedgpu.v1.DeviceInventory\x12(\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\x12\x36\n\x06labels\x18\x05 \x03(\x0b\x32&.fedgpu.v1.RegisterRequest.LabelsEntry\x12\r\n\x05tasks\x18\x06 \x03(\t\x12\x11\n\tring_host\x18\x07 \x01(\t\x12\x11\n\tring_port\x18\x08 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"|\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x05\x12\x18\n\x10max_update_bytes\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"2\n\x0fPullTaskRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x05\"\xa0\x02\n\nTaskHeader\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12!\n\x04kind\x18\x03 \x01(\x0e\x32\x13.fedgpu.v1.TaskKind\x12\x11\n\ttask_name\x18\x04 \x01(\t\x12\x1c\n\x14hyperparameters_json\x18\x05 \x01(\t\x12\x0f\n\x07use_gpu\x18\x06 \x01(\x08\x12\x14\n\x0cpayload_size\x18\x07 \x01(\x03\x12\x16\n\x0epayload_sha256\x18\x08 \x01(\t\x12\x17\n\x0f\x65valuated_round\x18\t \x01(\x05\x12\x0c\n\x04seed\x18\n \x01(\x03\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\'\n\x04ring\x18\x0c \x01(\x0b\x32\x19.fedgpu.v1.RingAssignment\"\x8b\x02\n\x0eRingAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x13\n\x0bmaster_port\x18\x05 \x01(\x05\x12\x17\n\x0f\x66irst_iteration\x18\x06 \x01(\x03\x12\x12\n\niterations\x18\x07 \x01(\x03\x12\x18\n\x10total_iterations\x18\x08 \x01(\x03\x12\x13\n\x0blocal_steps\x18\t \x01(\x05\x12\x0e\n\x06mixing\x18\n \x03(\x01\x12\r\n\x05peers\x18\x0b \x03(\t\x12\x0f\n\x07restart\x18\x0c \x01(\x08\x12\x11\n\ttimeout_s\x18\r \x01(\x01\"L\n\tTaskChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.fedgpu.v1.TaskHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x90\x02\n\x0eRoundResources\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x1c\n\x14nvml_used_before_mib\x18\x03 \x01(\x03\x12\x1a\n\x12nvml_used_peak_mib\x18\x04 \x01(\x03\x12\x1b\n\x13nvml_used_after_mib\x18\x05 \x01(\x03\x12 \n\x18torch_peak_allocated_mib\x18\x06 \x01(\x03\x12\x1f\n\x17torch_peak_reserved_mib\x18\x07 \x01(\x03\x12\x14\n\x0crss_peak_mib\x18\x08 \x01(\x03\x12\x15\n\rtrain_seconds\x18\t \x01(\x01\x12\x15\n\rround_seconds\x18\n \x01(\x01\"\xd4\x04\n\x0cUpdateHeader\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12!\n\x04kind\x18\x04 \x01(\x0e\x32\x13.fedgpu.v1.TaskKind\x12\x14\n\x0cnum_examples\x18\x05 \x01(\x03\x12\x14\n\x0cpayload_size\x18\x06 \x01(\x03\x12\x16\n\x0epayload_sha256\x18\x07 \x01(\t\x12@\n\rtrain_metrics\x18\x08 \x03(\x0b\x32).fedgpu.v1.UpdateHeader.TrainMetricsEntry\x12>\n\x0c\x65val_metrics\x18\t \x03(\x0b\x32(.fedgpu.v1.UpdateHeader.EvalMetricsEntry\x12\x19\n\x11num_eval_examples\x18\n \x01(\x03\x12,\n\tresources\x18\x0b \x01(\x0b\x32\x19.fedgpu.v1.RoundResources\x12(\n\x08\x64\x65\x63ision\x18\x0c \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\x12\x0e\n\x06\x66\x61iled\x18\r \x01(\x08\x12\r\n\x05\x65rror\x18\x0e \x01(\t\x12\x17\n\x0f\x65valuated_round\x18\x0f \x01(\x05\x12\x16\n\x0eiteration_loss\x18\x10 \x03(\x01\x1a\x33\n\x11TrainMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"P\n\x0bUpdateChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.fedgpu.v1.UpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\".\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\\\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x16.fedgpu.v1.GpuDecision\"1\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x10\n\x08shutdown\x18\x02 \x01(\x08*w\n\x08TaskKind\x12\x12\n\x0eTASK_KIND_NONE\x10\x00\x12\x12\n\x0eTASK_KIND_INIT\x10\x01\x12\x13\n\x0fTASK_KIND_TRAIN\x10\x02\x12\x16\n\x12TASK_KIND_EVALUATE\x10\x03\x12\x16\n\x12TASK_KIND_SHUTDOWN\x10\x04\x32\x91\x02\n\nFederation\x12@\n\x08Register\x12\x1a.fedgpu.v1.RegisterRequest\x1a\x18.fedgpu.v1.RegisterReply\x12>\n\x08PullTask\x12\x1a.fedgpu.v1.PullTaskRequest\x1a\x14.fedgpu.v1.TaskChunk0\x01\x12<\n\nPushUpdate\x12\x16.fedgpu.v1.UpdateChunk\x1a\x14.fedgpu.v1.PushReply(\x01\x12\x43\n\tHeartbeat\x12\x1b.fedgpu.v1.HeartbeatRequest\x1a\x19.fedgpu.v1.HeartbeatReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEHEADER_TRAINMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_UPDATEHEADER_EVALMETRICSENTRY']._loaded_options = None
   _globals['_UPDATEHEADER_EVALMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKKIND']._serialized_start=2492
-  _globals['_TASKKIND']._serialized_end=2611
+  _globals['_TASKKIND']._serialized_start=2865
+  _globals['_TASKKIND']._serialized_end=2984
   _globals['_GPUINFO']._serialized_start=55
   _globals['_GPUINFO']._serialized_end=269
   _globals['_DEVICEINVENTORY']._serialized_start=272
@@ -46,33 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GPUDECISION']._serialized_start=424
   _globals['_GPUDECISION']._serialized_end=598
   _globals['_REGISTERREQUEST']._serialized_start=601
-  _globals['_REGISTERREQUEST']._serialized_end=859
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=814
-  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=859
-  _globals['_REGISTERREPLY']._serialized_start=861
-  _globals['_REGISTERREPLY']._serialized_end=985
-  _globals['_PULLTASKREQUEST']._serialized_start=987
-  _globals['_PULLTASKREQUEST']._serialized_end=1037
-  _globals['_TASKHEADER']._serialized_start=1040
-  _globals['_TASKHEADER']._serialized_end=1287
-  _globals['_TASKCHUNK']._serialized_start=1289
-  _globals['_TASKCHUNK']._serialized_end=1365
-  _globals['_ROUNDRESOURCES']._serialized_start=1368
-  _globals['_ROUNDRESOURCES']._serialized_end=1640
-  _globals['_UPDATEHEADER']._serialized_start=1643
-  _globals['_UPDATEHEADER']._serialized_end=2215
-  _globals['_UPDATEHEADER_TRAINMETRICSENTRY']._serialized_start=2112
-  _globals['_UPDATEHEADER_TRAINMETRICSENTRY']._serialized_end=2163
-  _globals['_UPDATEHEADER_EVALMETRICSENTRY']._serialized_start=2165
-  _globals['_UPDATEHEADER_EVALMETRICSENTRY']._serialized_end=2215
-  _globals['_UPDATECHUNK']._serialized_start=2217
-  _globals['_UPDATECHUNK']._serialized_end=2297
-  _globals['_PUSHREPLY']._serialized_start=2299
-  _globals['_PUSHREPLY']._serialized_end=2345
-  _globals['_HEARTBEATREQUEST']._serialized_start=2347
-  _globals['_HEARTBEATREQUEST']._serialized_end=2439
-  _globals['_HEARTBEATREPLY']._serialized_start=2441
-  _globals['_HEARTBEATREPLY']._serialized_end=2490
-  _globals['_FEDERATION']._serialized_start=2614
-  _globals['_FEDERATION']._serialized_end=2887
+  _globals['_REGISTERREQUEST']._serialized_end=897
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_start=852
+  _globals['_REGISTERREQUEST_LABELSENTRY']._serialized_end=897
+  _globals['_REGISTERREPLY']._serialized_start=899
+  _globals['_REGISTERREPLY']._serialized_end=1023
+  _globals['_PULLTASKREQUEST']._serialized_start=1025
+  _globals['_PULLTASKREQUEST']._serialized_end=1075
+  _globals['_TASKHEADER']._serialized_start=1078
+  _globals['_TASKHEADER']._serialized_end=1366
+  _globals['_RINGASSIGNMENT']._serialized_start=1369
+  _globals['_RINGASSIGNMENT']._serialized_end=1636
+  _globals['_TASKCHUNK']._serialized_start=1638
+  _globals['_TASKCHUNK']._serialized_end=1714
+  _globals['_ROUNDRESOURCES']._serialized_start=1717
+  _globals['_ROUNDRESOURCES']._serialized_end=1989
+  _globals['_UPDATEHEADER']._serialized_start=1992
+  _globals['_UPDATEHEADER']._serialized_end=2588
+  _globals['_UPDATEHEADER_TRAINMETRICSENTRY']._serialized_start=2485
+  _globals['_UPDATEHEADER_TRAINMETRICSENTRY']._serialized_end=2536
+  _globals['_UPDATEHEADER_EVALMETRICSENTRY']._serialized_start=2538
+  _globals['_UPDATEHEADER_EVALMETRICSENTRY']._serialized_end=2588
+  _globals['_UPDATECHUNK']._serialized_start=2590
+  _globals['_UPDATECHUNK']._serialized_end=2670
+  _globals['_PUSHREPLY']._serialized_start=2672
+  _globals['_PUSHREPLY']._serialized_end=2718
+  _globals['_HEARTBEATREQUEST']._serialized_start=2720
+  _globals['_HEARTBEATREQUEST']._serialized_end=2812
+  _globals['_HEARTBEATREPLY']._serialized_start=2814
+  _globals['_HEARTBEATREPLY']._serialized_end=2863
+  _globals['_FEDERATION']._serialized_start=2987
+  _globals['_FEDERATION']._serialized_end=3260
 # @@protoc_insertion_point(module_scope)

@@ -81,7 +81,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,13 +95,17 @@ class RegisterRequest(_message.Message):
     DECISION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    RING_HOST_FIELD_NUMBER: _ClassVar[int]
+    RING_PORT_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     devices: DeviceInventory
     decision: GpuDecision
     labels: _containers.ScalarMap[str, str]
     tasks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+    ring_host: str
+    ring_port: int
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
@@ -126,7 +130,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +142,7 @@ class TaskHeader(_message.Message):
     EVALUATED_ROUND_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -149,7 +154,38 @@ class TaskHeader(_message.Message):
     evaluated_round: int
     seed: int
     message: str
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    ring: RingAssignment
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ...) -> None: ...
+
+class RingAssignment(_message.Message):
+    __slots__ = ("run_id", "rank", "world_size", "master_addr", "master_port", "first_iteration", "iterations", "total_iterations", "local_steps", "mixing", "peers", "restart", "timeout_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MIXING_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    first_iteration: int
+    iterations: int
+    total_iterations: int
+    local_steps: int
+    mixing: _containers.RepeatedScalarFieldContainer[float]
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    restart: bool
+    timeout_s: float
+    def __init__(self, run_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., first_iteration: _Optional[int] = ..., iterations: _Optional[int] = ..., total_iterations: _Optional[int] = ..., local_steps: _Optional[int] = ..., mixing: _Optional[_Iterable[float]] = ..., peers: _Optional[_Iterable[str]] = ..., restart: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class TaskChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -184,7 +220,7 @@ class RoundResources(_message.Message):
     def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +250,7 @@ class UpdateHeader(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EVALUATED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_LOSS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -229,7 +266,8 @@ class UpdateHeader(_message.Message):
     failed: bool
     error: str
     evaluated_round: int
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ...) -> None: ...
+    iteration_loss: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")
