@@ -8,8 +8,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedgpu import tls as tlsmod
 from fedgpu.errors import FedgpuError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
+from fedgpu.tls import TlsFiles
 from fedgpu.transport import channel, token_metadata
 
 _REQUESTS = {
@@ -19,8 +21,12 @@ _REQUESTS = {
 }
 
 
-def _explain(address: str, exc: grpc.RpcError) -> FedgpuError:
+def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> FedgpuError:
     code = exc.code()
+    if tlsmod.looks_like_tls_failure(exc):
+        why = tlsmod.diagnose(address, tls)
+        if why is not None:
+            return FedgpuError(why)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FedgpuError(
             f"cannot reach aggregator at {address} — is it running? "
@@ -30,23 +36,25 @@ def _explain(address: str, exc: grpc.RpcError) -> FedgpuError:
     return FedgpuError(f"aggregator at {address} answered {code.name}: {exc.details()}")
 
 
-def query(address: str, token: str | None, method: str, timeout: float = 10) -> dict[str, Any]:
-    with channel(address) as ch:
+def query(address: str, token: str | None, method: str, timeout: float = 10,
+          tls: TlsFiles | None = None) -> dict[str, Any]:
+    with channel(address, tls) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
         try:
             reply = getattr(stub, method)(
                 _REQUESTS[method](), metadata=token_metadata(token), timeout=timeout)
         except grpc.RpcError as exc:
-            raise _explain(address, exc) from None
+            raise _explain(address, exc, tls) from None
     return json.loads(reply.json)
 
 
-def health(address: str, service: str = "", timeout: float = 5) -> str:
+def health(address: str, service: str = "", timeout: float = 5,
+           tls: TlsFiles | None = None) -> str:
     """The health status name (SERVING, NOT_SERVING, ...) as a plain gRPC client sees it."""
-    with channel(address) as ch:
+    with channel(address, tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
-            raise _explain(address, exc) from None
+            raise _explain(address, exc, tls) from None
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

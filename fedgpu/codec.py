@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -138,6 +139,9 @@ def decode(buf: bytes | bytearray | memoryview) -> tuple[dict[str, np.ndarray], 
         header = json.loads(bytes(mv[8 : 8 + head_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CodecError(f"header is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Deeply nested JSON is a hostile header, not a model; it must not kill the server.
+        raise CodecError("header JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise CodecError("header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -165,27 +169,34 @@ def decode(buf: bytes | bytearray | memoryview) -> tuple[dict[str, np.ndarray], 
 def _view(name: str, info: object, data: memoryview) -> np.ndarray:
     if not isinstance(info, dict):
         raise CodecError(f"tensor {name!r}: header entry is not an object")
-    dt = DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]
+    raw_dtype = info.get("dtype")
+    dt = DTYPES.get(raw_dtype) if isinstance(raw_dtype, str) else None
     if dt is None:
         raise CodecError(f"tensor {name!r}: unsupported dtype {info.get('dtype')!r}")
     shape = info.get("shape")
     offsets = info.get("data_offsets")
     if not (
         isinstance(shape, list)
-        and all(isinstance(d, int) and d >= 0 for d in shape)
+        # type() is int, not isinstance: JSON true/false would pass as 1/0 otherwise.
+        and all(type(d) is int and d >= 0 for d in shape)
         and isinstance(offsets, list)
         and len(offsets) == 2
-        and all(isinstance(o, int) for o in offsets)
+        and all(type(o) is int for o in offsets)
     ):
         raise CodecError(f"tensor {name!r}: malformed shape or data_offsets")
     begin, end = offsets
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    # Python ints, not np.prod: a forged shape of huge dimensions must not overflow into a
+    # size that happens to match the data.
+    count = math.prod(shape)
     if not 0 <= begin <= end <= data.nbytes or end - begin != count * dt.itemsize:
         raise CodecError(
             f"tensor {name!r}: offsets {offsets} do not match shape {shape} of {dt} "
             f"in {data.nbytes} data bytes"
         )
-    return np.frombuffer(data[begin:end], dtype=dt).reshape(shape)
+    try:
+        return np.frombuffer(data[begin:end], dtype=dt).reshape(shape)
+    except ValueError as exc:  # e.g. more than 64 dimensions, or one beyond numpy's range
+        raise CodecError(f"tensor {name!r}: shape {shape} is not usable: {exc}") from None
 
 
 def spec(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from fedgpu.codec import DEFAULT_CHUNK_SIZE
+from fedgpu.tls import TlsFiles, channel_credentials
 
 # Weights never travel as one message: they stream in chunks (default 1 MiB, at most 16 MiB),
 # so a message limit just above the largest chunk keeps any model size working while a
@@ -42,9 +43,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def channel(address: str) -> grpc.Channel:
-    """A channel to the aggregator; TLS comes in through here when configured."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def channel(address: str, tls: TlsFiles | None = None) -> grpc.Channel:
+    """A channel to the aggregator: TLS (and a client certificate) when `tls` is given."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

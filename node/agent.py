@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 import fedgpu
+from fedgpu import tls
 from fedgpu.errors import FedgpuError
 from fedgpu.proto import pb
 from node import messages, nvml, policy, ring
@@ -47,6 +48,7 @@ class AgentConfig:
     work_root: Path | None = None
     torch_threads: int | None = None
     max_payload_bytes: int = 4 << 30
+    tls: tls.TlsFiles | None = None
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
     ring_port: int = ring.DEFAULT_RING_PORT
@@ -69,7 +71,7 @@ class Backoff:
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.client = AggregatorClient(cfg.aggregator, cfg.token)
+        self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
         self.heartbeat_s = 5
         self.state = "starting"
@@ -116,9 +118,16 @@ class Agent:
                 reply = self.client.register(self._register_request())
             except grpc.RpcError as exc:
                 if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.PERMISSION_DENIED,
                                   grpc.StatusCode.FAILED_PRECONDITION):
                     raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
                                       f"{exc.details()}") from None
+                # A refused certificate reads as "Socket closed", like an outage; retrying
+                # would only hide the cause, so look at the handshake and stop if it is that.
+                why = (tls.diagnose(self.cfg.aggregator, self.cfg.tls)
+                       if tls.looks_like_tls_failure(exc) else None)
+                if why is not None:
+                    raise FedgpuError(why) from None
                 if not is_unreachable(exc):
                     raise FedgpuError(f"registration failed: {exc.details()}") from None
                 if deadline is not None and time.monotonic() > deadline:

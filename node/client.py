@@ -10,6 +10,7 @@ import grpc
 
 from fedgpu import codec
 from fedgpu.proto import pb, pb_grpc
+from fedgpu.tls import TlsFiles
 from fedgpu.transport import channel, token_metadata
 
 
@@ -18,11 +19,12 @@ class PayloadError(Exception):
 
 
 class AggregatorClient:
-    def __init__(self, address: str, token: str | None, chunk_size: int = codec.DEFAULT_CHUNK_SIZE):
+    def __init__(self, address: str, token: str | None, chunk_size: int = codec.DEFAULT_CHUNK_SIZE,
+                 tls: TlsFiles | None = None):
         self.address = address
         self.chunk_size = chunk_size
         self._metadata = token_metadata(token)
-        self._channel = channel(address)
+        self._channel = channel(address, tls)
         self._stub = pb_grpc.FederationStub(self._channel)
 
     def close(self) -> None:

@@ -16,7 +16,9 @@ from fedgpu import codec
 from fedgpu.config import Job
 from fedgpu.errors import ConfigError, FedgpuError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
+from fedgpu.tls import TlsFiles, server_credentials
 from fedgpu.transport import SERVER_OPTIONS, check_chunk_size
+from server import resume
 from server.admin_service import AdminService
 from server.auth import TokenAuth
 from server.checkpoint import Checkpointer
@@ -42,6 +44,8 @@ class ServerConfig:
     max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
     heartbeat_interval_s: int = 5
     exit_when_done: bool = False
+    # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
+    tls: TlsFiles | None = None
 
 
 def _initial_weights(job: Job) -> dict | None:
@@ -58,25 +62,40 @@ def _initial_weights(job: Job) -> dict | None:
 
 
 async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
-    if not cfg.insecure and not cfg.token:
+    mutual = cfg.tls is not None and cfg.tls.ca is not None
+    if not cfg.insecure and not cfg.token and not mutual:
         raise ConfigError(
-            "the aggregator needs --token (or FEDGPU_TOKEN) so only your nodes can join; "
-            "pass --insecure to run without any authentication"
+            "the aggregator needs --token (or FEDGPU_TOKEN) and/or mutual TLS (--tls-cert, "
+            "--tls-key, --tls-ca) so only your nodes can join; pass --insecure to run without "
+            "any authentication"
         )
     if cfg.insecure:
-        log.warning("INSECURE MODE: no token, no TLS — anyone who reaches port %d can join "
-                    "this federation and read its model", cfg.port)
+        log.warning("INSECURE MODE: no token%s — anyone who reaches port %d can join "
+                    "this federation and read its model",
+                    "" if cfg.tls else ", no TLS", cfg.port)
+    elif cfg.tls is None:
+        log.warning("no TLS: the token and the model cross the network in plaintext; use "
+                    "--tls-cert/--tls-key/--tls-ca outside a trusted network")
+    credentials = server_credentials(cfg.tls) if cfg.tls is not None else None
     check_chunk_size(cfg.chunk_size)
     registry = Registry(cfg.heartbeat_interval_s)
+    initial = _initial_weights(cfg.job)
+    checkpointer = Checkpointer(cfg.state_dir) if cfg.state_dir else None
+    saved = checkpointer.load() if checkpointer is not None else None
+    if saved is not None:
+        assert cfg.state_dir is not None
+        resume.check(cfg.job, saved[0], saved[1], initial, cfg.state_dir)
     # Ring mode (D-PSGD) coordinates instead of aggregating; see server/ring.py.
     orch = (RingOrchestrator if cfg.job.mode == "ring" else Orchestrator)(
         cfg.job,
         registry,
         chunk_size=cfg.chunk_size,
-        checkpointer=Checkpointer(cfg.state_dir) if cfg.state_dir else None,
-        initial_weights=_initial_weights(cfg.job),
+        checkpointer=checkpointer,
+        initial_weights=initial,
     )
-    auth = TokenAuth(None if cfg.insecure else cfg.token)
+    if saved is not None:
+        orch.restore(*saved)
+    auth = TokenAuth(None if cfg.insecure else cfg.token, client_certs=mutual)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_FederationServicer_to_server(
         FederationService(registry, orch, auth, cfg.max_update_bytes), server)
@@ -92,7 +111,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     reflection.enable_server_reflection(names, server)
     address = f"{cfg.host}:{cfg.port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_secure_port(address, credentials) if credentials is not None
+                 else server.add_insecure_port(address))
     except RuntimeError as exc:
         raise FedgpuError(f"cannot listen on {address}: {exc}; is the port in use?") from None
     if bound == 0:
@@ -100,8 +120,10 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("aggregator %s listening on %s; job: task=%s rounds=%d min_nodes=%d",
-             orch.run_id, address, cfg.job.task, cfg.job.rounds, cfg.job.min_nodes)
+    log.info("aggregator %s listening on %s (%s); job: task=%s rounds=%d min_nodes=%d",
+             orch.run_id, address,
+             "mutual TLS" if mutual else "TLS" if cfg.tls else "plaintext",
+             cfg.job.task, cfg.job.rounds, cfg.job.min_nodes)
     if ready is not None:
         ready.set()
 
@@ -129,8 +151,15 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     run_task.cancel()
     for t in (stop_wait, done_wait):
         t.cancel()
+    # Checkpoints are written synchronously between rounds, so by the time the signal handler
+    # ran none was half-written; waiting for the cancelled run only lets it record "stopped".
+    await asyncio.gather(run_task, return_exceptions=True)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=3)
+    if stop.is_set():
+        log.info("stopped cleanly after round %d; restart with the same --state-dir to resume",
+                 orch.global_round)
+        return 0
     return 0 if orch.state == "finished" else 1
 
 

@@ -52,6 +52,8 @@ class FederationService(pb_grpc.FederationServicer):
                 f"unknown node id {node_id!r}: register again (the aggregator may have restarted)",
             )
         assert node is not None
+        # A certificate's holder may use only the ids registered under its own name.
+        await self.auth.bind(context, node.name, "call")
         return node
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -69,6 +71,7 @@ class FederationService(pb_grpc.FederationServicer):
                 f"(installed: {', '.join(request.tasks)}); install the package that provides "
                 "it (entry-point group fedgpu.tasks) or fix the job's task name",
             )
+        await self.auth.bind(context, name, "registration")
         node = self.registry.register(
             name=name,
             peer=context.peer(),
@@ -92,9 +95,11 @@ class FederationService(pb_grpc.FederationServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> pb.HeartbeatReply:
         await self.auth.check(context)
-        node = self.registry.touch(request.node_id)
+        node = self.registry.get(request.node_id)
         if node is None:
             return pb.HeartbeatReply(known=False)
+        await self.auth.bind(context, node.name, "heartbeat")
+        self.registry.touch(node.node_id)
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
@@ -137,6 +142,10 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "an update stream must start with its header")
         header = first.header
+        if self.registry.get(header.node_id) is None:
+            # Counted like any other rejection, so probing with made-up ids shows in status.
+            self.orch.reject(None, header, UpdateRejected(
+                "unknown_node", f"unknown node id {header.node_id!r}"))
         node = await self._node(header.node_id, context)
         rnd = None
         try:

@@ -105,6 +105,25 @@ class Orchestrator:
         self.finished = asyncio.Event()
         self._agg_lock = asyncio.Lock()
         self._payload: tuple[list[bytes], codec.Encoded] | None = None
+        # True once the job has run to its end, here or before a restart (from the checkpoint).
+        self.completed = False
+
+    def restore(self, weights: dict[str, np.ndarray], state: Mapping[str, Any]) -> None:
+        """Continue a checkpointed run: the next round is the one after the last finished one
+        (a round the restart interrupted runs again; none that finished runs twice)."""
+        self.run_id = str(state["run_id"])
+        self.global_weights = weights
+        self.global_spec = codec.spec(weights)
+        self.global_round = int(state["global_round"])
+        self.history = list(state.get("history") or [])
+        self.initial_eval = state.get("initial_eval")
+        self.rejections = Counter(state.get("rejections") or {})
+        self.started_at = float(state.get("started_at") or self.started_at)
+        self.completed = bool(state.get("completed"))
+        self.strategy.load_state(state.get("strategy") or {})
+        self._payload = None
+        log.info("resumed run %s after round %d of %d%s", self.run_id, self.global_round,
+                 self.job.rounds, " (already complete)" if self.completed else "")
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -112,11 +131,20 @@ class Orchestrator:
         try:
             if self.global_weights is None:
                 await self._initialise()
+            if self.global_round == 0:
+                # The starting model is checkpointed too: a node drew it at random, and a run
+                # resumed before round 1 finishes must train from the very same weights.
+                self._set_global(self.global_weights, 0)
             self.state = "running"
-            for number in range(self.global_round + 1, self.job.rounds + 1):
-                await self._train_round(number)
-            if self.job.evaluate:
-                await self._final_evaluation()
+            if not self.completed:
+                for number in range(self.global_round + 1, self.job.rounds + 1):
+                    await self._train_round(number)
+                if self.job.evaluate:
+                    await self._final_evaluation()
+                self.completed = True
+                # Once more with the final evaluation and `completed`, so a restart after the
+                # end serves the finished run instead of evaluating again.
+                self._set_global(self.global_weights, self.global_round)
             self.state = "finished"
             log.info("run %s finished: %d rounds", self.run_id, self.job.rounds)
         except RunFailed as exc:
@@ -177,8 +205,9 @@ class Orchestrator:
                 async with self._agg_lock:
                     new = await asyncio.to_thread(self.strategy.finish)
                 self._close_round(rnd)
-                self._set_global(new, number)
+                # Recorded before the checkpoint is written, so the round is in its history.
                 self._record(rnd)
+                self._set_global(new, number)
                 return
             self._close_round(rnd)
             self._record(rnd, status="retried")
@@ -366,13 +395,24 @@ class Orchestrator:
         # A rejected answer to the node's own open task ends its part in this round.
         rnd = rnd or self.current
         if (rnd is not None and not rnd.closed and node is not None and header is not None
-                and rnd.task_ids.get(node.node_id) == header.task_id):
+                and rnd.task_ids.get(node.node_id) == header.task_id
+                and rnd.number == header.round):
             rnd.rejected.append(entry)
             if rnd.status.get(node.node_id) == "assigned":
                 rnd.status[node.node_id] = "rejected"
                 node.pending = None
                 self._maybe_done(rnd)
-        log.warning("rejected update from %s: %s", entry["node"], exc.message)
+        elif header is not None:
+            # Not an answer to an open task (late, stale, forged): still listed under the round
+            # it names, so `fedgpu rounds --json` shows every refusal, not just a counter.
+            target = (rnd.rejected if rnd is not None and not rnd.closed
+                      and rnd.number == header.round else next(
+                          (h["rejected"] for h in reversed(self.history)
+                           if h["round"] == header.round), None))
+            if target is not None:
+                target.append(entry)
+        log.warning("rejected update from %s: %s", entry["node"] or "an unknown node",
+                    exc.message)
 
     def record_failure(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
         rnd.status[node.node_id] = "failed"
@@ -387,6 +427,10 @@ class Orchestrator:
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
         tensors: dict[str, np.ndarray] | None, payload_bytes: int,
     ) -> None:
+        if rnd.status.get(node.node_id) == "accepted":
+            # Two streams for one task raced through check_update; the first one won.
+            raise UpdateRejected("duplicate", f"{node.name} already sent its update for round "
+                                 f"{rnd.number} (accepted)")
         if rnd.closed or rnd.status.get(node.node_id) != "assigned":
             raise UpdateRejected("late", f"round {rnd.number} closed while the update streamed")
         if header.kind == pb.TASK_KIND_INIT:
@@ -458,6 +502,10 @@ class Orchestrator:
             "job": self.job.to_dict(),
             "strategy": self.strategy.state(),
             "history": self.history,
+            "initial_eval": self.initial_eval,
+            "rejections": dict(self.rejections),
+            "started_at": self.started_at,
+            "completed": self.completed,
         }
 
     def evaluated_accuracy(self) -> float | None:

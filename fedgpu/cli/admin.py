@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedgpu import admin_client
+from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+from fedgpu.tls import from_options
 
 Address = Annotated[str, typer.Option(
     "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]
@@ -26,10 +28,11 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
-           ) -> None:
+def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
+           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """The run: state, round, nodes, latest global accuracy."""
-    doc = admin_client.query(address, token, "GetStatus")
+    doc = admin_client.query(address, token, "GetStatus",
+                             tls=from_options(tls_cert, tls_key, tls_ca))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -53,10 +56,11 @@ def status(address: Address = "localhost:50051", token: Token = None, as_json: A
     typer.echo("\n".join(lines))
 
 
-def nodes(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
-          ) -> None:
+def nodes(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
+          tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """Registered nodes, their GPU decision and last round's memory."""
-    doc = admin_client.query(address, token, "ListNodes")
+    doc = admin_client.query(address, token, "ListNodes",
+                             tls=from_options(tls_cert, tls_key, tls_ca))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -74,10 +78,11 @@ def nodes(address: Address = "localhost:50051", token: Token = None, as_json: As
     Console().print(table)
 
 
-def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False
-           ) -> None:
+def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
+           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """Per-round metrics: training loss, federated evaluation, nodes reporting."""
-    doc = admin_client.query(address, token, "ListRounds")
+    doc = admin_client.query(address, token, "ListRounds",
+                             tls=from_options(tls_cert, tls_key, tls_ca))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -92,9 +97,9 @@ def rounds(address: Address = "localhost:50051", token: Token = None, as_json: A
 
 def health(address: Address = "localhost:50051",
            service: Annotated[str, typer.Option(help="Service name; empty = server.")] = "",
-           ) -> None:
+           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """Exit 0 when the aggregator's gRPC health service answers SERVING."""
-    state = admin_client.health(address, service)
+    state = admin_client.health(address, service, tls=from_options(tls_cert, tls_key, tls_ca))
     typer.echo(state)
     raise typer.Exit(0 if state == "SERVING" else 1)
 

@@ -26,9 +26,18 @@ def _root(
 
 
 def _register_all() -> None:
-    from fedgpu.cli import admin, data, devices, node_cmd, run_cmd, server_cmd, sim_cmd
+    from fedgpu.cli import (
+        admin,
+        certs_cmd,
+        data,
+        devices,
+        node_cmd,
+        run_cmd,
+        server_cmd,
+        sim_cmd,
+    )
 
-    for module in (run_cmd, devices, server_cmd, node_cmd, admin, data, sim_cmd):
+    for module in (run_cmd, devices, server_cmd, node_cmd, admin, data, sim_cmd, certs_cmd):
         module.register(app)
 
 

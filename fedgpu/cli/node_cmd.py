@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from fedgpu import logs
+from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
 from fedgpu.errors import ConfigError, FedgpuError
 
 node_app = typer.Typer(help="The training agent.", no_args_is_help=True)
@@ -23,7 +25,8 @@ def start(
     data: Annotated[Path, typer.Option(
         envvar="FEDGPU_DATA", help="This node's data directory (from 'fedgpu data split').")],
     name: Annotated[str | None, typer.Option(
-        envvar="FEDGPU_NODE_NAME", help="Node name (default: hostname).")] = None,
+        envvar="FEDGPU_NODE_NAME",
+        help="Node name (default: the --tls-cert's name, else the hostname).")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="FEDGPU_TOKEN", help="The aggregator's token.")] = None,
     insecure: Annotated[bool, typer.Option(
@@ -43,6 +46,9 @@ def start(
         envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
     status_file: Annotated[Path, typer.Option(
         envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     ring_host: Annotated[str, typer.Option(
         envvar="FEDGPU_RING_HOST",
         help="Ring mode: address peers use to reach this node's worker (default: the address "
@@ -53,6 +59,7 @@ def start(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks."""
+    from fedgpu import certs, tls
     from node import policy
     from node.agent import Agent, AgentConfig
     from node.data import DataDirError, check_data_dir
@@ -62,9 +69,14 @@ def start(
         flags = policy.parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
     except policy.PolicyError as exc:
         raise ConfigError(str(exc)) from None
-    if not insecure and not token:
+    tls_files = tls.from_options(tls_cert, tls_key, tls_ca)
+    if not insecure and not token and not (tls_files and tls_files.mutual):
         raise ConfigError("no token: pass --token (or set FEDGPU_TOKEN) to the aggregator's "
-                          "token, or --insecure if the aggregator runs without one")
+                          "token, --tls-cert/--tls-key/--tls-ca for mutual TLS, or --insecure "
+                          "if the aggregator runs without either")
+    if name is None and tls_files is not None and tls_files.cert is not None:
+        # The aggregator accepts only the certificate's own name, so that is the default.
+        name = certs.identity(tls_files.cert.read_bytes())
     if ":" not in aggregator:
         raise ConfigError(f"--aggregator {aggregator!r} must be HOST:PORT (e.g. localhost:50051)")
     try:
@@ -80,15 +92,31 @@ def start(
         connect_timeout_s=connect_timeout,
         status_file=status_file,
         torch_threads=torch_threads,
+        tls=tls_files,
         ring_host=ring_host,
         ring_port=ring_port,
     ))
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+
+    def on_sigterm(*_: object) -> None:
+        agent.stop()
+        # Raised where the main thread is (waiting on a training child or a long poll): the
+        # round code kills the child on the way out, so no orphan keeps the GPU.
+        raise Shutdown
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         code = agent.run()
     except policy.EnforceError as exc:
         raise FedgpuError(str(exc)) from None
+    except Shutdown:
+        logging.getLogger("fedgpu.node").info("SIGTERM: stopped (any training child killed)")
+        code = 0
     raise typer.Exit(code)
+
+
+class Shutdown(BaseException):
+    """SIGTERM: unwinds the agent from wherever it is blocked. A BaseException so that no
+    `except Exception` on the way (retry loops, task error handling) swallows it."""
 
 
 @node_app.command("health")

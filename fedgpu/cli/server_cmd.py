@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from fedgpu import logs
+from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
 from fedgpu.codec import DEFAULT_CHUNK_SIZE
 from fedgpu.config import load_job
 
@@ -33,9 +34,13 @@ def start(
     heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
     exit_when_done: Annotated[bool, typer.Option(
         "--exit-when-done", help="Stop serving once the job has finished.")] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start the aggregator and run the job."""
+    from fedgpu import tls
     from server.app import ServerConfig, serve
 
     logs.setup(log_level)
@@ -50,6 +55,7 @@ def start(
         max_update_bytes=max_update_mib << 20,
         heartbeat_interval_s=heartbeat_s,
         exit_when_done=exit_when_done,
+        tls=tls.from_options(tls_cert, tls_key, tls_ca),
     )
     raise typer.Exit(asyncio.run(serve(cfg)))
 

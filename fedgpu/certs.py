@@ -1,0 +1,174 @@
+"""TLS material for a deployment: a CA, the aggregator's certificate, one certificate per node.
+
+Made with the `cryptography` library (no openssl binary needed on an operator's laptop or in a
+container). Keys are ECDSA P-256: small, fast to make, and accepted by every gRPC TLS stack.
+
+Layout under one directory, chosen so each container mounts exactly what it needs read-only
+and the CA key never has to leave the operator's machine:
+
+    ca.crt  ca.key                      the CA (keep ca.key offline)
+    server/ca.crt server.crt server.key the aggregator's material
+    nodes/<name>/ca.crt node.crt node.key   one directory per node (or operator)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedgpu.errors import ConfigError
+
+CA_CERT, CA_KEY = "ca.crt", "ca.key"
+SERVER_DIR, SERVER_CERT, SERVER_KEY = "server", "server.crt", "server.key"
+NODES_DIR, NODE_CERT, NODE_KEY = "nodes", "node.crt", "node.key"
+DEFAULT_SANS = ("localhost", "127.0.0.1", "aggregator")
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert: Path
+    key: Path
+    ca: Path
+
+
+def _now() -> dt.datetime:
+    # Backdated a little: a node whose clock runs slightly behind still accepts a fresh cert.
+    return dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    # Created 0600 from the start, so the key is never readable by others even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _refuse_overwrite(paths: list[Path], force: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise ConfigError(f"{', '.join(existing)} already exist(s); pass --force to replace")
+
+
+def init_ca(directory: Path, common_name: str = "fedgpu CA", days: int = 3650,
+            force: bool = False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    # Replacing a CA silently would orphan every certificate issued so far.
+    _refuse_overwrite([cert_path, key_path], force)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    start = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            key_encipherment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+    return cert_path
+
+
+def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    if not (cert_path.exists() and key_path.exists()):
+        raise ConfigError(f"no CA in {directory}: run 'fedgpu certs init --dir {directory}' first")
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"{key_path} is not an EC key made by 'fedgpu certs init'")
+    return cert, key
+
+
+def _san(entry: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(entry))
+    except ValueError:
+        return x509.DNSName(entry)
+
+
+def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: str,
+           sans: list[str], server: bool, days: int, force: bool) -> Issued:
+    if not common_name or len(common_name) > 64:
+        raise ConfigError(f"name {common_name!r} must be 1-64 characters (X.509 CN limit)")
+    ca_cert, ca_key = _load_ca(ca_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path, ca_copy = out / cert_name, out / key_name, out / CA_CERT
+    _refuse_overwrite([cert_path, key_path], force)
+    key = ec.generate_private_key(ec.SECP256R1())
+    # The aggregator's certificate may also act as a client: the server container's
+    # HEALTHCHECK then presents it to its own mTLS port without needing a node's key.
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH]
+                                                 if server else [])
+    names = list(dict.fromkeys([common_name, *sans]))
+    start = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=False, key_cert_sign=False,
+            crl_sign=False, content_commitment=False, data_encipherment=False,
+            key_agreement=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        # gRPC checks the server's name against the SANs only (CN is ignored there), and the
+        # aggregator reads a node's identity from CN and SANs alike.
+        .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+    ca_copy.write_bytes((ca_dir / CA_CERT).read_bytes())
+    return Issued(cert_path, key_path, ca_copy)
+
+
+def issue_server(ca_dir: Path, name: str = "aggregator", sans: list[str] | None = None,
+                 days: int = 825, force: bool = False) -> Issued:
+    return _issue(ca_dir, ca_dir / SERVER_DIR, SERVER_CERT, SERVER_KEY, name,
+                  list(sans if sans is not None else DEFAULT_SANS), True, days, force)
+
+
+def issue_node(ca_dir: Path, name: str, days: int = 825, force: bool = False) -> Issued:
+    if "/" in name or name.startswith("."):
+        raise ConfigError(f"node name {name!r} may not contain '/' or start with '.'")
+    return _issue(ca_dir, ca_dir / NODES_DIR / name, NODE_CERT, NODE_KEY, name, [], False,
+                  days, force)
+
+
+def identity(cert_pem: bytes) -> str:
+    """The name a certificate vouches for (its CN): a node's default --name."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(attrs[0].value) if attrs else ""

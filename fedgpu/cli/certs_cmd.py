@@ -1,0 +1,60 @@
+"""`fedgpu certs init|server|node`: TLS material for a deployment (see fedgpu/certs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+certs_app = typer.Typer(help="TLS material: a CA, the aggregator's and each node's certs.",
+                        no_args_is_help=True)
+Dir = Annotated[Path, typer.Option("--dir", help="Directory holding the CA and issued certs.")]
+Force = Annotated[bool, typer.Option("--force", help="Replace existing files.")]
+Days = Annotated[int, typer.Option(help="Validity in days.")]
+
+
+@certs_app.command("init")
+def init(directory: Dir = Path("certs"), days: Days = 3650, force: Force = False,
+         name: Annotated[str, typer.Option(help="The CA's common name.")] = "fedgpu CA") -> None:
+    """Make the CA (ca.crt, ca.key). Keep ca.key off the servers."""
+    from fedgpu import certs
+
+    path = certs.init_ca(directory, name, days, force)
+    typer.echo(f"CA certificate {path}; key {directory / certs.CA_KEY} (keep it offline)")
+
+
+@certs_app.command("server")
+def server(
+    directory: Dir = Path("certs"),
+    san: Annotated[list[str] | None, typer.Option(
+        "--san", help="Host name or IP nodes dial (repeat); default localhost, 127.0.0.1, "
+                      "aggregator.")] = None,
+    name: Annotated[str, typer.Option(help="Common name.")] = "aggregator",
+    days: Days = 825,
+    force: Force = False,
+) -> None:
+    """Issue the aggregator's certificate into DIR/server/ (with a copy of ca.crt)."""
+    from fedgpu import certs
+
+    issued = certs.issue_server(directory, name, san or None, days, force)
+    typer.echo(f"aggregator: --tls-cert {issued.cert} --tls-key {issued.key} "
+               f"--tls-ca {issued.ca}")
+
+
+@certs_app.command("node")
+def node(
+    name: Annotated[str, typer.Argument(help="The node's name; it must register under it.")],
+    directory: Dir = Path("certs"),
+    days: Days = 825,
+    force: Force = False,
+) -> None:
+    """Issue a client certificate into DIR/nodes/NAME/ (also for operators' admin CLI)."""
+    from fedgpu import certs
+
+    issued = certs.issue_node(directory, name, days, force)
+    typer.echo(f"{name}: --tls-cert {issued.cert} --tls-key {issued.key} --tls-ca {issued.ca}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(certs_app, name="certs")

@@ -1,0 +1,154 @@
+"""Mutual TLS on a real aggregator: who is let in, who is refused, and what each side says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fedgpu import certs
+from fedgpu.proto import pb, pb_grpc
+from fedgpu.tls import TlsFiles, channel_credentials
+from fedgpu.transport import token_metadata
+from tests.fixtures.federation import FEDGPU, ROOT, Federation, Proc, base_env, write_job
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
+    ours = tmp_path_factory.mktemp("pki")
+    certs.init_ca(ours)
+    server = certs.issue_server(ours)
+    theirs = tmp_path_factory.mktemp("other-ca")
+    certs.init_ca(theirs)
+    out = {"server": TlsFiles(server.cert, server.key, server.ca)}
+    for name in ("node-a", "node-b", "operator"):
+        i = certs.issue_node(ours, name)
+        out[name] = TlsFiles(i.cert, i.key, i.ca)
+    forged = certs.issue_node(theirs, "node-a")
+    # A certificate for the right name from the wrong CA, next to our CA as trust anchor.
+    out["foreign"] = TlsFiles(forged.cert, forged.key, out["node-a"].ca)
+    return out
+
+
+def flags(t: TlsFiles) -> list[str]:
+    out = []
+    for flag, path in (("--tls-cert", t.cert), ("--tls-key", t.key), ("--tls-ca", t.ca)):
+        if path is not None:
+            out += [flag, str(path)]
+    return out
+
+
+def cli(*args: str, token: str | None = "test-token") -> subprocess.CompletedProcess[str]:
+    env = base_env()
+    env.pop("FEDGPU_TOKEN", None)
+    if token:
+        env["FEDGPU_TOKEN"] = token
+    return subprocess.run([*FEDGPU, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=60)
+
+
+def one_line_error(proc_text: str, expected: str) -> None:
+    errors = [line for line in proc_text.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc_text[-2000:]
+    assert "Traceback" not in proc_text
+
+
+def test_mtls_admits_certified_nodes_and_refuses_the_rest(
+        federation: Federation, tmp_path: Path, digits_split: list[Path],
+        pki: dict[str, TlsFiles]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, round_deadline_s=60)
+    federation.tls = pki["operator"]
+    server = federation.start_server(job, "--heartbeat-s", "1", *flags(pki["server"]))
+    assert "mutual TLS" in server.text()
+
+    data = digits_split[0]
+
+    def node(label: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        # Own log per process: two attempts may claim the same node name.
+        return federation.spawn(label, ["node", "start", "--aggregator", federation.address,
+                                        "--data", str(data), "--torch-threads", "1",
+                                        "--status-file", str(tmp_path / f"{label}.status"),
+                                        *args], env=env)
+
+    # Refused: no certificate, another CA's certificate, another node's name, a wrong token,
+    # and a node that does not speak TLS at all. Each exits 1 with one line saying why.
+    no_cert = node("nocert", "--name", "node-a", "--tls-ca", str(pki["node-a"].ca))
+    foreign = node("foreign", "--name", "node-a", *flags(pki["foreign"]))
+    impostor = node("impostor", "--name", "node-a", *flags(pki["node-b"]))
+    bad_token = node("badtoken", *flags(pki["node-b"]),
+                     env=base_env(FEDGPU_TOKEN="not-the-token"))
+    plain = node("plain", "--name", "node-a", "--connect-timeout", "20")
+    for proc in (no_cert, foreign, impostor, bad_token, plain):
+        assert proc.popen.wait(timeout=60) == 1, proc.text()[-2000:]
+    one_line_error(no_cert.text(), "requires a client certificate")
+    one_line_error(foreign.text(), "refused our client certificate")
+    one_line_error(impostor.text(), "this client certificate is for node-b")
+    one_line_error(bad_token.text(), "wrong token")
+    one_line_error(plain.text(), "speaks TLS and we do not")
+    log = server.text()
+    # The TLS layer refuses the first two in the handshake and logs why; we log the others.
+    assert "PEER_DID_NOT_RETURN_A_CERTIFICATE" in log
+    assert "CERTIFICATE_VERIFY_FAILED" in log
+    assert "certificate is for node-b, not 'node-a'" in log
+    assert "wrong token" in log
+    assert federation.query("GetStatus")["nodes"]["registered"] == 0
+
+    # With its own certificate (and no --name: it defaults to the certificate's) a node joins
+    # and the run completes.
+    good = node("good", *flags(pki["node-a"]))
+    federation.wait_state(("finished",), timeout=120)
+    assert good.popen.wait(timeout=60) == 0, good.text()[-2000:]
+
+    # The admin CLI works over mTLS with an operator certificate, and not without one.
+    ok = cli("status", "--json", "--address", federation.address, *flags(pki["operator"]))
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["state"] == "finished" and doc["nodes"]["registered"] == 1
+    names = json.loads(cli("nodes", "--json", "--address", federation.address,
+                           *flags(pki["operator"])).stdout)
+    assert [n["name"] for n in names["nodes"]] == ["node-a"]
+    assert cli("health", "--address", federation.address,
+               *flags(pki["operator"])).returncode == 0
+    refused = cli("rounds", "--json", "--address", federation.address,
+                  "--tls-ca", str(pki["operator"].ca))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "requires a client certificate" in refused.stderr
+
+
+def test_node_ids_are_bound_to_the_certificate(federation: Federation, tmp_path: Path,
+                                               pki: dict[str, TlsFiles]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=2, round_deadline_s=60)
+    federation.tls = pki["operator"]
+    federation.start_server(job, *flags(pki["server"]))
+    md = token_metadata(federation.token)
+
+    def stub(files: TlsFiles) -> tuple[grpc.Channel, pb_grpc.FederationStub]:
+        ch = grpc.secure_channel(federation.address, channel_credentials(files))
+        return ch, pb_grpc.FederationStub(ch)
+
+    ch_b, as_b = stub(pki["node-b"])
+    ch_a, as_a = stub(pki["node-a"])
+    with ch_a, ch_b:
+        node_b = as_b.Register(pb.RegisterRequest(node_name="node-b", tasks=["digits"]),
+                               metadata=md, timeout=10).node_id
+        # node-a's certificate may not use node-b's id for anything.
+        calls = {
+            "Heartbeat": lambda: as_a.Heartbeat(pb.HeartbeatRequest(node_id=node_b),
+                                                metadata=md, timeout=10),
+            "PullTask": lambda: list(as_a.PullTask(
+                pb.PullTaskRequest(node_id=node_b, wait_s=0), metadata=md, timeout=10)),
+            "PushUpdate": lambda: as_a.PushUpdate(iter([pb.UpdateChunk(header=pb.UpdateHeader(
+                node_id=node_b, round=1, kind=pb.TASK_KIND_TRAIN, failed=True,
+                error="x"))]), metadata=md, timeout=10),
+        }
+        for name, call in calls.items():
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+            assert "this client certificate is for node-a" in err.value.details(), name
+        # Its owner still can.
+        assert as_b.Heartbeat(pb.HeartbeatRequest(node_id=node_b), metadata=md,
+                              timeout=10).known
