@@ -120,7 +120,10 @@ class Orchestrator:
         self.rejections = Counter(state.get("rejections") or {})
         self.started_at = float(state.get("started_at") or self.started_at)
         self.completed = bool(state.get("completed"))
-        self.strategy.load_state(state.get("strategy") or {})
+        # Optimiser arrays (FedAdam moments...) live beside the checkpoint, not in state.json.
+        tensors = (self.checkpointer.load_strategy_tensors(self.global_round)
+                   if self.checkpointer is not None else None)
+        self.strategy.load_state(state.get("strategy") or {}, tensors)
         self._payload = None
         log.info("resumed run %s after round %d of %d%s", self.run_id, self.global_round,
                  self.job.rounds, " (already complete)" if self.completed else "")

@@ -227,3 +227,23 @@ def test_job_file_names_every_strategy() -> None:
         assert make_strategy(job.strategy, job.strategy_params).name == name
     with pytest.raises(ConfigError, match="'strategy' must be one of"):
         parse_job({"task": "t", "strategy": "krum"})
+
+
+def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
+    # The aggregator's own restart path: checkpoint written by one Orchestrator, restored by
+    # a fresh one, the optimiser arrays equal to the ones saved.
+    from server.registry import Registry
+    from server.rounds import Orchestrator
+
+    job = parse_job({"task": "t", "strategy": "fedadam"})
+    first = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
+    g = model()
+    for _ in range(2):
+        g = run_round(first.strategy, g, [(model(), 5), (model(), 7)])
+    first._set_global(g, 2)
+    again = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
+    again.restore(*Checkpointer(tmp_path).load())  # type: ignore[misc]
+    assert again.global_round == 2 and again.strategy.state() == {"steps": 2}
+    for k in ("w", "b", "h"):
+        np.testing.assert_array_equal(again.strategy.m[k], first.strategy.m[k])  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(again.strategy.v[k], first.strategy.v[k])  # type: ignore[attr-defined]
