@@ -48,6 +48,21 @@ check_images() {
     || die "image(s) ${missing[*]} not in the engine: run 'make images' (or 'make images OFFLINE=1' without a registry)"
 }
 
+# GPU profiles reserve devices with driver "nvidia": the engine hands that to the
+# NVIDIA Container Toolkit's hook. Without it `up` fails late with "could not
+# select device driver"; say so up front (local engines only: a remote engine's
+# host cannot be checked from here).
+check_gpu_host() {
+  [ "$1" = cpu ] && return 0
+  [ "${FEDGPU_SKIP_GPU_CHECK:-0}" = 1 ] && return 0
+  case "${DOCKER_HOST:-unix://}" in unix://*) ;; *) return 0 ;; esac
+  command -v nvidia-container-runtime-hook >/dev/null 2>&1 && return 0
+  command -v nvidia-container-cli >/dev/null 2>&1 && return 0
+  die "profile '$1' reserves NVIDIA GPUs, but the NVIDIA Container Toolkit is not installed on this host" \
+      "(no nvidia-container-runtime-hook): install it, or use PROFILE=cpu" \
+      "(FEDGPU_SKIP_GPU_CHECK=1 skips this check)"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -56,6 +71,7 @@ case "$cmd" in
     check_profile "$profile"
     shift
     check_engine
+    check_gpu_host "$profile"
     check_images "$profile"
     exec docker compose "${files[@]}" --profile "$profile" up -d --no-build "$@"
     ;;

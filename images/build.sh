@@ -135,6 +135,21 @@ build = project["build-system"]["requires"]
 p = project["project"]
 print("\n".join(build + ["wheel"] + p["dependencies"] + p["optional-dependencies"]["node"]))
 PY
+  # Skip the resolver when neither the requirements nor the torch pin changed.
+  local stamp
+  stamp=$(cat "$CACHE/requirements.txt" "$CACHE/torch-constraint.txt" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$CACHE/wheelhouse/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "wheelhouse: requirements unchanged since the last download"
+  else
+    download_wheels
+    echo "$stamp" > "$CACHE/wheelhouse/.stamp"
+  fi
+  # Into the build context (hard links when the cache is on the same disk).
+  cp -ul "$CACHE"/wheelhouse/*.whl "$WHEELHOUSE/" 2>/dev/null || cp -u "$CACHE"/wheelhouse/*.whl "$WHEELHOUSE/"
+  log "wheelhouse: $(ls "$WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1)"
+}
+
+download_wheels() {
   # pip does not widen a given --platform to older manylinux levels: list them.
   local platforms=(--platform manylinux2014_x86_64 --platform linux_x86_64)
   local minor
@@ -144,9 +159,6 @@ PY
     --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 \
     "${platforms[@]}" \
     -c "$CACHE/torch-constraint.txt" -r "$CACHE/requirements.txt"
-  # Into the build context (hard links when the cache is on the same disk).
-  cp -ul "$CACHE"/wheelhouse/*.whl "$WHEELHOUSE/" 2>/dev/null || cp -u "$CACHE"/wheelhouse/*.whl "$WHEELHOUSE/"
-  log "wheelhouse: $(ls "$WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1)"
 }
 
 server_args=()

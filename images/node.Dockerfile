@@ -30,6 +30,13 @@ RUN if ! python3 -c "import ensurepip, venv" 2>/dev/null; then \
     fi \
  && python3 -c "import sys; assert sys.version_info >= (3, 11), sys.version"
 
+# The runtime requirements alone, read from pyproject.toml (tomllib: Python 3.11+).
+# A stage of its own so that an edit elsewhere in pyproject.toml (dev extras,
+# tool settings) leaves the dependency layer below cached.
+FROM python-base AS requirements
+COPY pyproject.toml /pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['node']))" > /requirements.txt
+
 FROM python-base AS builder
 # torch comes from TORCH_INDEX_URL only (the PyTorch CUDA index: PyPI's plain
 # "torch" is a different build); everything else from PIP_INDEX_URL (PyPI or a
@@ -53,15 +60,14 @@ COPY images/wheelhouse/ /build/wheelhouse/
 RUN pip install --only-binary=:all: --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}" \
  && pip freeze --all | grep -i '^torch==' > /build/torch-pin.txt \
  && cat /build/torch-pin.txt
-# 2. The other dependencies, from pyproject.toml alone (cached across source edits).
-COPY pyproject.toml /build/src/pyproject.toml
-RUN python3 -c "import tomllib; p = tomllib.load(open('/build/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['node']))" > /build/requirements.txt \
- && pip install --only-binary=:all: -c /build/torch-pin.txt -r /build/requirements.txt
-# 3. fedgpu itself.
+# 2. The other dependencies (cached across source edits).
+COPY --from=requirements /requirements.txt /build/requirements.txt
+RUN pip install --only-binary=:all: -c /build/torch-pin.txt -r /build/requirements.txt
+# 3. fedgpu itself as a wheel, installed in the runtime stage: a source edit then
+#    rebuilds a small layer instead of copying the whole venv (torch) again.
 COPY . /build/src/
-RUN pip install --no-deps /build/src \
- && pip check \
- && pip freeze --all | grep -i '^torch==' | diff - /build/torch-pin.txt
+RUN pip wheel --no-deps --wheel-dir /build/dist /build/src \
+ && cp /build/torch-pin.txt /build/dist/
 
 FROM python-base AS runtime
 LABEL org.opencontainers.image.title="fedgpu node" \
@@ -71,6 +77,12 @@ RUN groupadd --system --gid 10001 fedgpu \
       --shell /usr/sbin/nologin fedgpu \
  && install -d -o 10001 -g 10001 -m 0750 /data
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /build/dist/ /tmp/dist/
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl \
+ && /opt/venv/bin/pip check \
+ && /opt/venv/bin/pip freeze --all | grep -i '^torch==' | diff - /tmp/dist/torch-pin.txt \
+ && rm -rf /tmp/dist
 # NVIDIA_* make the NVIDIA Container Toolkit inject the driver, libnvidia-ml
 # (NVML) and the device nodes; "utility" is what NVML needs, "compute" CUDA.
 # FEDGPU_GPU=offer: use a GPU when the job asks for one and a usable GPU exists,

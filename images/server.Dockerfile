@@ -11,6 +11,13 @@
 # Pin by digest at a real site: python:3.11.11-slim-bookworm@sha256:<digest>.
 ARG BASE_IMAGE=python:3.11.11-slim-bookworm
 
+# The runtime requirements alone, read from pyproject.toml (tomllib: Python 3.11+).
+# A stage of its own so that an edit elsewhere in pyproject.toml (dev extras,
+# tool settings) leaves the dependency layer below cached.
+FROM ${BASE_IMAGE} AS requirements
+COPY pyproject.toml /pyproject.toml
+RUN python3 -c "import tomllib; p = tomllib.load(open('/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies']))" > /requirements.txt
+
 FROM ${BASE_IMAGE} AS builder
 # PyPI by default; a site mirror via PIP_INDEX_URL; PIP_NO_INDEX=1 installs from
 # images/wheelhouse/ only (no network at all during the build).
@@ -23,15 +30,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /build
 RUN python3 -m venv /opt/venv
 COPY images/wheelhouse/ /build/wheelhouse/
-# Dependencies first (from pyproject.toml alone) so a source change does not
-# reinstall them. tomllib is in the standard library from 3.11 on.
-COPY pyproject.toml /build/src/pyproject.toml
-RUN python3 -c "import tomllib; p = tomllib.load(open('/build/src/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies']))" > /build/requirements.txt \
- && pip install --only-binary=:all: -r /build/requirements.txt
+# Dependencies first, so a source change does not reinstall them.
+COPY --from=requirements /requirements.txt /build/requirements.txt
+RUN pip install --only-binary=:all: -r /build/requirements.txt
+# fedgpu itself as a wheel, installed in the runtime stage: a source edit then
+# rebuilds a small layer instead of copying the whole venv again.
 COPY . /build/src/
-RUN pip install --no-deps /build/src \
- && pip check \
- && if python3 -c "import torch" 2>/dev/null; then echo "torch must not be in the aggregator image" >&2; exit 1; fi
+RUN pip wheel --no-deps --wheel-dir /build/dist /build/src
 
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="fedgpu aggregator" \
@@ -43,6 +48,13 @@ RUN groupadd --system --gid 10001 fedgpu \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/fedgpu \
  && install -d -m 0755 /etc/fedgpu
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /build/dist/ /tmp/dist/
+RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl \
+ && rm -rf /tmp/dist \
+ && /opt/venv/bin/pip check \
+ && if /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
+      echo "torch must not be in the aggregator image" >&2; exit 1; \
+    fi
 # A default job so the image runs on its own; compose mounts the real one over it.
 COPY compose/job.toml /etc/fedgpu/job.toml
 ENV PATH=/opt/venv/bin:${PATH} \

@@ -46,7 +46,9 @@ def built_images(docker_engine: None) -> dict[str, str]:
             raise pytest.UsageError(f"FEDGPU_E2E_BUILD={mode!r}: offline, online or skip")
         env = {**os.environ, "FEDGPU_SERVER_IMAGE": SERVER_IMAGE, "FEDGPU_NODE_IMAGE": NODE_IMAGE}
         # The slow part of e2e on a cold machine; the engine's layer cache makes reruns quick.
-        run(args, env=env, timeout=1500)
+        proc = run(args, env=env, timeout=1500)
+        # Step timings (shown with -rA, or on failure).
+        print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("[build")))
     for image in (SERVER_IMAGE, NODE_IMAGE):
         run(["docker", "image", "inspect", image])
     return {"server": SERVER_IMAGE, "node": NODE_IMAGE}
