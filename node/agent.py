@@ -25,7 +25,7 @@ from fedgpu.errors import FedgpuError
 from fedgpu.proto import pb
 from node import messages, nvml, policy, ring
 from node.client import AggregatorClient, PayloadError, is_unreachable
-from node.round import SIMULATED_GPUS_ENV, RoundOutcome, run_task, simulated_gpus
+from node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
 from node.workfiles import KINDS
 
 log = logging.getLogger("fedgpu.node")
@@ -48,6 +48,8 @@ class AgentConfig:
     work_root: Path | None = None
     torch_threads: int | None = None
     max_payload_bytes: int = 4 << 30
+    # Start each round's training process ahead of time (torch imported, CUDA untouched).
+    prestart: bool = True
     tls: tls.TlsFiles | None = None
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
@@ -79,6 +81,7 @@ class Agent:
         self._stop = threading.Event()
         self._reregister = threading.Event()
         self._sampler = nvml.MemorySampler()
+        self._standby = Standby() if cfg.prestart else None
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -158,11 +161,15 @@ class Agent:
         self._sampler.__enter__()
         try:
             self.register(deadline=time.monotonic() + self.cfg.connect_timeout_s)
+            if self._standby is not None:
+                self._standby.prepare()
             beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
             beat.start()
             return self._loop()
         finally:
             self._stop.set()
+            if self._standby is not None:
+                self._standby.close()
             self._sampler.__exit__(None, None, None)
             self.client.close()
 
@@ -242,6 +249,7 @@ class Agent:
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
+                        standby=self._standby,
                         **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error

@@ -21,6 +21,7 @@ from typing import Any
 
 from node import nvml, workfiles
 from node.policy import Decision, subprocess_env
+from node.workfiles import ROUND_ENV_KEYS
 
 log = logging.getLogger("fedgpu.node.round")
 
@@ -49,6 +50,54 @@ class RoundOutcome:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+class Standby:
+    """The next round's training subprocess, started ahead of time.
+
+    It imports torch and warms up while the agent waits for work, so a round no longer pays
+    Python + torch start-up (seconds with a CUDA build). It never initialises CUDA before the
+    round hands it the GPU decision, and it exits after that one round like a fresh worker, so
+    all GPU memory is still returned when the round ends. Used only for `node.worker`.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def prepare(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        env = {k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "node.worker", "--standby"], stdin=subprocess.PIPE, env=env
+        )
+
+    def take(self, workdir: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand the round to the waiting worker; None when there is none alive."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None or proc.stdin is None:
+            return None
+        msg = {"workdir": str(workdir), "env": {k: env.get(k) for k in ROUND_ENV_KEYS}}
+        try:
+            proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            proc.kill()
+            proc.wait()
+            return None
+        return proc
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            # Closing stdin is the standby's signal to exit on its own.
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+
 def run_task(
     *,
     kind: str,
@@ -65,6 +114,7 @@ def run_task(
     timeout_s: float | None = None,
     worker_module: str = "node.worker",
     extra: dict[str, Any] | None = None,
+    standby: Standby | None = None,
 ) -> RoundOutcome:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
@@ -90,8 +140,13 @@ def run_task(
     measure = uuid is not None and sampler is not None and sampler.active
     before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
     peak: int | None = None
-    cmd = [sys.executable, "-m", worker_module, str(workdir)]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = standby.take(workdir, env) if standby and worker_module == "node.worker" else None
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
+    if standby is not None:
+        # The next round's worker loads torch while this one trains (on the GPU, usually), so
+        # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
+        standby.prepare()
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]

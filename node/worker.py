@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from node.workfiles import (
     EXIT_EXCEPTION,
     EXIT_OK,
     RESULT_FILE,
+    ROUND_ENV_KEYS,
     TASK_FILE,
     write_json,
 )
@@ -78,6 +80,58 @@ def _fail(
     return EXIT_BAD_INPUT if kind == "bad_input" else EXIT_EXCEPTION
 
 
+def _warm_up() -> None:
+    """Pay the first-step costs (allocator, autograd, thread pool) before the round, on CPU."""
+    import torch
+
+    x = torch.randn(8, 1, 8, 8, requires_grad=True)
+    conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+    fc = torch.nn.Linear(4 * 8 * 8, 10)
+    loss = fc(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean()
+    loss.backward()
+
+
+def standby() -> int:
+    """Start ahead of the round: import the training stack, warm up, wait for the round.
+
+    The agent writes one JSON line — {"workdir": ..., "env": {...}} — then closes stdin. CUDA is
+    never touched before that line arrives, so an idle standby holds no GPU memory; and like a
+    fresh worker it exits after its one round, returning everything the round allocated.
+    """
+    import time
+
+    started = time.monotonic()
+    try:
+        from node import runner  # noqa: F401 - the import is the point: torch loads now
+
+        _warm_up()
+    except Exception as exc:  # reported with the round, where the agent can see it
+        log.warning("standby warm-up failed: %s", exc)
+    ready = time.monotonic()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return EXIT_OK  # the agent went away or stopped: nothing to do
+    try:
+        msg = json.loads(line)
+        workdir = Path(msg["workdir"])
+        env = msg.get("env", {})
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("standby got an unreadable round message: %s", exc)
+        return EXIT_BAD_INPUT
+    log.info("pre-started worker: ready after %.2fs, round arrived %.2fs later",
+             ready - started, time.monotonic() - ready)
+    for key in ROUND_ENV_KEYS:
+        value = env.get(key)
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = str(value)
+    if not workdir.is_dir():
+        log.error("work directory %s does not exist", workdir)
+        return EXIT_BAD_INPUT
+    return run(workdir)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr,
@@ -85,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--standby"]:
+        return standby()
     if len(args) != 1:
-        print("usage: python -m node.worker WORKDIR", file=sys.stderr)
+        print("usage: python -m node.worker WORKDIR | --standby", file=sys.stderr)
         return EXIT_BAD_INPUT
     workdir = Path(args[0])
     if not workdir.is_dir():

@@ -18,6 +18,11 @@ WEIGHTS_OUT = "weights.out.safetensors"
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.json"
 
+# Variables the agent decides only when the round starts (which GPU, the memory cap); a
+# pre-started worker receives them with the round and sets them before CUDA is initialised,
+# which torch does lazily on first use, so they take effect as if given at process start.
+ROUND_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "FEDGPU_DEVICE", "FEDGPU_MEMORY_FRACTION")
+
 Kind = Literal["init", "train", "evaluate"]
 KINDS: tuple[Kind, ...] = ("init", "train", "evaluate")
 ErrorKind = Literal["oom", "exception", "bad_input"]

@@ -42,6 +42,10 @@ def start(
         help="Cap the training process to this share of the GPU, in (0, 1].")] = None,
     connect_timeout: Annotated[float, typer.Option(
         help="Seconds to keep trying to reach the aggregator at start.")] = 60.0,
+    prestart: Annotated[bool, typer.Option(
+        "--prestart/--no-prestart", envvar="FEDGPU_PRESTART",
+        help="Start each round's training process ahead of time (torch imported, CUDA "
+             "untouched) so a round does not pay the start-up.")] = True,
     torch_threads: Annotated[int | None, typer.Option(
         envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
     status_file: Annotated[Path, typer.Option(
@@ -92,6 +96,7 @@ def start(
         connect_timeout_s=connect_timeout,
         status_file=status_file,
         torch_threads=torch_threads,
+        prestart=prestart,
         tls=tls_files,
         ring_host=ring_host,
         ring_port=ring_port,
