@@ -98,7 +98,8 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 USER 10001:10001
 WORKDIR /home/fedgpu
 # Fails when the agent stopped refreshing its status file (hung or dead loop).
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+# Timeout as in server.Dockerfile: CLI start-up is slow on a loaded host.
+HEALTHCHECK --interval=15s --timeout=15s --start-period=60s --retries=3 \
   CMD ["fedgpu", "node", "health"]
 STOPSIGNAL SIGINT
 ENTRYPOINT ["fedgpu"]
