@@ -46,6 +46,8 @@ class ServerConfig:
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
     tls: TlsFiles | None = None
+    # Prometheus text format on this port (same --host); 0 = off.
+    metrics_port: int = 0
 
 
 def _initial_weights(job: Job) -> dict | None:
@@ -117,6 +119,10 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         raise FedgpuError(f"cannot listen on {address}: {exc}; is the port in use?") from None
     if bound == 0:
         raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
+    if cfg.metrics_port:
+        from server.metrics import serve_metrics
+
+        metrics = await serve_metrics(orch, registry, cfg.host, cfg.metrics_port)
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -154,6 +160,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     # Checkpoints are written synchronously between rounds, so by the time the signal handler
     # ran none was half-written; waiting for the cancelled run only lets it record "stopped".
     await asyncio.gather(run_task, return_exceptions=True)
+    if cfg.metrics_port:
+        await metrics.close()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=3)
     if stop.is_set():

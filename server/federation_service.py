@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,7 +161,9 @@ class FederationService(pb_grpc.FederationServicer):
                     raise UpdateRejected("malformed", "an evaluation result carries no weights")
             else:
                 async with self._uploads:
+                    t0 = time.perf_counter()
                     buf = await self._receive(header, request_iterator)
+                    rnd.upload_s[node.node_id] = round(time.perf_counter() - t0, 4)
                     spec = self.orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
                     tensors = await asyncio.to_thread(decode_and_check, buf, spec)
             await self.orch.accept(node, header, rnd, tensors, size)

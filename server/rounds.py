@@ -60,6 +60,10 @@ class RoundState:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     bytes_received: int = 0
+    # Seconds the strategy spent on this round (streaming adds + finish), and each node's
+    # upload time as the aggregator saw it: `fedgpu report` splits a round's duration by them.
+    aggregation_s: float = 0.0
+    upload_s: dict[str, float] = field(default_factory=dict)
 
     def accepted(self) -> int:
         return sum(1 for s in self.status.values() if s == "accepted")
@@ -206,7 +210,9 @@ class Orchestrator:
             await self._await_round(rnd)
             if rnd.accepted() >= rnd.required:
                 async with self._agg_lock:
+                    t0 = time.perf_counter()
                     new = await asyncio.to_thread(self.strategy.finish)
+                    rnd.aggregation_s += time.perf_counter() - t0
                 self._close_round(rnd)
                 # Recorded before the checkpoint is written, so the round is in its history.
                 self._record(rnd)
@@ -341,6 +347,7 @@ class Orchestrator:
                 "train_loss": train_loss,
                 "num_examples": sum(u["num_examples"] for u in rnd.updates),
                 "bytes_received": rnd.bytes_received,
+                "aggregation_s": round(rnd.aggregation_s, 4),
                 "updates": rnd.updates,
                 "rejected": rnd.rejected,
                 "failures": rnd.failures,
@@ -446,7 +453,9 @@ class Orchestrator:
             async with self._agg_lock:
                 if rnd.closed:
                     raise UpdateRejected("late", f"round {rnd.number} closed before aggregation")
+                t0 = time.perf_counter()
                 await asyncio.to_thread(self.strategy.add, tensors, header.num_examples)
+                rnd.aggregation_s += time.perf_counter() - t0
         rnd.status[node.node_id] = "accepted"
         rnd.bytes_received += payload_bytes
         resources = _resources(header.resources)
@@ -458,6 +467,7 @@ class Orchestrator:
             "eval_metrics": dict(header.eval_metrics),
             "num_eval_examples": header.num_eval_examples,
             "resources": resources,
+            "upload_s": rnd.upload_s.get(node.node_id),
             "gpu_decision": node.decision,
         }
         rnd.updates.append(update)

@@ -29,13 +29,27 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
-           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
+           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None,
+           watch: Annotated[bool, typer.Option(
+               "--watch", help="Then follow the run round by round until it ends (Ctrl-C "
+               "stops); with --json, one status document per line on every change.")] = False,
+           interval: Annotated[float, typer.Option(
+               min=0.2, help="Seconds between polls with --watch.")] = 2.0) -> None:
     """The run: state, round, nodes, latest global accuracy."""
+    if watch:
+        from fedgpu.cli.watch import watch_status
+
+        return watch_status(address, token, from_options(tls_cert, tls_key, tls_ca), as_json,
+                            interval, _show_status)
     doc = admin_client.query(address, token, "GetStatus",
                              tls=from_options(tls_cert, tls_key, tls_ca))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
+    _show_status(doc)
+
+
+def _show_status(doc: dict[str, Any]) -> None:
     cur = doc["current_round"]
     lines = [
         f"run {doc['run_id']}  state {doc['state']}  task {doc['task']}  "

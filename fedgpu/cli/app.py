@@ -39,6 +39,9 @@ def _register_all() -> None:
 
     for module in (run_cmd, devices, server_cmd, node_cmd, admin, data, sim_cmd, certs_cmd):
         module.register(app)
+    from fedgpu.cli import operator_cmds
+
+    operator_cmds.register(app)
 
 
 _register_all()

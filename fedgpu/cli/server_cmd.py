@@ -34,6 +34,9 @@ def start(
     heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
     exit_when_done: Annotated[bool, typer.Option(
         "--exit-when-done", help="Stop serving once the job has finished.")] = False,
+    metrics_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_METRICS_PORT",
+        help="Serve Prometheus metrics on http://HOST:PORT/metrics; 0 = off.")] = 0,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -56,6 +59,7 @@ def start(
         heartbeat_interval_s=heartbeat_s,
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),
+        metrics_port=metrics_port,
     )
     raise typer.Exit(asyncio.run(serve(cfg)))
 

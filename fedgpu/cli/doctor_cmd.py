@@ -1,0 +1,56 @@
+"""`fedgpu doctor`: checks this host for a deployment, each with the fix."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+
+_MARK = {"ok": "[green]ok[/green]  ", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+
+
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")
+                       ] = False,
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Also check this aggregator (HOST:PORT) is reachable and healthy.")
+    ] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TOKEN", help="With --address: also ask the run's state.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="The compose profile this host will run: cpu, gpu-offered, "
+        "gpu-enforced or hetero. GPU checks fail for gpu-enforced/hetero, warn for "
+        "gpu-offered (and without a profile), and are skipped for cpu.")] = None,
+    tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None,
+) -> None:
+    """Docker engine, Compose v2, NVIDIA runtime, NVML, driver vs torch's CUDA, GPUs,
+    aggregator and TLS material: ok / warn / fail, each with what to fix. Exit 1 on a fail."""
+    from fedgpu import doctor as doc
+    from fedgpu.tls import from_options
+
+    doc.gpu_severity(profile)  # an unknown profile is a usage error before any probing
+    checks = doc.run_checks(profile, address, token, from_options(tls_cert, tls_key, tls_ca))
+    result = doc.document(checks)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False, soft_wrap=True)
+        for c in checks:
+            console.print(f"{_MARK[c.status]} {c.name:<15} {escape(c.detail)}")
+            if c.fix and c.status != "ok":
+                console.print(f"{'':21}fix: {escape(c.fix)}")
+        fails = sum(c.status == "fail" for c in checks)
+        warns = sum(c.status == "warn" for c in checks)
+        console.print(f"{fails} failed, {warns} warning(s), "
+                      f"{len(checks) - fails - warns} ok")
+    raise typer.Exit(0 if result["ok"] else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

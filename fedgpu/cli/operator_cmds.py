@@ -1,0 +1,13 @@
+"""The operator's commands (report, doctor, deploy), registered together so app.py needs one
+hook; each module imports its heavy dependencies (matplotlib, docker) only when run."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    from fedgpu.cli import doctor_cmd, report_cmd
+
+    for module in (report_cmd, doctor_cmd):
+        module.register(app)
