@@ -5,15 +5,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard fedgpu/proto/fedgpu/v1/*.proto)
 
-.PHONY: venv demo test lint proto bench clean
+.PHONY: venv demo test lint proto bench clean images up down e2e
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch pinned to the CPU build on this kind of machine; a GPU site installs its CUDA wheel first.
-	$(BIN)/pip install -q 'torch==2.13.0' || $(BIN)/pip install -q torch
+	# A torch already in the venv (a GPU site's CUDA build) is kept; else the CPU build of
+	# 2.13.0 (a local wheel on CI machines: '+cpu' never matches PyPI's multi-GB CUDA build).
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q 'torch==2.13.0+cpu' \
+		|| $(BIN)/pip install -q torch
 	$(BIN)/pip install -q -e '.[node,dev]'
 	touch $(STAMP)
 
@@ -25,6 +27,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check fedgpu node server tests benchmarks
+	$(BIN)/hadolint images/*.Dockerfile
 
 proto: venv
 	$(BIN)/python -m fedgpu.proto.generate
@@ -40,6 +43,24 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench: venv $(BENCH_VENV)/.installed
 	$(BIN)/python -m benchmarks.run_all
+
+# --- containers ---------------------------------------------------------------
+PROFILE ?=
+OFFLINE ?=
+E2E_BUILD ?= offline
+
+images:   ## fedgpu/server:dev and fedgpu/node:dev (OFFLINE=1: local base + wheelhouse, no registry)
+	@bash images/build.sh $(if $(filter 1 yes true,$(OFFLINE)),--offline,)
+
+up:       ## make up PROFILE=cpu|gpu-offered|gpu-enforced|hetero
+	@bash compose/compose.sh up "$(PROFILE)"
+
+down:
+	@bash compose/compose.sh down
+
+e2e: venv ## real Docker: builds images, runs compose federations (E2E_BUILD=offline|online|skip)
+	bash tests/e2e/setup_docker.sh up
+	FEDGPU_E2E_BUILD=$(E2E_BUILD) $(BIN)/python -m pytest -q -m e2e tests/e2e
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -65,12 +65,12 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click's usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except Exception as exc:  # usage errors of the CLI parser, and anything unexpected
+        # typer ships its own copy of click; its usage errors carry show() and an exit code.
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         if DEBUG["on"]:
             raise
         print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",

@@ -160,3 +160,18 @@ def test_insecure_mode_warns(federation: Federation, tmp_path: Path) -> None:
     proc = federation.start_server(write_job(tmp_path / "job.toml"), "--insecure")
     time.sleep(0.5)
     assert "INSECURE MODE" in proc.text()
+
+
+def test_bad_flags_are_usage_errors() -> None:
+    for args in (["node", "start", "--bogus"],
+                 ["node", "start", "--aggregator", "h:1", "--data", ".",
+                  "--gpu-min-free-mib", "abc"],
+                 ["status", "--address"]):
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Error:" in r.stderr and "Traceback" not in r.stderr
+    r = cli("node", "start", "--aggregator", "h:1", "--data", ".", "--gpu", "sometimes")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --gpu must be one of none, offer, enforce, not 'sometimes'"
+    r = cli("node", "start", "--aggregator", "h:1", "--data", ".", "--gpu-memory-fraction", "1.5")
+    assert r.returncode == 2 and "(0, 1]" in r.stderr
