@@ -7,7 +7,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from fedgpu.cli import doctor_cmd, report_cmd
+    from fedgpu.cli import deploy_cmd, doctor_cmd, report_cmd
 
-    for module in (report_cmd, doctor_cmd):
+    for module in (report_cmd, doctor_cmd, deploy_cmd):
         module.register(app)
