@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     smi = SmiSampler()
@@ -147,11 +148,15 @@ def main() -> None:
     results = []
     scenarios = [
         ("gpu-1node", LocalRunConfig(nodes=1, rounds=args.rounds, gpu="offer")),
+        # The same without pre-started workers: what a round pays for starting its process.
+        ("gpu-1node-no-prestart", LocalRunConfig(nodes=1, rounds=args.rounds, gpu="offer",
+                                                 node_env={"FEDGPU_PRESTART": "0"})),
         ("gpu-3nodes-shared-0.3", LocalRunConfig(nodes=3, rounds=args.rounds, gpu="offer",
                                                  gpu_memory_fraction=0.3)),
-        ("gpu-3nodes", LocalRunConfig(nodes=3, rounds=args.rounds, gpu="offer")),
         ("cpu-3nodes", LocalRunConfig(nodes=3, rounds=args.rounds, gpu="none")),
     ]
+    if args.only:
+        scenarios = [s for s in scenarios if s[0] in args.only.split(",")]
     try:
         for name, cfg in scenarios:
             cfg.run_dir = args.out / "runs" / name

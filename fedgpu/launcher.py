@@ -234,6 +234,10 @@ class LocalRun:
                              f"{p.tail(5)}")
             if self.last_status["state"] in ("finished", "failed"):
                 break
+            nodes = self.procs[1:]
+            if nodes and not any(p.alive() for p in nodes):
+                tails = "\n".join(f"--- {p.name}: {p.tail(3)}" for p in nodes)
+                raise FedgpuError(f"every node exited before the run finished:\n{tails}")
             time.sleep(0.5)
         state = (self.last_status or {}).get("state", "unknown")
         return state
