@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What `make up` / `make down` run: checks first, then docker compose.
 #
-#   compose/compose.sh up PROFILE [compose up args...]   PROFILE: cpu gpu-offered gpu-enforced hetero
+#   compose/compose.sh up PROFILE [compose up args...]   PROFILE: cpu gpu-offered gpu-enforced hetero ring
 #   compose/compose.sh down [compose down args...]       every profile's containers; volumes kept
 #   compose/compose.sh config PROFILE
 #
@@ -10,7 +10,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PROFILES="cpu gpu-offered gpu-enforced hetero"
+PROFILES="cpu gpu-offered gpu-enforced hetero ring"
 
 die() { echo "$*" >&2; exit 2; }
 

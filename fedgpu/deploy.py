@@ -23,7 +23,7 @@ from typing import Any
 
 from fedgpu.errors import ConfigError, FedgpuError
 
-PROFILES = ("cpu", "gpu-offered", "gpu-enforced", "hetero")
+PROFILES = ("cpu", "gpu-offered", "gpu-enforced", "hetero", "ring")
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 # Where `fedgpu node start` keeps its status (the image's default FEDGPU_NODE_STATUS).

@@ -13,7 +13,7 @@ from fedgpu.errors import ConfigError, FedgpuError
 
 Profile = Annotated[str | None, typer.Option(
     "--profile", envvar="FEDGPU_PROFILE",
-    help="cpu, gpu-offered, gpu-enforced or hetero; none: the aggregator alone (nodes on "
+    help="cpu, gpu-offered, gpu-enforced, hetero or ring; none: the aggregator alone (nodes on "
          "other hosts dial it).")]
 ComposeFile = Annotated[Path | None, typer.Option(
     "--compose-file", envvar="FEDGPU_COMPOSE_FILE",

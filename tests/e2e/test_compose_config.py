@@ -33,8 +33,11 @@ EXPECTED_NODES = {
     "gpu-offered": {"node-gpu-offered-1", "node-gpu-offered-2", "node-gpu-offered-3"},
     "gpu-enforced": {"node-gpu-enforced-1", "node-gpu-enforced-2", "node-gpu-enforced-3"},
     "hetero": {"node-cpu-1", "node-gpu-offered-1", "node-gpu-enforced-1"},
+    "ring": {"node-ring-1", "node-ring-2", "node-ring-3"},
 }
-GPU_MODE = {"node-cpu": "none", "node-gpu-offered": "offer", "node-gpu-enforced": "enforce"}
+GPU_MODE = {"node-cpu": "none", "node-gpu-offered": "offer", "node-gpu-enforced": "enforce",
+            "node-ring": "none"}
+CPU_KINDS = {"node-cpu", "node-ring"}
 
 
 def kind(service: str) -> str:
@@ -67,7 +70,7 @@ def test_profile_starts_the_right_services(profile: str) -> None:
 def test_gpu_reservations_exactly_on_gpu_services(profile: str) -> None:
     for name, service in node_services(compose_config(profile)).items():
         devices = gpu_devices(service)
-        if kind(name) == "node-cpu":
+        if kind(name) in CPU_KINDS:
             assert devices == [], f"{name} must reserve no GPU"
             continue
         assert len(devices) == 1, f"{name}: one device request"
@@ -104,6 +107,26 @@ def test_nodes_wiring(profile: str) -> None:
     assert len(volumes) == len(nodes), "each node of a profile mounts its own partition"
     split = config["services"]["data-split"]
     assert {v["source"] for v in split["volumes"]} >= volumes
+
+
+def test_ring_peers_can_reach_each_other() -> None:
+    """Ring nodes connect to each other: same network, own hostname, ring port exposed."""
+    config = compose_config("ring")
+    nodes = node_services(config)
+    networks = {frozenset(s.get("networks", {"default": None})) for s in nodes.values()}
+    assert len(networks) == 1, "every ring node is on the same compose network"
+    ports = set()
+    for name, service in nodes.items():
+        env = service["environment"]
+        assert env["FEDGPU_RING_HOST"] == name == service["hostname"]
+        ports.add(env["FEDGPU_RING_PORT"])
+        assert env["FEDGPU_RING_PORT"] in [str(p) for p in service["expose"]]
+        assert "ports" not in service, "peers talk on the compose network, not via the host"
+    assert ports == {"29500"}
+    from fedgpu.config import load_job
+
+    job = load_job(REPO / "compose" / "job-ring.toml")
+    assert job.mode == "ring" and job.min_nodes == len(nodes)
 
 
 def test_gpu_count_comes_from_the_environment() -> None:
