@@ -1,8 +1,11 @@
 """Per-round process isolation: a freshly spawned training process vs training in-process.
 
-The digits task, CPU, one node's partition; the same round through both paths:
-  spawned    node.round.run_task, what the agent does (python -m node.worker per round)
-  in-process node.runner.run_round called directly, torch already imported and warm
+The digits task, CPU, one node's partition; the same round through three paths:
+  spawned     node.round.run_task spawning python -m node.worker at the round (--no-prestart)
+  pre-started node.round.run_task with a Standby (the agent's default): the round's process was
+              started, imported torch and warmed up before the round, as the agent does while
+              the previous round trains; here it is given time to get ready between rounds
+  in-process  node.runner.run_round called directly, torch already imported and warm
     python -m benchmarks.isolation --rounds 5
 """
 
@@ -25,7 +28,7 @@ def main() -> None:
     a = ap.parse_args()
     from fedgpu.datasets import split_digits
     from node import nvml, policy, workfiles
-    from node.round import run_task
+    from node.round import Standby, run_task
 
     hp = {"lr": 0.05, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp_:
@@ -34,11 +37,13 @@ def main() -> None:
         flags = policy.parse_gpu_flags("none", None, 0, None)
         decision = policy.decide(nvml.snapshot(), flags, job_use_gpu=False)
 
-        def spawned(kind: str, payload: bytes | None, rnd: int) -> tuple[float, bytes | None]:
+        def spawned(kind: str, payload: bytes | None, rnd: int,
+                    standby: Standby | None = None) -> tuple[float, bytes | None]:
             start = time.perf_counter()
             out = run_task(kind=kind, task_name="digits", hyperparameters=hp, seed=rnd,
                            round_number=rnd, data_dir=data, payload=payload,
-                           decision=decision, work_root=tmp, sampler=None, torch_threads=1)
+                           decision=decision, work_root=tmp, sampler=None, torch_threads=1,
+                           standby=standby)
             assert out.ok, out.error
             weights = out.weights.read_bytes() if out.weights else None
             out.cleanup()
@@ -46,6 +51,20 @@ def main() -> None:
 
         _, init = spawned("init", None, 0)
         spawn_s = [spawned("train", init, r)[0] for r in range(1, a.rounds + 1)]
+
+        standby = Standby()
+        prestart_s = []
+        try:
+            # As the agent does after the init round: the standby knows the task to warm up.
+            standby.prepare({"task_name": "digits", "hyperparameters": hp,
+                             "data_dir": str(data.resolve())})
+            for r in range(1, a.rounds + 1):
+                # The agent starts the standby while the previous round trains; between
+                # rounds here, so the measurement is the round alone.
+                time.sleep(6)
+                prestart_s.append(spawned("train", init, r, standby)[0])
+        finally:
+            standby.close()
 
         import torch
 
@@ -73,8 +92,11 @@ def main() -> None:
     subprocess.run([sys.executable, "-c", "import torch"], check=True, cwd=ROOT)
     import_s = time.perf_counter() - start
     sp, ip = statistics.median(spawn_s), statistics.median(inproc_s)
+    pp = statistics.median(prestart_s)
     emit({"rounds": a.rounds, "spawned_round_s": round(sp, 3), "in_process_round_s": round(ip, 3),
           "overhead_s": round(sp - ip, 3), "python_plus_torch_import_s": round(import_s, 3),
+          "prestarted_round_s": round(pp, 3), "prestarted_overhead_s": round(pp - ip, 3),
+          "prestarted_all": [round(x, 3) for x in prestart_s],
           "spawned_all": [round(x, 3) for x in spawn_s],
           "in_process_all": [round(x, 3) for x in inproc_s]})
 

@@ -62,13 +62,15 @@ class Standby:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def prepare(self) -> None:
+    def prepare(self, hint: dict[str, Any] | None = None) -> None:
+        """Start the standby; `hint` (task name, hyperparameters, data dir) tunes its warm-up."""
         if self._proc is not None and self._proc.poll() is None:
             return
         env = {k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "node.worker", "--standby"], stdin=subprocess.PIPE, env=env
-        )
+        cmd = [sys.executable, "-m", "node.worker", "--standby"]
+        if hint:
+            cmd.append(json.dumps(hint))
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
 
     def take(self, workdir: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand the round to the waiting worker; None when there is none alive."""
@@ -146,7 +148,8 @@ def run_task(
     if standby is not None:
         # The next round's worker loads torch while this one trains (on the GPU, usually), so
         # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
-        standby.prepare()
+        standby.prepare({"task_name": task_name, "hyperparameters": hyperparameters,
+                         "data_dir": task["data_dir"]})
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]

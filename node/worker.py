@@ -80,18 +80,40 @@ def _fail(
     return EXIT_BAD_INPUT if kind == "bad_input" else EXIT_EXCEPTION
 
 
-def _warm_up() -> None:
-    """Pay the first-step costs (allocator, autograd, thread pool) before the round, on CPU."""
+def _warm_up(hint: dict | None) -> None:
+    """Pay the first-step costs (kernel set-up, allocator, autograd) before the round, on CPU.
+
+    With a hint (the task of the previous round) one throw-away step of that task's own model
+    on one batch of this node's data warms exactly the kernels the round will use; the round
+    then builds its model afresh and re-seeds everything, so its result does not change.
+    """
     import torch
 
+    if hint and hint.get("task_name"):
+        from node.tasks import load_task
+
+        task = load_task(str(hint["task_name"]))
+        hparams = hint.get("hyperparameters") or {}
+        with torch.device("cpu"):
+            model = task.build_model(hparams)
+        data_dir = hint.get("data_dir")
+        if data_dir and all(hasattr(task, a) for a in ("batch_loss", "optimizer", "batch_size")):
+            data = task.load_data(Path(data_dir))
+            idx = torch.arange(min(task.batch_size(hparams), task.train_size(data)))
+            loss, _ = task.batch_loss(model, data, idx)
+            loss.backward()
+            task.optimizer(model, hparams).step()
+            model.eval()
+            with torch.no_grad():
+                task.batch_loss(model, data, idx)
+        return
     x = torch.randn(8, 1, 8, 8, requires_grad=True)
     conv = torch.nn.Conv2d(1, 4, 3, padding=1)
     fc = torch.nn.Linear(4 * 8 * 8, 10)
-    loss = fc(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean()
-    loss.backward()
+    fc(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean().backward()
 
 
-def standby() -> int:
+def standby(hint: dict | None = None) -> int:
     """Start ahead of the round: import the training stack, warm up, wait for the round.
 
     The agent writes one JSON line — {"workdir": ..., "env": {...}} — then closes stdin. CUDA is
@@ -104,7 +126,7 @@ def standby() -> int:
     try:
         from node import runner  # noqa: F401 - the import is the point: torch loads now
 
-        _warm_up()
+        _warm_up(hint)
     except Exception as exc:  # reported with the round, where the agent can see it
         log.warning("standby warm-up failed: %s", exc)
     ready = time.monotonic()
@@ -139,10 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--standby"]:
-        return standby()
+    if args[:1] == ["--standby"]:
+        try:
+            hint = json.loads(args[1]) if len(args) > 1 else None
+        except ValueError:
+            hint = None
+        return standby(hint if isinstance(hint, dict) else None)
     if len(args) != 1:
-        print("usage: python -m node.worker WORKDIR | --standby", file=sys.stderr)
+        print("usage: python -m node.worker WORKDIR | --standby [HINT_JSON]", file=sys.stderr)
         return EXIT_BAD_INPUT
     workdir = Path(args[0])
     if not workdir.is_dir():
