@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -118,6 +119,20 @@ class ComposeProject:
             "FEDGPU_PUBLISH_PORT": str(port),
             "FEDGPU_BIND": "127.0.0.1",
             "FEDGPU_TOKEN": self.token,
+            # Each project makes its own CA and key pairs (the `certs` one-shot), here.
+            "FEDGPU_CERTS_DIR": str(Path(tempfile.mkdtemp(prefix=f"{self.name}-certs-"))),
+        }
+
+    @property
+    def admin_env(self) -> dict[str, str]:
+        """Environment for the host's admin CLI: the token and the operator's certificate."""
+        certs = Path(self.env["FEDGPU_CERTS_DIR"])
+        return {
+            **os.environ,
+            "FEDGPU_TOKEN": self.token,
+            "FEDGPU_TLS_CERT": str(certs / "nodes" / "operator" / "node.crt"),
+            "FEDGPU_TLS_KEY": str(certs / "nodes" / "operator" / "node.key"),
+            "FEDGPU_TLS_CA": str(certs / "ca.crt"),
         }
 
     @property

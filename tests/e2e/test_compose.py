@@ -33,7 +33,7 @@ def admin(project: ComposeProject, command: str) -> dict[str, Any] | None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "FEDGPU_TOKEN": project.token},
+        env=project.admin_env,
     )
     if proc.returncode != 0:
         return None

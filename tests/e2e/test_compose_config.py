@@ -63,7 +63,8 @@ def data_volume(service: dict[str, Any]) -> str:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_profile_starts_the_right_services(profile: str) -> None:
     config = compose_config(profile)
-    assert set(config["services"]) == {"aggregator", "data-split"} | EXPECTED_NODES[profile]
+    assert set(config["services"]) == {"aggregator", "certs", "data-split"} | EXPECTED_NODES[
+        profile]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -107,6 +108,36 @@ def test_nodes_wiring(profile: str) -> None:
     assert len(volumes) == len(nodes), "each node of a profile mounts its own partition"
     split = config["services"]["data-split"]
     assert {v["source"] for v in split["volumes"]} >= volumes
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_mutual_tls_by_default(profile: str) -> None:
+    """Every service speaks mTLS with material mounted read-only, one key pair per node."""
+    config = compose_config(profile)
+    services = config["services"]
+
+    def cert_mounts(service: dict[str, Any]) -> list[dict[str, Any]]:
+        return [v for v in service.get("volumes", []) if v["target"] == "/certs"]
+
+    (agg,) = cert_mounts(services["aggregator"])
+    assert agg["read_only"] is True and agg["source"].endswith("/certs/server")
+    env = services["aggregator"]["environment"]
+    assert (env["FEDGPU_TLS_CERT"], env["FEDGPU_TLS_KEY"], env["FEDGPU_TLS_CA"]) == (
+        "/certs/server.crt", "/certs/server.key", "/certs/ca.crt")
+    sources = set()
+    for name, service in node_services(config).items():
+        (mount,) = cert_mounts(service)
+        assert mount["read_only"] is True
+        assert mount["source"].endswith(f"/certs/nodes/{name}"), "a node gets only its own key"
+        sources.add(mount["source"])
+        assert service["environment"]["FEDGPU_TLS_CERT"] == "/certs/node.crt"
+        assert service["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+        assert name in services["certs"]["command"][0], f"certs makes {name}'s key pair"
+    assert len(sources) == len(node_services(config))
+    # Only the one-shot that makes the material sees the CA's key.
+    assert [n for n, s in services.items() if any(
+        v["target"] == "/certs" and not v.get("read_only") for v in s.get("volumes", []))
+    ] == ["certs"]
 
 
 def test_ring_peers_can_reach_each_other() -> None:
@@ -172,7 +203,7 @@ def test_aggregator_service() -> None:
 
 def test_unknown_profile_starts_no_nodes() -> None:
     config = compose_config("no-such-profile")
-    assert set(config["services"]) == {"aggregator"}
+    assert set(config["services"]) == {"aggregator", "certs"}
 
 
 def test_token_is_required() -> None:

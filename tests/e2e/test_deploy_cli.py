@@ -124,13 +124,14 @@ def test_up_ps_logs_down(compose_project: Any) -> None:
             break
         assert time.monotonic() < deadline, services
         time.sleep(3)
-    assert set(services) == {"aggregator", "data-split", *NODES}
+    assert set(services) == {"aggregator", "certs", "data-split", *NODES}
     agg = services["aggregator"]
     assert agg["health"] == "healthy" and agg["state"] == "running"
     assert agg["gpu_reservation"] is None and agg["gpu_decision"] is None
     assert any(p.endswith(f":{project.port}->50051/tcp") for p in agg["ports"])
     assert services["data-split"]["state"] == "exited"
     assert services["data-split"]["exit_code"] == 0
+    assert services["certs"]["state"] == "exited" and services["certs"]["exit_code"] == 0
     for name in NODES:
         node = services[name]
         assert node["gpu_reservation"] is None
