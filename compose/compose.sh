@@ -53,7 +53,7 @@ check_images() {
 # select device driver"; say so up front (local engines only: a remote engine's
 # host cannot be checked from here).
 check_gpu_host() {
-  [ "$1" = cpu ] && return 0
+  case "$1" in cpu|ring) return 0 ;; esac
   [ "${FEDGPU_SKIP_GPU_CHECK:-0}" = 1 ] && return 0
   case "${DOCKER_HOST:-unix://}" in unix://*) ;; *) return 0 ;; esac
   command -v nvidia-container-runtime-hook >/dev/null 2>&1 && return 0

@@ -133,7 +133,8 @@ def gpu_host_problem(client: Any, profile: str | None) -> str | None:
     """Why GPU services of this profile cannot get a GPU here, or None."""
     from fedgpu import doctor
 
-    if profile in (None, "cpu"):
+    # The cpu and ring profiles reserve no GPU.
+    if profile in (None, "cpu", "ring"):
         return None
     check = doctor.probe_nvidia_runtime(client.info(), doctor.FAIL)
     return None if check.status == doctor.OK else check.detail
