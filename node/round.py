@@ -145,9 +145,10 @@ def run_task(
     proc = standby.take(workdir, env) if standby and worker_module == "node.worker" else None
     if proc is None:
         proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
-    if standby is not None:
+    if standby is not None and worker_module == "node.worker":
         # The next round's worker loads torch while this one trains (on the GPU, usually), so
         # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
+        # Ring blocks always spawn their own worker: no standby to compete with the exchange.
         standby.prepare({"task_name": task_name, "hyperparameters": hyperparameters,
                          "data_dir": task["data_dir"]})
     try:
