@@ -171,8 +171,13 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     return 0 if orch.state == "finished" else 1
 
 
-async def _drain(registry: Registry, timeout: float) -> None:
+async def _drain(registry: Registry, timeout: float, minimum: float = 3.0) -> None:
+    # At least `minimum` seconds, so that whoever polls the Admin service (`fedgpu run`, a
+    # watching operator) sees the final state before the port closes, however fast the end.
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end and any(n.state != "shutdown" for n in registry.alive()):
-        await asyncio.sleep(0.5)
+    start = loop.time()
+    while loop.time() < start + timeout and (
+        loop.time() < start + minimum
+        or any(n.state != "shutdown" for n in registry.alive())
+    ):
+        await asyncio.sleep(0.25)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from tests.fixtures.federation import Federation, write_job
 def _run(federation: Federation, tmp_path: Path, nodes: int, per_process: int, **job: object
          ) -> tuple[dict, dict, list[dict]]:
     path = write_job(tmp_path / "job.toml", task="synthetic", hyperparameters={}, **job)
-    server = federation.start_server(path, "--heartbeat-s", "2", "--exit-when-done")
+    # Not --exit-when-done: the run can end within a second of the last registration, and the
+    # test must still be able to ask for its final state; the server is stopped below instead.
+    server = federation.start_server(path, "--heartbeat-s", "2")
     sims = []
     for i, start in enumerate(range(0, nodes, per_process)):
         stats = tmp_path / f"sim-{i}.json"
@@ -26,6 +29,7 @@ def _run(federation: Federation, tmp_path: Path, nodes: int, per_process: int, *
     rounds = federation.query("ListRounds")
     for proc, _ in sims:
         assert proc.popen.wait(timeout=60) == 0, proc.text()[-3000:]
+    server.popen.send_signal(signal.SIGTERM)
     assert server.popen.wait(timeout=30) == 0, server.text()[-3000:]
     return status, rounds, [json.loads(s.read_text()) for _, s in sims]
 
