@@ -133,15 +133,26 @@ class Ring:
                        for j in self.send_to]
                 ops += [dist.P2POp(dist.irecv, bufs[j], self._global(j), self.group)
                         for j in self.recv_from]
-                works = dist.batch_isend_irecv(ops) if ops else []
+                try:
+                    works = dist.batch_isend_irecv(ops) if ops else []
+                except RuntimeError as exc:
+                    raise self.lost_error(-1, exc) from None
                 peers = [*self.send_to, *self.recv_from]
                 pending = list(zip(peers if len(works) == len(peers) else [-1] * len(works),
                                    works, strict=True))
             else:
-                pending = [(j, dist.isend(on_wire, self._global(j), self.group))
-                           for j in self.send_to]
-                pending += [(j, dist.irecv(bufs[j], self._global(j), self.group))
-                            for j in self.recv_from]
+                # Posting can fail too (gloo sends small messages at once): a peer already
+                # gone must end in the same named, reasoned stop as a failed wait.
+                for j in self.send_to:
+                    try:
+                        pending.append((j, dist.isend(on_wire, self._global(j), self.group)))
+                    except RuntimeError as exc:
+                        raise self.lost_error(j, exc) from None
+                for j in self.recv_from:
+                    try:
+                        pending.append((j, dist.irecv(bufs[j], self._global(j), self.group)))
+                    except RuntimeError as exc:
+                        raise self.lost_error(j, exc) from None
             timeout = datetime.timedelta(seconds=self.timeout_s)
             for peer, work in pending:
                 try:
