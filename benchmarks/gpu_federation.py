@@ -92,9 +92,7 @@ def run_scenario(name: str, cfg: LocalRunConfig, data: Path | None, smi: SmiSamp
     try:
         run.start(job, dirs)
         state = run.watch()
-        end = time.monotonic() + 15
-        while time.monotonic() < end and any(p.alive() for p in run.procs):
-            time.sleep(0.2)
+        run.wait_for_exit()
     finally:
         run.stop_all()
     run.save_reports()

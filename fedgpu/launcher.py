@@ -253,6 +253,12 @@ class LocalRun:
                  f"{r['status']}, train loss {loss}, {r['nodes_reporting']}/"
                  f"{len(r['participants'])} nodes, {r['duration_s']:.1f}s{acc}")
 
+    def wait_for_exit(self, grace: float = 15.0) -> None:
+        """Let nodes take their shutdown task and exit on their own before we stop them."""
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(p.alive() for p in self.procs):
+            time.sleep(0.2)
+
     def stop_all(self) -> None:
         # Nodes first (they were told to shut down and usually are gone already).
         for p in reversed(self.procs):
@@ -270,10 +276,7 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
     try:
         run.start(job, dirs)
         state = run.watch()
-        # Let nodes take their shutdown task and exit on their own before we stop them.
-        end = time.monotonic() + 15
-        while time.monotonic() < end and any(p.alive() for p in run.procs):
-            time.sleep(0.2)
+        run.wait_for_exit()
     except KeyboardInterrupt:
         run.say("interrupted: stopping every process of this run")
         run.stop_all()

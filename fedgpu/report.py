@@ -133,7 +133,8 @@ def node_rows(hist: RunHistory) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
+def fmt_value(v: Any, digits: int = 4) -> str:
+    """A metric for a table or summary: "-" when missing, floats to `digits` places."""
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -143,7 +144,7 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    out += ["| " + " | ".join(fmt_value(c) for c in row) + " |" for row in rows]
     return out
 
 
@@ -158,10 +159,12 @@ def summary_markdown(hist: RunHistory, rounds: list[dict[str, Any]],
         f"Source: {hist.source}",
         "",
         f"- rounds finished: {len(finished)} (attempts recorded: {len(rounds)})",
-        f"- initial accuracy: {_fmt(init.get('accuracy'))}, loss {_fmt(init.get('loss'))}",
-        f"- final accuracy: {_fmt(last and last['accuracy'])}, "
-        f"loss {_fmt(last and last['eval_loss'])} (after round {_fmt(last and last['round'])})",
-        f"- total round time: {_fmt(sum(r['duration_s'] or 0.0 for r in rounds), 3)} s",
+        f"- initial accuracy: {fmt_value(init.get('accuracy'))}, "
+        f"loss {fmt_value(init.get('loss'))}",
+        f"- final accuracy: {fmt_value(last and last['accuracy'])}, "
+        f"loss {fmt_value(last and last['eval_loss'])} "
+        f"(after round {fmt_value(last and last['round'])})",
+        f"- total round time: {fmt_value(sum(r['duration_s'] or 0.0 for r in rounds), 3)} s",
         f"- bytes received: {sum(r['bytes_received'] or 0 for r in rounds)}",
         "",
         "## Rounds",

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fedgpu import admin_client
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+from fedgpu.report import fmt_value
 from fedgpu.tls import from_options
 
 Address = Annotated[str, typer.Option(
@@ -18,14 +19,6 @@ Address = Annotated[str, typer.Option(
 Token = Annotated[str | None, typer.Option(
     envvar="FEDGPU_TOKEN", help="The aggregator's token.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
 
 
 def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
@@ -55,8 +48,8 @@ def _show_status(doc: dict[str, Any]) -> None:
         f"run {doc['run_id']}  state {doc['state']}  task {doc['task']}  "
         f"strategy {doc['strategy']}",
         f"round {doc['round']}/{doc['rounds']}  nodes {doc['nodes']['alive']} alive of "
-        f"{doc['nodes']['registered']}  accuracy {_fmt(doc['accuracy'])}  "
-        f"loss {_fmt(doc['loss'])}",
+        f"{doc['nodes']['registered']}  accuracy {fmt_value(doc['accuracy'])}  "
+        f"loss {fmt_value(doc['loss'])}",
     ]
     if cur:
         lines.append(f"open: round {cur['round']} ({cur['kind']}, attempt {cur['attempt']}) "
@@ -82,10 +75,10 @@ def nodes(address: Address = "localhost:50051", token: Token = None, as_json: As
     for n in doc["nodes"]:
         d = n["gpu_decision"] or {}
         r = n["last_resources"] or {}
-        mem = "/".join(_fmt(r.get(k)) for k in
+        mem = "/".join(fmt_value(r.get(k)) for k in
                        ("nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib"))
         if r and r.get("device") == "cpu":
-            mem = f"rss {_fmt(r.get('rss_peak_mib'))}"
+            mem = f"rss {fmt_value(r.get('rss_peak_mib'))}"
         table.add_row(n["name"], n["state"], d.get("device", "-"),
                       d.get("gpu_name") or "-", d.get("reason", "-"),
                       str(n["rounds_completed"]), mem if r else "-")
@@ -104,8 +97,8 @@ def rounds(address: Address = "localhost:50051", token: Token = None, as_json: A
     for r in doc["rounds"]:
         ev = r["eval"] or {}
         table.add_row(str(r["round"]), r["status"], str(r["nodes_reporting"]),
-                      _fmt(r["train_loss"]), _fmt(ev.get("loss")), _fmt(ev.get("accuracy")),
-                      _fmt(r["duration_s"], 1))
+                      fmt_value(r["train_loss"]), fmt_value(ev.get("loss")),
+                      fmt_value(ev.get("accuracy")), fmt_value(r["duration_s"], 1))
     Console().print(table)
 
 

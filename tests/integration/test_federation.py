@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,16 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.fixtures.federation import FEDGPU, ROOT, Federation, base_env, write_job
-
-
-def cli(*args: str, token: str | None = "test-token") -> subprocess.CompletedProcess[str]:
-    env = base_env()
-    env.pop("FEDGPU_TOKEN", None)
-    if token:
-        env["FEDGPU_TOKEN"] = token
-    return subprocess.run([*FEDGPU, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=60)
+from tests.fixtures.federation import Federation, base_env, cli, write_job
 
 
 def test_two_nodes_finish_and_admin_json(federation: Federation, tmp_path: Path,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -13,7 +12,13 @@ from fedgpu import certs
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.tls import TlsFiles, channel_credentials
 from fedgpu.transport import token_metadata
-from tests.fixtures.federation import FEDGPU, ROOT, Federation, Proc, base_env, write_job
+from tests.fixtures.federation import (
+    Federation,
+    Proc,
+    base_env,
+    cli,
+    write_job,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +46,6 @@ def flags(t: TlsFiles) -> list[str]:
     return out
 
 
-def cli(*args: str, token: str | None = "test-token") -> subprocess.CompletedProcess[str]:
-    env = base_env()
-    env.pop("FEDGPU_TOKEN", None)
-    if token:
-        env["FEDGPU_TOKEN"] = token
-    return subprocess.run([*FEDGPU, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=60)
 
 
 def one_line_error(proc_text: str, expected: str) -> None:

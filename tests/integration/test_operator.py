@@ -16,17 +16,13 @@ from typing import Any
 import pytest
 
 from tests.fixtures.federation import FEDGPU, ROOT, Federation, base_env, free_port, write_job
+from tests.fixtures.federation import cli as fixture_cli
 
 PLOTS = ("global.png", "node_accuracy.png", "node_memory.png", "round_time.png")
 
 
 def cli(*args: str, token: str | None = "test-token") -> subprocess.CompletedProcess[str]:
-    env = base_env()
-    env.pop("FEDGPU_TOKEN", None)
-    if token:
-        env["FEDGPU_TOKEN"] = token
-    return subprocess.run([*FEDGPU, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=120)
+    return fixture_cli(*args, token=token, timeout=120)
 
 
 @dataclass
