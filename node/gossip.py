@@ -88,10 +88,47 @@ class Liveness:
                 done = {r: self._store.get(f"done/{r}").decode()
                         for r in range(self.world) if self._store.check([f"done/{r}"])}
         except Exception:  # noqa: BLE001
-            # The store lives in rank 0's worker: no store, no rank 0.
+            # The store lives in rank 0's worker, which stays until every rank has judged
+            # (linger): no store, no rank 0.
             return [0] if self.rank != 0 else []
+        try:
+            with self._lock:
+                self._store.set(f"judged/{self.rank}", "1")
+        except Exception:  # noqa: BLE001
+            pass
         return [r for r in range(self.world) if r != self.rank and (
             done.get(r, "").startswith("error") or (r not in done and second[r] == first[r]))]
+
+    def linger(self, limit_s: float) -> None:
+        """Rank 0 hosts the store: keep it up until every other rank has judged who is lost
+        (or is gone itself), or a survivor reading the store would find it gone and blame
+        rank 0 for a death elsewhere."""
+        end = time.monotonic() + limit_s
+        last: dict[int, tuple[int, float]] = {}
+        others = [r for r in range(self.world) if r != self.rank]
+        try:
+            while time.monotonic() < end:
+                with self._lock:
+                    beats = {r: self._store.add(f"beat/{r}", 0) for r in others}
+                    done = {r: self._store.get(f"done/{r}").decode()
+                            for r in others if self._store.check([f"done/{r}"])}
+                    judged = {r for r in others if self._store.check([f"judged/{r}"])}
+                now = time.monotonic()
+                waiting = []
+                for r in others:
+                    if r in judged or (r in done and done[r] != "peer"):
+                        continue
+                    seen, since = last.get(r, (-1, now))
+                    if beats[r] != seen:
+                        last[r] = (beats[r], now)
+                    elif r not in done and now - since > LOST_WINDOW_S:
+                        continue  # stopped beating without a word: the lost one
+                    waiting.append(r)
+                if not waiting:
+                    return
+                time.sleep(BEAT_S / 2)
+        except Exception:  # noqa: BLE001 - nothing left to keep up
+            return
 
 
 @dataclass

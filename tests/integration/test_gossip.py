@@ -63,3 +63,14 @@ def test_dead_rank_is_named_by_every_survivor(tmp_path: Path) -> None:
         lost, message = (tmp_path / f"dead-{rank}.txt").read_text().split("\n", 1)
         assert lost == "[2]", f"rank {rank} blamed {lost}: {message}"
         assert "ring lost rank 2 (node-3)" in message
+
+
+def test_a_survivor_judging_late_still_finds_the_store(tmp_path: Path) -> None:
+    # Rank 0 hosts the rendezvous store and sees the death first; rank 1 is still computing.
+    # If rank 0 left at once, rank 1 would find no store and blame rank 0.
+    codes = run_world(tmp_path, 3, "die-late")
+    assert codes == [1, 1, 17]
+    for rank in (0, 1):
+        lost, message = (tmp_path / f"dead-{rank}.txt").read_text().split("\n", 1)
+        assert lost == "[2]", f"rank {rank} blamed {lost}: {message}"
+        assert "ring lost rank 2 (node-3)" in message
