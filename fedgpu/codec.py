@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -164,6 +166,14 @@ def decode(buf: bytes | bytearray | memoryview) -> tuple[dict[str, np.ndarray], 
     if pos != data.nbytes:
         raise CodecError(f"{data.nbytes - pos} trailing bytes after the last tensor")
     return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """A safetensors file as writable numpy views of one buffer (torch.from_numpy warns on
+    read-only memory). Raises OSError if it cannot be read, CodecError if it is not valid."""
+    # A bytearray, not bytes: decode() then returns writable views and no copy is made.
+    tensors, _ = decode(bytearray(Path(path).read_bytes()))
+    return tensors
 
 
 def _view(name: str, info: object, data: memoryview) -> np.ndarray:

@@ -59,15 +59,11 @@ def read_split(data_dir: Path, filename: str) -> dict[str, np.ndarray]:
     """All tensors of one split file as writable numpy arrays (torch wants writable memory)."""
     path = Path(data_dir) / filename
     try:
-        # A bytearray, not bytes: decode() then returns writable views and no copy is made.
-        buf = bytearray(path.read_bytes())
+        return codec.read_file(path)
     except OSError as exc:
         raise DataDirError(f"cannot read {path}: {exc.strerror or exc}; {_HOW_TO_MAKE}") from None
-    try:
-        tensors, _ = codec.decode(buf)
     except codec.CodecError as exc:
         raise _invalid(path, exc) from None
-    return tensors
 
 
 def _check_header(path: Path) -> None:

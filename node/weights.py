@@ -38,17 +38,12 @@ class WeightsError(ValueError):
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Decode a safetensors file into writable numpy views of one host buffer."""
-    path = Path(path)
     try:
-        # bytearray so the views are writable: torch.from_numpy warns on read-only memory.
-        buf = bytearray(path.read_bytes())
+        return codec.read_file(path)
     except OSError as exc:
         raise WeightsError(f"cannot read weights {path}: {exc.strerror or exc}") from None
-    try:
-        arrays, _ = codec.decode(buf)
     except codec.CodecError as exc:
         raise WeightsError(f"weights {path} are not a valid safetensors payload: {exc}") from None
-    return arrays
 
 
 def to_torch(arr: np.ndarray) -> torch.Tensor:
