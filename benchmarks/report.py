@@ -104,6 +104,7 @@ def _transport(r: dict[str, Any]) -> list[str]:
         "before the timed call).",
         "",
         f"Raw TCP: **{raw:.2f} GB/s** ({r['raw']['seconds']:.3f} s).",
+        *_bare(r, raw),
         "",
         "| chunk | gRPC transport GB/s | % of raw (target 60%) | end to end GB/s | "
         "% of raw (target 40%) | node pull GB/s |",
@@ -134,6 +135,20 @@ def _transport(r: dict[str, Any]) -> list[str]:
         "",
     ]
     return out
+
+
+def _bare(r: dict[str, Any], raw: float) -> list[str]:
+    if "bare" not in r:
+        return []
+    b = r["bare"]["gb_per_s"]
+    best = max(g["gb_per_s"] for g in r["grpc"])
+    return [
+        "",
+        f"gRPC's own ceiling here, `python -m benchmarks.transport bare` (a stream of plain "
+        f"1 MiB `bytes` messages, no protobuf and no fedgpu code on either side, same channel "
+        f"options): **{b:.2f} GB/s**, {100 * b / raw:.0f}% of raw TCP. fedgpu's stream reaches "
+        f"{100 * best / b:.0f}% of that ceiling at its best chunk size.",
+    ]
 
 
 def _serialization(r: dict[str, Any]) -> list[str]:

@@ -54,6 +54,7 @@ def main() -> None:
                                  python=flower))
     log("2/5 transport")
     r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
+    r["bare"] = run_case("benchmarks.transport", ["bare", "--chunk-kib", "1024"])
     r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", str(c)])
                  for c in CHUNKS_KIB]
     r["e2e"] = [run_case("benchmarks.wire_e2e", ["--chunk-kib", str(c)]) for c in CHUNKS_KIB]

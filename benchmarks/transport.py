@@ -1,8 +1,9 @@
 """One large update node -> aggregator over loopback: raw TCP, fedgpu's gRPC stream, end to end.
 
 Each receiver runs in its own process (as the aggregator would), the sender in this one:
-    python -m benchmarks.transport raw|grpc --size-mib 256 [--chunk-kib 1024]
-prints {"seconds", "gb_per_s"} for the best of --repeat sends.
+    python -m benchmarks.transport raw|bare|grpc --size-mib 256 [--chunk-kib 1024]
+prints {"seconds", "gb_per_s"} for the best of --repeat sends. `bare` is gRPC's own ceiling
+here: a stream of plain bytes messages, no protobuf and no fedgpu code on either side.
 """
 
 from __future__ import annotations
@@ -78,6 +79,50 @@ async def _receiver_grpc(port_file: str) -> None:
     await server.wait_for_termination()
 
 
+async def _receiver_bare(port_file: str) -> None:
+    import grpc
+
+    from fedgpu.transport import SERVER_OPTIONS
+
+    async def push(request_iterator, context):  # type: ignore[no-untyped-def]
+        buf, pos = bytearray(0), 0
+        async for data in request_iterator:
+            if not buf:
+                buf = bytearray(struct.unpack("<Q", data)[0])
+                continue
+            buf[pos : pos + len(data)] = data
+            pos += len(data)
+        return b"k" if pos == len(buf) else b"?"
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Bare", {"Push": grpc.stream_unary_rpc_method_handler(push)})
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, file=open(port_file, "w"), flush=True)  # noqa: SIM115
+    await server.wait_for_termination()
+
+
+def _send_bare(port: int, payload: memoryview, chunk: int, repeat: int) -> float:
+    from fedgpu.transport import channel
+
+    best = float("inf")
+    with channel(f"127.0.0.1:{port}") as ch:
+        push = ch.stream_unary("/bench.Bare/Push")
+
+        def stream():  # type: ignore[no-untyped-def]
+            yield struct.pack("<Q", payload.nbytes)
+            for pos in range(0, payload.nbytes, chunk):
+                yield payload[pos : pos + chunk].tobytes()
+
+        for _ in range(repeat):
+            start = time.perf_counter()
+            assert push(stream(), timeout=120) == b"k"
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def _send_grpc(port: int, payload: np.ndarray, chunk: int, repeat: int) -> float:
     from fedgpu import codec
     from fedgpu.proto import pb, pb_grpc
@@ -117,7 +162,8 @@ def main() -> None:
     import tempfile
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["raw", "grpc", "_raw_receiver", "_grpc_receiver"])
+    ap.add_argument("mode", choices=["raw", "bare", "grpc", "_raw_receiver", "_bare_receiver",
+                                     "_grpc_receiver"])
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--chunk-kib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
@@ -127,14 +173,18 @@ def main() -> None:
         return _receiver_raw(a.port_file)
     if a.mode == "_grpc_receiver":
         return asyncio.run(_receiver_grpc(a.port_file))
+    if a.mode == "_bare_receiver":
+        return asyncio.run(_receiver_bare(a.port_file))
     size = a.size_mib * MIB
     payload = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = _start(a.mode, tmp)
         try:
+            view = memoryview(payload.view(np.uint8))
             if a.mode == "raw":
-                view = memoryview(payload.view(np.uint8))
                 seconds = min(_send_raw(port, view, a.chunk_kib << 10) for _ in range(a.repeat))
+            elif a.mode == "bare":
+                seconds = _send_bare(port, view, a.chunk_kib << 10, a.repeat)
             else:
                 seconds = _send_grpc(port, payload, a.chunk_kib << 10, a.repeat)
         finally:
