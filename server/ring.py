@@ -127,7 +127,7 @@ class RingOrchestrator(Orchestrator):
                 self._record(rnd)
                 self._annotate(rnd, chosen, first, count, restart, None)
                 self._restart = False
-                self._set_global(new, number)
+                await self._set_global(new, number)
                 log.info("ring block %d (iterations %d..%d): consensus distance %.6g",
                          number, first, first + count - 1, self.strategy.consensus_distance)
                 return

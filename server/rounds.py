@@ -141,7 +141,7 @@ class Orchestrator:
             if self.global_round == 0:
                 # The starting model is checkpointed too: a node drew it at random, and a run
                 # resumed before round 1 finishes must train from the very same weights.
-                self._set_global(self.global_weights, 0)
+                await self._set_global(self.global_weights, 0)
             self.state = "running"
             if not self.completed:
                 for number in range(self.global_round + 1, self.job.rounds + 1):
@@ -151,7 +151,7 @@ class Orchestrator:
                 self.completed = True
                 # Once more with the final evaluation and `completed`, so a restart after the
                 # end serves the finished run instead of evaluating again.
-                self._set_global(self.global_weights, self.global_round)
+                await self._set_global(self.global_weights, self.global_round)
             self.state = "finished"
             log.info("run %s finished: %d rounds", self.run_id, self.job.rounds)
         except RunFailed as exc:
@@ -216,7 +216,7 @@ class Orchestrator:
                 self._close_round(rnd)
                 # Recorded before the checkpoint is written, so the round is in its history.
                 self._record(rnd)
-                self._set_global(new, number)
+                await self._set_global(new, number)
                 return
             self._close_round(rnd)
             self._record(rnd, status="retried")
@@ -321,13 +321,18 @@ class Orchestrator:
                 node.pending = None
         self.current = None
 
-    def _set_global(self, weights: dict[str, np.ndarray], number: int) -> None:
+    async def _set_global(self, weights: dict[str, np.ndarray], number: int) -> None:
         self.global_weights = weights
         self.global_round = number
         self._payload = None
         if self.checkpointer is not None:
-            self.checkpointer.save(weights, self.checkpoint_state(),
-                                   tensors=self.strategy.tensor_state())
+            # The write (encode, fsync: seconds for a multi-GB model) runs in a thread so
+            # heartbeats and long polls go on. The state is copied here, on the loop, because
+            # late evaluations keep landing in the history meanwhile; the weights and the
+            # optimiser arrays change only in the next round's finish, after this returns.
+            state = json.loads(json.dumps(self.checkpoint_state()))
+            await asyncio.to_thread(self.checkpointer.save, weights, state,
+                                    tensors=self.strategy.tensor_state())
 
     def _record(self, rnd: RoundState, status: str = "finished") -> None:
         train_loss = weighted_metric(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -240,10 +241,43 @@ def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
     g = model()
     for _ in range(2):
         g = run_round(first.strategy, g, [(model(), 5), (model(), 7)])
-    first._set_global(g, 2)
+    asyncio.run(first._set_global(g, 2))
     again = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
     again.restore(*Checkpointer(tmp_path).load())  # type: ignore[misc]
     assert again.global_round == 2 and again.strategy.state() == {"steps": 2}
     for k in ("w", "b", "h"):
         np.testing.assert_array_equal(again.strategy.m[k], first.strategy.m[k])  # type: ignore[attr-defined]
         np.testing.assert_array_equal(again.strategy.v[k], first.strategy.v[k])  # type: ignore[attr-defined]
+
+
+def test_checkpoint_is_written_off_the_event_loop_from_a_snapshot(tmp_path: Path) -> None:
+    # A multi-GB model takes seconds to write and fsync; heartbeats and long polls must go on,
+    # and evaluations landing in the history meanwhile must not tear the state being written.
+    import threading
+
+    from server.registry import Registry
+    from server.rounds import Orchestrator
+
+    class Recording(Checkpointer):
+        def save(self, weights, state, tensors=None):  # type: ignore[no-untyped-def]
+            self.thread = threading.get_ident()
+            orch.history.append({"round": 99})  # what the loop may do during the write
+            super().save(weights, state, tensors)
+
+    job = parse_job({"task": "t", "strategy": "fedavgm"})
+    ck = Recording(tmp_path)
+    orch = Orchestrator(job, Registry(), checkpointer=ck)
+    orch.history.append({"round": 1})
+    g = run_round(orch.strategy, model(), [(model(), 5), (model(), 7)])
+
+    async def go() -> int:
+        await orch._set_global(g, 1)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(go())
+    assert ck.thread != loop_thread
+    weights, state = Checkpointer(tmp_path).load()  # type: ignore[misc]
+    assert state["global_round"] == 1
+    assert [h["round"] for h in state["history"]] == [1]
+    for k, v in g.items():
+        np.testing.assert_array_equal(weights[k], v)
