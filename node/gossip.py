@@ -77,16 +77,23 @@ class Liveness:
         except Exception:  # noqa: BLE001
             pass
 
+    def _read(self, key: str) -> dict[int, str]:
+        # The caller holds the lock.
+        return {r: self._store.get(f"{key}/{r}").decode()
+                for r in range(self.world) if self._store.check([f"{key}/{r}"])}
+
+    def _beats(self) -> list[int]:
+        with self._lock:
+            return [self._store.add(f"beat/{r}", 0) for r in range(self.world)]
+
     def lost(self) -> list[int]:
         """Ranks that stopped without a reason, or stopped with an error of their own."""
         try:
-            with self._lock:
-                first = [self._store.add(f"beat/{r}", 0) for r in range(self.world)]
+            first = self._beats()
             time.sleep(LOST_WINDOW_S)
+            second = self._beats()
             with self._lock:
-                second = [self._store.add(f"beat/{r}", 0) for r in range(self.world)]
-                done = {r: self._store.get(f"done/{r}").decode()
-                        for r in range(self.world) if self._store.check([f"done/{r}"])}
+                done = self._read("done")
         except Exception:  # noqa: BLE001
             # The store lives in rank 0's worker, which stays until every rank has judged
             # (linger): no store, no rank 0.
@@ -100,23 +107,22 @@ class Liveness:
             done.get(r, "").startswith("error") or (r not in done and second[r] == first[r]))]
 
     def linger(self, limit_s: float) -> None:
-        """Rank 0 hosts the store: keep it up until every other rank has judged who is lost
-        (or is gone itself), or a survivor reading the store would find it gone and blame
-        rank 0 for a death elsewhere."""
+        """On rank 0, which hosts the store: keep it up until every other rank has judged who
+        is lost (or is gone itself), or a survivor reading the store would find it gone and
+        blame rank 0 for a death elsewhere. Other ranks return at once."""
+        if self.rank != 0:
+            return
         end = time.monotonic() + limit_s
         last: dict[int, tuple[int, float]] = {}
-        others = [r for r in range(self.world) if r != self.rank]
         try:
             while time.monotonic() < end:
+                beats = self._beats()
                 with self._lock:
-                    beats = {r: self._store.add(f"beat/{r}", 0) for r in others}
-                    done = {r: self._store.get(f"done/{r}").decode()
-                            for r in others if self._store.check([f"done/{r}"])}
-                    judged = {r for r in others if self._store.check([f"judged/{r}"])}
+                    done, judged = self._read("done"), self._read("judged")
                 now = time.monotonic()
                 waiting = []
-                for r in others:
-                    if r in judged or (r in done and done[r] != "peer"):
+                for r in range(1, self.world):
+                    if r in judged or done.get(r, "peer") != "peer":
                         continue
                     seen, since = last.get(r, (-1, now))
                     if beats[r] != seen:
@@ -129,6 +135,15 @@ class Liveness:
                 time.sleep(BEAT_S / 2)
         except Exception:  # noqa: BLE001 - nothing left to keep up
             return
+
+
+def leave(liveness: Liveness, failed: bool, linger_s: float) -> None:
+    """End this rank's part in the ring: close the exchange connections first (so neighbours
+    notice at once), then, after a failure, keep rank 0's store up while the others judge."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if failed:
+        liveness.linger(linger_s)
 
 
 @dataclass

@@ -223,12 +223,8 @@ def _train(task: RingTask, model: torch.nn.Module, opt: torch.optim.Optimizer,
         raise
     finally:
         liveness.stop(outcome)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        if ring.rank == 0 and outcome != "ok":
-            # After closing the exchange connections (so neighbours notice at once), before
-            # the store goes down with this process.
-            liveness.linger(min(ring.timeout_s, 60.0) + 2 * gossip.LOST_WINDOW_S)
+        gossip.leave(liveness, outcome != "ok",
+                     min(ring.timeout_s, 60.0) + 2 * gossip.LOST_WINDOW_S)
     stats = {
         "seconds": seconds,
         "bytes_sent": float(net.bytes_sent),
