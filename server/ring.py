@@ -27,6 +27,7 @@ from fedgpu import mixing
 from fedgpu.proto import pb
 from server.registry import Node
 from server.rounds import Orchestrator, RoundState, RunFailed, Task
+from server.strategies.base import Strategy
 
 log = logging.getLogger("fedgpu.server.ring")
 
@@ -35,13 +36,15 @@ log = logging.getLogger("fedgpu.server.ring")
 _FAILURE_GRACE_S = 15.0
 
 
-class RingAverage:
+class RingAverage(Strategy):
     """Uniform average of the copies plus the sum of their squared norms, accumulated as they
-    arrive. D-PSGD's output is the plain mean: every copy counts the same, whatever its data."""
+    arrive. D-PSGD's output is the plain mean: every copy counts the same, whatever its data.
+    No optimiser state: the base's empty state and checkpoint hooks serve."""
 
     name = "ring"
 
     def __init__(self) -> None:
+        super().__init__()
         self._sum: dict[str, np.ndarray] = {}
         self._dtypes: dict[str, np.dtype] = {}
         self._sq = 0.0
@@ -74,16 +77,6 @@ class RingAverage:
         # Cancellation can leave a tiny negative where the copies agree exactly.
         self.consensus_distance = max(self._sq / n - sq_mean, 0.0)
         return {k: v.astype(self._dtypes.get(k, v.dtype)) for k, v in mean.items()}
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def tensor_state(self) -> dict[str, np.ndarray]:
-        return {}
-
-    def load_state(self, state: Mapping[str, Any],
-                   tensors: Mapping[str, np.ndarray] | None = None) -> None:
-        del state, tensors
 
 
 def peer_host(peer: str) -> str:
