@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -126,6 +126,22 @@ def _floating(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
+def _pseudo_gradients(
+    global_weights: Mapping[str, np.ndarray],
+    mean: Mapping[str, np.ndarray],
+    out: dict[str, np.ndarray],
+) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, global tensor, mean - global in the accumulation dtype) for every floating
+    tensor; integer tensors (counters, indices) take the mean as it is, straight into `out`."""
+    for name, avg in mean.items():
+        g = global_weights[name]
+        if not _floating(g.dtype):
+            out[name] = np.array(avg)
+            continue
+        dt = acc_dtype(g.dtype)
+        yield name, g, avg.astype(dt) - g.astype(dt)
+
+
 def momentum_step(
     global_weights: Mapping[str, np.ndarray],
     mean: Mapping[str, np.ndarray],
@@ -135,19 +151,13 @@ def momentum_step(
 ) -> dict[str, np.ndarray]:
     """FedAvgM: v <- momentum * v + delta; x <- x + lr * v. Updates `velocity` in place."""
     out: dict[str, np.ndarray] = {}
-    for name, avg in mean.items():
-        g = global_weights[name]
-        if not _floating(g.dtype):
-            out[name] = np.array(avg)
-            continue
-        dt = acc_dtype(g.dtype)
-        delta = avg.astype(dt) - g.astype(dt)
+    for name, g, delta in _pseudo_gradients(global_weights, mean, out):
         v = velocity.get(name)
         if v is None:
-            v = velocity[name] = np.zeros(g.shape, dt)
+            v = velocity[name] = np.zeros(g.shape, delta.dtype)
         v *= momentum
         v += delta
-        out[name] = cast_back(g.astype(dt) + lr * v, g.dtype)
+        out[name] = cast_back(g.astype(delta.dtype) + lr * v, g.dtype)
     return out
 
 
@@ -167,13 +177,8 @@ def adam_step(
     Updates `m` and `v` in place.
     """
     out: dict[str, np.ndarray] = {}
-    for name, avg in mean.items():
-        g = global_weights[name]
-        if not _floating(g.dtype):
-            out[name] = np.array(avg)
-            continue
-        dt = acc_dtype(g.dtype)
-        delta = avg.astype(dt) - g.astype(dt)
+    for name, g, delta in _pseudo_gradients(global_weights, mean, out):
+        dt = delta.dtype
         mm = m.setdefault(name, np.zeros(g.shape, dt))
         vv = v.setdefault(name, np.zeros(g.shape, dt))
         mm *= beta1
