@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from rich.table import Table
 from fedgpu import admin_client
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
 from fedgpu.report import fmt_value
-from fedgpu.tls import from_options
+from fedgpu.tls import TlsFiles, from_options
 
 Address = Annotated[str, typer.Option(
     "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]
@@ -34,12 +35,18 @@ def status(address: Address = "localhost:50051", token: Token = None, as_json: A
 
         return watch_status(address, token, from_options(tls_cert, tls_key, tls_ca), as_json,
                             interval, _show_status)
-    doc = admin_client.query(address, token, "GetStatus",
-                             tls=from_options(tls_cert, tls_key, tls_ca))
+    _answer(address, token, "GetStatus", from_options(tls_cert, tls_key, tls_ca), as_json,
+            _show_status)
+
+
+def _answer(address: str, token: str | None, method: str, tls: TlsFiles | None, as_json: bool,
+            show: Callable[[dict[str, Any]], None]) -> None:
+    """Ask the aggregator once; print its JSON as is, or `show` it for people."""
+    doc = admin_client.query(address, token, method, tls=tls)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
-        return
-    _show_status(doc)
+    else:
+        show(doc)
 
 
 def _show_status(doc: dict[str, Any]) -> None:
@@ -66,11 +73,11 @@ def _show_status(doc: dict[str, Any]) -> None:
 def nodes(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """Registered nodes, their GPU decision and last round's memory."""
-    doc = admin_client.query(address, token, "ListNodes",
-                             tls=from_options(tls_cert, tls_key, tls_ca))
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-        return
+    _answer(address, token, "ListNodes", from_options(tls_cert, tls_key, tls_ca), as_json,
+            _show_nodes)
+
+
+def _show_nodes(doc: dict[str, Any]) -> None:
     table = Table("name", "state", "device", "gpu", "reason", "rounds", "mem before/peak/after")
     for n in doc["nodes"]:
         d = n["gpu_decision"] or {}
@@ -88,11 +95,11 @@ def nodes(address: Address = "localhost:50051", token: Token = None, as_json: As
 def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
            tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
     """Per-round metrics: training loss, federated evaluation, nodes reporting."""
-    doc = admin_client.query(address, token, "ListRounds",
-                             tls=from_options(tls_cert, tls_key, tls_ca))
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-        return
+    _answer(address, token, "ListRounds", from_options(tls_cert, tls_key, tls_ca), as_json,
+            _show_rounds)
+
+
+def _show_rounds(doc: dict[str, Any]) -> None:
     table = Table("round", "status", "nodes", "train loss", "eval loss", "accuracy", "seconds")
     for r in doc["rounds"]:
         ev = r["eval"] or {}
