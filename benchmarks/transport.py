@@ -73,6 +73,10 @@ async def _receiver_grpc(port_file: str) -> None:
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_FederationServicer_to_server(Sink(), server)
+    await _serve(server, port_file)
+
+
+async def _serve(server, port_file: str) -> None:  # type: ignore[no-untyped-def]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, file=open(port_file, "w"), flush=True)  # noqa: SIM115
@@ -98,10 +102,7 @@ async def _receiver_bare(port_file: str) -> None:
         "bench.Bare", {"Push": grpc.stream_unary_rpc_method_handler(push)})
     server = grpc.aio.server(options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(port, file=open(port_file, "w"), flush=True)  # noqa: SIM115
-    await server.wait_for_termination()
+    await _serve(server, port_file)
 
 
 def _send_bare(port: int, payload: memoryview, chunk: int, repeat: int) -> float:
