@@ -26,7 +26,8 @@ test: venv
 	$(BIN)/python -m pytest -q
 
 lint: venv
-	$(BIN)/ruff check fedgpu node server tests benchmarks
+	$(BIN)/ruff check fedgpu node server tests benchmarks tools
+	$(BIN)/python tools/lint_layers.py
 	$(BIN)/hadolint images/*.Dockerfile
 
 proto: venv

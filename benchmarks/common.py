@@ -110,8 +110,8 @@ def write_job(path: Path, **job: Any) -> Path:
 
 
 def start_aggregator(job: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    from fedgpu import admin_client
-    from fedgpu.errors import FedgpuError
+    from fedgpu.core import admin_client
+    from fedgpu.core.errors import FedgpuError
 
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -131,7 +131,7 @@ def start_aggregator(job: Path, log: Path, *extra: str) -> tuple[subprocess.Pope
 
 
 def query(address: str, method: str) -> dict[str, Any]:
-    from fedgpu import admin_client
+    from fedgpu.core import admin_client
 
     return admin_client.query(address, TOKEN, method)
 

@@ -1,11 +1,13 @@
 """Per-round process isolation: a freshly spawned training process vs training in-process.
 
 The digits task, CPU, one node's partition; the same round through three paths:
-  spawned     node.round.run_task spawning python -m node.worker at the round (--no-prestart)
-  pre-started node.round.run_task with a Standby (the agent's default): the round's process was
-              started, imported torch and warmed up before the round, as the agent does while
-              the previous round trains; here it is given time to get ready between rounds
-  in-process  node.runner.run_round called directly, torch already imported and warm
+  spawned     fedgpu.node.round.run_task spawning python -m fedgpu.node.worker at the round
+              (--no-prestart)
+  pre-started fedgpu.node.round.run_task with a Standby (the agent's default): the round's
+              process was started, imported torch and warmed up before the round, as the agent
+              does while the previous round trains; here it is given time to get ready between
+              rounds
+  in-process  fedgpu.node.runner.run_round called directly, torch already imported and warm
     python -m benchmarks.isolation --rounds 5
 """
 
@@ -26,9 +28,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    from fedgpu.datasets import split_digits
-    from node import nvml, policy, workfiles
-    from node.round import Standby, run_task
+    from fedgpu.core.datasets import split_digits
+    from fedgpu.node import nvml, policy, workfiles
+    from fedgpu.node.round import Standby, run_task
 
     hp = {"lr": 0.05, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp_:
@@ -68,7 +70,7 @@ def main() -> None:
 
         import torch
 
-        from node.runner import parse_spec, run_round
+        from fedgpu.node.runner import parse_spec, run_round
 
         torch.set_num_threads(1)
 

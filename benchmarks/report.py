@@ -42,8 +42,9 @@ def _aggregation(r: dict[str, Any]) -> list[str]:
         "## 1. FedAvg of K updates",
         "",
         "`python -m benchmarks.aggregation --impl IMPL --k K --params P` (20 float32 tensors, "
-        "integer example counts as weights). `fedgpu` = `server.aggregate.weighted_mean` (all K "
-        "in memory, one blocked sweep: each 1 MiB block of the sum stays in L2 while all K "
+        "integer example counts as weights). `fedgpu` = "
+        "`fedgpu.server.aggregate.weighted_mean` (all K in memory, one blocked sweep: each 1 MiB "
+        "block of the sum stays in L2 while all K "
         "updates are folded into it); `fedgpu_stream` = `WeightedSum.add` one update at a time, "
         "what the aggregator does as updates arrive; `numpy` = multiply into scratch + add, "
         "whole tensors; `bound` = numpy reading every input byte once (`x.max()`), nothing "
@@ -219,11 +220,11 @@ def _isolation(r: dict[str, Any]) -> list[str]:
         "## 5. Per-round process isolation (digits task, CPU, 1 torch thread)",
         "",
         f"`python -m benchmarks.isolation --rounds {i['rounds']}`: the same training round "
-        "through `node.round.run_task` with a fresh `python -m node.worker` spawned at the "
+        "through `node.round.run_task` with a fresh `python -m fedgpu.node.worker` spawned at the "
         "round (`--no-prestart`), through `run_task` with a pre-started worker (the agent's "
         "default: started while the previous round trains, torch imported and warmed up on "
-        "the CPU, CUDA untouched, exits after its round), and through `node.runner.run_round` "
-        "called in a warm process.",
+        "the CPU, CUDA untouched, exits after its round), and through "
+        "`fedgpu.node.runner.run_round` called in a warm process.",
         "",
         "| | median per round (s) | overhead vs in-process (s) |",
         "|---|---|---|",

@@ -37,9 +37,9 @@ def worker(rank: int, world: int, port: int, mode: str, iterations: int, out: Pa
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from fedgpu.mixing import uniform_ring
-    from node import gossip
-    from node.tasks.digits import DigitsTask
+    from fedgpu.core.mixing import uniform_ring
+    from fedgpu.node import gossip
+    from fedgpu.node.tasks.digits import DigitsTask
 
     torch.set_num_threads(1)
     torch.manual_seed(rank)

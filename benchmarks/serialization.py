@@ -19,7 +19,7 @@ def main() -> None:
     arrays = model_arrays(a.params, a.tensors, seed=0)
     doc: dict[str, object] = {"impl": a.impl, "params": a.params}
     if a.impl == "fedgpu":
-        from fedgpu import codec
+        from fedgpu.core import codec
 
         named = {f"t{i:02d}": x for i, x in enumerate(arrays)}
         # Wire-ready: segments to send plus the sha256 the wire contract requires.

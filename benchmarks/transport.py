@@ -57,8 +57,8 @@ async def _receiver_grpc(port_file: str) -> None:
     # every chunk copied into one preallocated buffer, no digest, no decode.
     import grpc
 
+    from fedgpu.core.transport import SERVER_OPTIONS
     from fedgpu.proto import pb, pb_grpc
-    from fedgpu.transport import SERVER_OPTIONS
 
     class Sink(pb_grpc.FederationServicer):
         async def PushUpdate(self, request_iterator, context):  # type: ignore[no-untyped-def]
@@ -86,7 +86,7 @@ async def _serve(server, port_file: str) -> None:  # type: ignore[no-untyped-def
 async def _receiver_bare(port_file: str) -> None:
     import grpc
 
-    from fedgpu.transport import SERVER_OPTIONS
+    from fedgpu.core.transport import SERVER_OPTIONS
 
     async def push(request_iterator, context):  # type: ignore[no-untyped-def]
         buf, pos = bytearray(0), 0
@@ -106,7 +106,7 @@ async def _receiver_bare(port_file: str) -> None:
 
 
 def _send_bare(port: int, payload: memoryview, chunk: int, repeat: int) -> float:
-    from fedgpu.transport import channel
+    from fedgpu.core.transport import channel
 
     best = float("inf")
     with channel(f"127.0.0.1:{port}") as ch:
@@ -125,9 +125,9 @@ def _send_bare(port: int, payload: memoryview, chunk: int, repeat: int) -> float
 
 
 def _send_grpc(port: int, payload: np.ndarray, chunk: int, repeat: int) -> float:
-    from fedgpu import codec
+    from fedgpu.core import codec
+    from fedgpu.core.transport import channel
     from fedgpu.proto import pb, pb_grpc
-    from fedgpu.transport import channel
 
     enc = codec.encode({"w": payload})
     best = float("inf")

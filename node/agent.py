@@ -20,19 +20,19 @@ from typing import Any
 import grpc
 
 import fedgpu
-from fedgpu import tls
-from fedgpu.errors import FedgpuError
+from fedgpu.core import tls
+from fedgpu.core.constants import DEFAULT_RING_PORT
+from fedgpu.core.errors import FedgpuError
+from fedgpu.node import messages, nvml, policy, ring
+from fedgpu.node.client import AggregatorClient, PayloadError, is_unreachable
+from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
+from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
-from node import messages, nvml, policy, ring
-from node.client import AggregatorClient, PayloadError, is_unreachable
-from node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
-from node.workfiles import KINDS
 
 log = logging.getLogger("fedgpu.node")
 
 KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
               pb.TASK_KIND_EVALUATE: "evaluate"}
-DEFAULT_STATUS_FILE = "/tmp/fedgpu-node-status.json"
 
 
 @dataclass
@@ -53,7 +53,7 @@ class AgentConfig:
     tls: tls.TlsFiles | None = None
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
-    ring_port: int = ring.DEFAULT_RING_PORT
+    ring_port: int = DEFAULT_RING_PORT
 
 
 class Backoff:
@@ -100,7 +100,7 @@ class Agent:
         return self.decision
 
     def _register_request(self) -> pb.RegisterRequest:
-        from node.tasks import available_tasks
+        from fedgpu.node.tasks import available_tasks
 
         assert self.decision is not None
         return pb.RegisterRequest(

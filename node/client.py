@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu import codec
+from fedgpu.core import codec
+from fedgpu.core.tls import TlsFiles
+from fedgpu.core.transport import channel, token_metadata
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.tls import TlsFiles
-from fedgpu.transport import channel, token_metadata
 
 
 class PayloadError(Exception):

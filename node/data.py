@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu import codec
-from fedgpu.datasets import DATA_FILES, NODE_DIR_PREFIX
-from fedgpu.errors import FedgpuError
+from fedgpu.core import codec
+from fedgpu.core.datasets import DATA_FILES, NODE_DIR_PREFIX
+from fedgpu.core.errors import FedgpuError
 
 _HOW_TO_MAKE = "make per-node partitions with 'fedgpu data split --out DIR --nodes N'"
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fedgpu import mixing
+from fedgpu.core import mixing
 
 log = logging.getLogger("fedgpu.gossip")
 

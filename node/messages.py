@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fedgpu.node.nvml import NvmlSnapshot
+from fedgpu.node.policy import Decision
 from fedgpu.proto import pb
-from node.nvml import NvmlSnapshot
-from node.policy import Decision
 
 
 def _num(value: int | None) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
-from node.nvml import GpuRecord, NvmlSnapshot
+from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 
 Mode = Literal["none", "offer", "enforce"]
 MODES: tuple[str, ...] = get_args(Mode)

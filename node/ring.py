@@ -12,10 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedgpu.node.policy import Decision
 from fedgpu.proto import pb
-from node.policy import Decision
-
-DEFAULT_RING_PORT = 29500
 
 
 def state_dir(work_root: Path | None, run_id: str, node_name: str) -> Path:
@@ -30,7 +28,7 @@ def task_args(header: pb.TaskHeader, node_name: str, work_root: Path | None,
         return {}
     r = header.ring
     return {
-        "worker_module": "node.ring_worker",
+        "worker_module": "fedgpu.node.ring_worker",
         "extra": {"ring": {
             "run_id": r.run_id,
             "rank": r.rank,

@@ -1,4 +1,5 @@
-"""One block of D-PSGD iterations: `python -m node.ring_worker WORKDIR`, a torch.distributed worker.
+"""One block of D-PSGD iterations: `python -m fedgpu.node.ring_worker WORKDIR`, a
+torch.distributed worker.
 
 Spawned per block like a star round (node/round.py), so GPU memory goes back to the driver
 after every block and NVML accounting per block works as in star mode. Between blocks this
@@ -29,13 +30,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fedgpu import codec
-from node import gossip, runner, weights
-from node.runner import BadInputError, DivergedError, RoundResult, RoundSpec
-from node.tasks import load_task
-from node.tasks.base import RingTask
-from node.worker import _fail
-from node.workfiles import EXIT_OK, RESULT_FILE, TASK_FILE, WEIGHTS_IN, WEIGHTS_OUT, write_json
+from fedgpu.core import codec
+from fedgpu.node import gossip, runner, weights
+from fedgpu.node.runner import BadInputError, DivergedError, RoundResult, RoundSpec
+from fedgpu.node.tasks import load_task
+from fedgpu.node.tasks.base import RingTask
+from fedgpu.node.worker import _fail
+from fedgpu.node.workfiles import (
+    EXIT_OK,
+    RESULT_FILE,
+    TASK_FILE,
+    WEIGHTS_IN,
+    WEIGHTS_OUT,
+    write_json,
+)
 
 log = logging.getLogger("fedgpu.ring_worker")
 
@@ -298,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: python -m node.ring_worker WORKDIR", file=sys.stderr)
+        print("usage: python -m fedgpu.node.ring_worker WORKDIR", file=sys.stderr)
         return 2
     return run(Path(args[0]))
 

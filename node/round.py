@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node import nvml, workfiles
-from node.policy import Decision, subprocess_env
-from node.workfiles import ROUND_ENV_KEYS
+from fedgpu.node import nvml, workfiles
+from fedgpu.node.policy import Decision, subprocess_env
+from fedgpu.node.workfiles import ROUND_ENV_KEYS
 
 log = logging.getLogger("fedgpu.node.round")
 
@@ -56,7 +56,7 @@ class Standby:
     It imports torch and warms up while the agent waits for work, so a round no longer pays
     Python + torch start-up (seconds with a CUDA build). It never initialises CUDA before the
     round hands it the GPU decision, and it exits after that one round like a fresh worker, so
-    all GPU memory is still returned when the round ends. Used only for `node.worker`.
+    all GPU memory is still returned when the round ends. Used only for `fedgpu.node.worker`.
     """
 
     def __init__(self) -> None:
@@ -67,7 +67,7 @@ class Standby:
         if self._proc is not None and self._proc.poll() is None:
             return
         env = {k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS}
-        cmd = [sys.executable, "-m", "node.worker", "--standby"]
+        cmd = [sys.executable, "-m", "fedgpu.node.worker", "--standby"]
         if hint:
             cmd.append(json.dumps(hint))
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
@@ -114,7 +114,7 @@ def run_task(
     sampler: nvml.MemorySampler | None,
     torch_threads: int | None,
     timeout_s: float | None = None,
-    worker_module: str = "node.worker",
+    worker_module: str = "fedgpu.node.worker",
     extra: dict[str, Any] | None = None,
     standby: Standby | None = None,
 ) -> RoundOutcome:
@@ -142,10 +142,10 @@ def run_task(
     measure = uuid is not None and sampler is not None and sampler.active
     before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
     peak: int | None = None
-    proc = standby.take(workdir, env) if standby and worker_module == "node.worker" else None
+    proc = standby.take(workdir, env) if standby and worker_module == "fedgpu.node.worker" else None
     if proc is None:
         proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
-    if standby is not None and worker_module == "node.worker":
+    if standby is not None and worker_module == "fedgpu.node.worker":
         # The next round's worker loads torch while this one trains (on the GPU, usually), so
         # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
         # Ring blocks always spawn their own worker: no standby to compete with the exchange.

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedgpu import codec
-from node import weights
-from node.data import DataDirError, check_data_dir
-from node.tasks import HyperparameterError, TaskLoadError, UnknownTaskError, load_task
-from node.workfiles import (
+from fedgpu.core import codec
+from fedgpu.node import weights
+from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.tasks import HyperparameterError, TaskLoadError, UnknownTaskError, load_task
+from fedgpu.node.workfiles import (
     EXIT_CODES,
     KINDS,
     WEIGHTS_IN,

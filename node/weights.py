@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from fedgpu import codec
+from fedgpu.core import codec
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,

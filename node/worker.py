@@ -1,4 +1,4 @@
-"""The per-round training subprocess: `python -m node.worker WORKDIR`.
+"""The per-round training subprocess: `python -m fedgpu.node.worker WORKDIR`.
 
 Spawned fresh by the node agent for every round, so CUDA is initialised here and never in the
 agent, and all GPU memory of the round goes back to the driver when this process exits. The file
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from node.workfiles import (
+from fedgpu.node.workfiles import (
     ERROR_FILE,
     EXIT_BAD_INPUT,
     EXIT_EXCEPTION,
@@ -32,7 +32,7 @@ def run(workdir: Path) -> int:
     """Run the round described in `workdir` and return the process exit status."""
     # Imported here, not at the top, so a torch that fails to import still yields error.json.
     try:
-        from node import runner
+        from fedgpu.node import runner
     except Exception as exc:
         return _fail(workdir, "exception", f"cannot import the training stack: {exc}", exc)
 
@@ -90,7 +90,7 @@ def _warm_up(hint: dict | None) -> None:
     import torch
 
     if hint and hint.get("task_name"):
-        from node.tasks import load_task
+        from fedgpu.node.tasks import load_task
 
         task = load_task(str(hint["task_name"]))
         hparams = hint.get("hyperparameters") or {}
@@ -124,7 +124,7 @@ def standby(hint: dict | None = None) -> int:
 
     started = time.monotonic()
     try:
-        from node import runner  # noqa: F401 - the import is the point: torch loads now
+        from fedgpu.node import runner  # noqa: F401 - the import is the point: torch loads now
 
         _warm_up(hint)
     except Exception as exc:  # reported with the round, where the agent can see it
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             hint = None
         return standby(hint if isinstance(hint, dict) else None)
     if len(args) != 1:
-        print("usage: python -m node.worker WORKDIR | --standby [HINT_JSON]", file=sys.stderr)
+        print("usage: python -m fedgpu.node.worker WORKDIR | --standby [HINT_JSON]",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     workdir = Path(args[0])
     if not workdir.is_dir():

@@ -1,7 +1,7 @@
 """The file contract between the node agent and the per-round training subprocess.
 
 The agent writes `task.json` (and `weights.in.safetensors`) into a fresh work directory, runs
-`python -m node.worker WORKDIR`, and reads back `result.json` + `weights.out.safetensors`, or
+`python -m fedgpu.node.worker WORKDIR`, and reads back `result.json` + `weights.out.safetensors`, or
 `error.json` when the exit status is non-zero. Torch-free, so the agent can import it.
 """
 
@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal, TypedDict
+
+from fedgpu.core.constants import TASK_KINDS
 
 TASK_FILE = "task.json"
 WEIGHTS_IN = "weights.in.safetensors"
@@ -24,7 +26,7 @@ ERROR_FILE = "error.json"
 ROUND_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "FEDGPU_DEVICE", "FEDGPU_MEMORY_FRACTION")
 
 Kind = Literal["init", "train", "evaluate"]
-KINDS: tuple[Kind, ...] = ("init", "train", "evaluate")
+KINDS: tuple[Kind, ...] = TASK_KINDS  # type: ignore[assignment]
 ErrorKind = Literal["oom", "exception", "bad_input"]
 EXIT_OK = 0
 EXIT_EXCEPTION = 1

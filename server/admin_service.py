@@ -10,9 +10,9 @@ import grpc
 
 import fedgpu
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from server.auth import TokenAuth
-from server.registry import Registry
-from server.rounds import KIND_NAMES, Orchestrator
+from fedgpu.server.auth import TokenAuth
+from fedgpu.server.registry import Registry
+from fedgpu.server.rounds import KIND_NAMES, Orchestrator
 
 
 def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:

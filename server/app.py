@@ -12,20 +12,20 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fedgpu import codec
-from fedgpu.config import Job
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core import codec
+from fedgpu.core.config import Job
+from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.core.tls import TlsFiles, server_credentials
+from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
-from fedgpu.tls import TlsFiles, server_credentials
-from fedgpu.transport import SERVER_OPTIONS, check_chunk_size
-from server import resume
-from server.admin_service import AdminService
-from server.auth import TokenAuth
-from server.checkpoint import Checkpointer
-from server.federation_service import FederationService
-from server.registry import Registry
-from server.ring import RingOrchestrator
-from server.rounds import Orchestrator
+from fedgpu.server import resume
+from fedgpu.server.admin_service import AdminService
+from fedgpu.server.auth import TokenAuth
+from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.federation_service import FederationService
+from fedgpu.server.registry import Registry
+from fedgpu.server.ring import RingOrchestrator
+from fedgpu.server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server")
 
@@ -120,7 +120,7 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     if bound == 0:
         raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
     if cfg.metrics_port:
-        from server.metrics import serve_metrics
+        from fedgpu.server.metrics import serve_metrics
 
         metrics = await serve_metrics(orch, registry, cfg.host, cfg.metrics_port)
     await server.start()

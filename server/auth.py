@@ -12,7 +12,7 @@ import logging
 
 import grpc
 
-from fedgpu.transport import TOKEN_HEADER
+from fedgpu.core.transport import TOKEN_HEADER
 
 log = logging.getLogger("fedgpu.server.auth")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu import codec
-from fedgpu.errors import FedgpuError
+from fedgpu.core import codec
+from fedgpu.core.errors import FedgpuError
 
 WEIGHTS = "global.safetensors"
 STATE = "state.json"

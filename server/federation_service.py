@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from fedgpu import codec
+from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
-from server.auth import TokenAuth
-from server.registry import Node, Registry
-from server.rounds import Orchestrator
-from server.validation import UpdateRejected, decode_and_check
+from fedgpu.server.auth import TokenAuth
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.validation import UpdateRejected, decode_and_check
 
 log = logging.getLogger("fedgpu.server.federation")
 

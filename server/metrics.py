@@ -18,10 +18,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 
 import fedgpu
-from fedgpu.errors import FedgpuError
+from fedgpu.core.errors import FedgpuError
 from fedgpu.proto import pb
-from server.registry import Registry
-from server.rounds import Orchestrator
+from fedgpu.server.registry import Registry
+from fedgpu.server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server.metrics")
 

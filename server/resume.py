@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu import codec
-from fedgpu.config import Job
-from fedgpu.errors import ConfigError
+from fedgpu.core import codec
+from fedgpu.core.config import Job
+from fedgpu.core.errors import ConfigError
 
 log = logging.getLogger("fedgpu.server.resume")
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu import mixing
+from fedgpu.core import mixing
 from fedgpu.proto import pb
-from server.registry import Node
-from server.rounds import Orchestrator, RoundState, RunFailed, Task
-from server.strategies.base import Strategy
+from fedgpu.server.registry import Node
+from fedgpu.server.rounds import Orchestrator, RoundState, RunFailed, Task
+from fedgpu.server.strategies.base import Strategy
 
 log = logging.getLogger("fedgpu.server.ring")
 

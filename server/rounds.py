@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu import codec
-from fedgpu.config import Job
+from fedgpu.core import codec
+from fedgpu.core.config import Job
 from fedgpu.proto import pb
-from server.aggregate import weighted_metric
-from server.checkpoint import Checkpointer
-from server.registry import Node, Registry
-from server.strategies import make_strategy
-from server.validation import UpdateRejected
+from fedgpu.server.aggregate import weighted_metric
+from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.strategies import make_strategy
+from fedgpu.server.validation import UpdateRejected
 
 log = logging.getLogger("fedgpu.server.rounds")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu import codec
-from server.aggregate import acc_dtype, cast_back
+from fedgpu.core import codec
+from fedgpu.server.aggregate import acc_dtype, cast_back
 
 Reducer = Callable[[np.ndarray], np.ndarray]
 

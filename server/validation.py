@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fedgpu import codec
+from fedgpu.core import codec
 
 
 class UpdateRejected(Exception):

@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedgpu import admin_client
+from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.report import fmt_value
-from fedgpu.tls import TlsFiles, from_options
+from fedgpu.core import admin_client
+from fedgpu.core.tls import TlsFiles, from_options
 
 Address = Annotated[str, typer.Option(
     "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]

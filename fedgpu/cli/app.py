@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from fedgpu.errors import FedgpuError
+from fedgpu.core.errors import FedgpuError
 
 app = typer.Typer(
     name="fedgpu",

@@ -18,7 +18,7 @@ Days = Annotated[int, typer.Option(help="Validity in days.")]
 def init(directory: Dir = Path("certs"), days: Days = 3650, force: Force = False,
          name: Annotated[str, typer.Option(help="The CA's common name.")] = "fedgpu CA") -> None:
     """Make the CA (ca.crt, ca.key). Keep ca.key off the servers."""
-    from fedgpu import certs
+    from fedgpu.core import certs
 
     path = certs.init_ca(directory, name, days, force)
     typer.echo(f"CA certificate {path}; key {directory / certs.CA_KEY} (keep it offline)")
@@ -35,7 +35,7 @@ def server(
     force: Force = False,
 ) -> None:
     """Issue the aggregator's certificate into DIR/server/ (with a copy of ca.crt)."""
-    from fedgpu import certs
+    from fedgpu.core import certs
 
     issued = certs.issue_server(directory, name, san or None, days, force)
     typer.echo(f"aggregator: --tls-cert {issued.cert} --tls-key {issued.key} "
@@ -50,7 +50,7 @@ def node(
     force: Force = False,
 ) -> None:
     """Issue a client certificate into DIR/nodes/NAME/ (also for operators' admin CLI)."""
-    from fedgpu import certs
+    from fedgpu.core import certs
 
     issued = certs.issue_node(directory, name, days, force)
     typer.echo(f"{name}: --tls-cert {issued.cert} --tls-key {issued.key} --tls-ca {issued.ca}")

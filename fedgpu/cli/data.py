@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fedgpu.datasets import MissingDependencyError, read_meta, split_digits
-
-
-class PartitionChoice(StrEnum):
-    iid = "iid"
-    dirichlet = "dirichlet"
+from fedgpu.core.constants import Partition
+from fedgpu.core.datasets import MissingDependencyError, read_meta, split_digits
 
 
 def register(app: typer.Typer) -> None:
@@ -32,12 +27,12 @@ def split(
     ],
     nodes: Annotated[int, typer.Option("--nodes", help="Number of node partitions.")],
     partition: Annotated[
-        PartitionChoice,
+        Partition,
         typer.Option(
             "--partition",
             help="iid: seeded shuffle; dirichlet: label skew drawn per class with --alpha.",
         ),
-    ] = PartitionChoice.iid,
+    ] = Partition.IID,
     alpha: Annotated[
         float,
         typer.Option(
@@ -66,7 +61,7 @@ def split(
     except (ValueError, MissingDependencyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
-    skew = f", alpha {alpha}" if partition is PartitionChoice.dirichlet else ""
+    skew = f", alpha {alpha}" if partition is Partition.DIRICHLET else ""
     print(f"digits split: {nodes} node(s), {partition.value}{skew}, seed {seed}", file=sys.stderr)
     for d in dirs:
         meta = read_meta(d)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core.errors import ConfigError, FedgpuError
 
 Profile = Annotated[str | None, typer.Option(
     "--profile", envvar="FEDGPU_PROFILE",
@@ -24,7 +24,7 @@ ProjectName = Annotated[str | None, typer.Option(
 
 
 def _project(compose_file: Path | None, name: str | None, profile: str | None) -> Any:
-    from fedgpu import deploy
+    from fedgpu.cli import deploy
 
     deploy.check_profile(profile)
     path = deploy.find_compose_file(compose_file)
@@ -42,7 +42,7 @@ def up(
         "Container Toolkit (e.g. a remote engine).")] = False,
 ) -> None:
     """Start the aggregator and the profile's nodes (detached), then show them."""
-    from fedgpu import deploy
+    from fedgpu.cli import deploy
 
     project = _project(compose_file, project_name, profile)
     client = deploy.engine()
@@ -92,7 +92,7 @@ def down(
     ] = False,
 ) -> None:
     """Stop and remove every profile's containers (checkpoints kept unless --volumes)."""
-    from fedgpu import deploy
+    from fedgpu.cli import deploy
 
     project = _project(compose_file, project_name, None)
     deploy.engine()
@@ -106,7 +106,7 @@ def ps(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Each service: state, health, GPU reservation and the node's GPU decision."""
-    from fedgpu import deploy
+    from fedgpu.cli import deploy
 
     project = _project(compose_file, project_name, profile)
     doc = deploy.ps(project, deploy.engine(), profile)
@@ -152,7 +152,7 @@ def logs(
                     ] = "all",
 ) -> None:
     """The containers' logs, interleaved, each line prefixed with its service."""
-    from fedgpu import deploy
+    from fedgpu.cli import deploy
 
     if tail != "all" and not tail.isdigit():
         raise ConfigError(f"--tail must be a number or 'all', not {tail!r}")

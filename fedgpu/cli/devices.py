@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedgpu.errors import ConfigError, FedgpuError
-from node import nvml
-from node.policy import Decision, EnforceError, PolicyError, decide, parse_gpu_flags
+from fedgpu.core.errors import ConfigError, FedgpuError
+
+if TYPE_CHECKING:
+    # Imported in the command itself: registering it must not load the NVML layer into
+    # every `fedgpu` process (the aggregator image runs `fedgpu server start`).
+    from fedgpu.node import nvml
+    from fedgpu.node.policy import Decision
 
 
 def _mib(value: int | None) -> str:
@@ -93,6 +97,9 @@ def devices(
     ] = True,
 ) -> None:
     """Show this host's GPUs as NVML sees them and which device the node policy picks."""
+    from fedgpu.node import nvml
+    from fedgpu.node.policy import EnforceError, PolicyError, decide, parse_gpu_flags
+
     try:
         flags = parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
     except PolicyError as err:

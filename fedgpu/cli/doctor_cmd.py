@@ -28,8 +28,8 @@ def doctor(
 ) -> None:
     """Docker engine, Compose v2, NVIDIA runtime, NVML, driver vs torch's CUDA, GPUs,
     aggregator and TLS material: ok / warn / fail, each with what to fix. Exit 1 on a fail."""
-    from fedgpu import doctor as doc
-    from fedgpu.tls import from_options
+    from fedgpu.cli import doctor as doc
+    from fedgpu.core.tls import from_options
 
     doc.gpu_severity(profile)  # an unknown profile is a usage error before any probing
     checks = doc.run_checks(profile, address, token, from_options(tls_cert, tls_key, tls_ca))

@@ -10,9 +10,10 @@ from typing import Annotated
 
 import typer
 
-from fedgpu import logs
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core import logs
+from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE
+from fedgpu.core.errors import ConfigError, FedgpuError
 
 node_app = typer.Typer(help="The training agent.", no_args_is_help=True)
 STATUS_HELP = "Status file the agent refreshes (read by 'fedgpu node health')."
@@ -49,7 +50,7 @@ def start(
     torch_threads: Annotated[int | None, typer.Option(
         envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
     status_file: Annotated[Path, typer.Option(
-        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path(NODE_STATUS_FILE),
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -59,14 +60,15 @@ def start(
              "the aggregator sees).")] = "",
     ring_port: Annotated[int, typer.Option(
         envvar="FEDGPU_RING_PORT",
-        help="Ring mode: TCP port of the rendezvous this node hosts when it is rank 0.")] = 29500,
+        help="Ring mode: TCP port of the rendezvous this node hosts when it is rank 0.")
+    ] = DEFAULT_RING_PORT,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks."""
-    from fedgpu import certs, tls
-    from node import policy
-    from node.agent import Agent, AgentConfig
-    from node.data import DataDirError, check_data_dir
+    from fedgpu.core import certs, tls
+    from fedgpu.node import policy
+    from fedgpu.node.agent import Agent, AgentConfig
+    from fedgpu.node.data import DataDirError, check_data_dir
 
     logs.setup(log_level)
     try:
@@ -127,10 +129,10 @@ class Shutdown(BaseException):
 @node_app.command("health")
 def health(
     status_file: Annotated[Path, typer.Option(
-        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path("/tmp/fedgpu-node-status.json"),
+        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path(NODE_STATUS_FILE),
 ) -> None:
     """Exit 0 when the agent's status file is fresh (for container health checks)."""
-    from node.agent import status_is_fresh
+    from fedgpu.node.agent import status_is_fresh
 
     ok, why = status_is_fresh(status_file)
     typer.echo(("healthy: " if ok else "unhealthy: ") + why, err=not ok)

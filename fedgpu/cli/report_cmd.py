@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.errors import ConfigError
+from fedgpu.core.errors import ConfigError
 
 
 def report(
@@ -27,7 +27,7 @@ def report(
     """PNG plots of a run's rounds (loss/accuracy, per-node accuracy and memory, round time)
     and summary.md with the numbers."""
     # Imported here: the aggregator loads this CLI too and must not pay for (or lack) plotting.
-    from fedgpu import report as rep
+    from fedgpu.cli import report as rep
 
     given = [name for name, v in (("--address", address), ("--state-dir", state_dir),
                                   ("--rounds-json", rounds_json)) if v is not None]
@@ -36,7 +36,7 @@ def report(
                           "--state-dir DIR (its checkpoints) or --rounds-json FILE"
                           + (f"; got {' and '.join(given)}" if given else ""))
     if address is not None:
-        from fedgpu.tls import from_options
+        from fedgpu.core.tls import from_options
 
         hist = rep.load_aggregator(address, token, from_options(tls_cert, tls_key, tls_ca))
     elif state_dir is not None:

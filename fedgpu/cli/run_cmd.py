@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.errors import ConfigError
+from fedgpu.core.constants import PARTITIONS
+from fedgpu.core.errors import ConfigError
 
 
 def run(
@@ -37,8 +38,8 @@ def run(
         help="Ring mode: gradient steps between two gossip exchanges.")] = 1,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round."""
-    from fedgpu.launcher import LocalRunConfig, run_local
-    from node.policy import PolicyError, parse_gpu_flags
+    from fedgpu.cli.launcher import LocalRunConfig, run_local
+    from fedgpu.node.policy import PolicyError, parse_gpu_flags
 
     try:
         parse_gpu_flags(gpu, None, 0, gpu_memory_fraction)
@@ -46,8 +47,8 @@ def run(
         raise ConfigError(str(exc)) from None
     if mode not in ("star", "ring"):
         raise ConfigError(f"--mode must be star or ring, not {mode!r}")
-    if partition not in ("iid", "dirichlet"):
-        raise ConfigError(f"--partition must be iid or dirichlet, not {partition!r}")
+    if partition not in PARTITIONS:
+        raise ConfigError(f"--partition must be one of {', '.join(PARTITIONS)}, not {partition!r}")
     code = run_local(LocalRunConfig(
         nodes=nodes, rounds=rounds, job=job, run_dir=run_dir, partition=partition,
         alpha=alpha, seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from fedgpu import logs
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.codec import DEFAULT_CHUNK_SIZE
-from fedgpu.config import load_job
+from fedgpu.core import logs
+from fedgpu.core.codec import DEFAULT_CHUNK_SIZE
+from fedgpu.core.config import load_job
 
 server_app = typer.Typer(help="The aggregator.", no_args_is_help=True)
 
@@ -43,8 +43,8 @@ def start(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start the aggregator and run the job."""
-    from fedgpu import tls
-    from server.app import ServerConfig, serve
+    from fedgpu.core import tls
+    from fedgpu.server.app import ServerConfig, serve
 
     logs.setup(log_level)
     cfg = ServerConfig(

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from fedgpu import logs
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core import logs
+from fedgpu.core.errors import ConfigError, FedgpuError
 
 
 def sim(
@@ -35,7 +35,7 @@ def sim(
     """Run simulated nodes (real wire protocol, synthetic updates, no torch) until the run ends."""
     import grpc
 
-    from fedgpu.simnode import SimConfig, run_sim
+    from fedgpu.cli.simnode import SimConfig, run_sim
 
     logs.setup(log_level)
     if nodes < 1 or params < tensors or tensors < 1:

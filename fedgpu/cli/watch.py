@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from fedgpu import admin_client
-from fedgpu.errors import FedgpuError
+from fedgpu.core import admin_client
+from fedgpu.core.errors import FedgpuError
 
 ENDED = ("finished", "failed", "stopped")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
 
-from fedgpu.errors import FedgpuError
-from node.tasks.base import HyperparameterError, Task
+from fedgpu.core.errors import FedgpuError
+from fedgpu.node.tasks.base import HyperparameterError, Task
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -24,7 +24,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "fedgpu.tasks"
 # The built-ins, as pyproject declares them; used when the package runs from a source tree that
 # was never installed (so no entry-point metadata exists), e.g. PYTHONPATH=. in a container.
-_BUILTIN = {"digits": "node.tasks.digits:DigitsTask"}
+_BUILTIN = {"digits": "fedgpu.node.tasks.digits:DigitsTask"}
 
 
 class UnknownTaskError(FedgpuError, LookupError):

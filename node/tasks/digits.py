@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedgpu.datasets import TEST_FILE, TRAIN_FILE
-from node.data import DataDirError, read_split
-from node.tasks.base import HyperparameterError, Metrics, resolve_hparams
+from fedgpu.core.datasets import TEST_FILE, TRAIN_FILE
+from fedgpu.node.data import DataDirError, read_split
+from fedgpu.node.tasks.base import HyperparameterError, Metrics, resolve_hparams
 
 DEFAULTS: dict[str, int | float] = {
     "lr": 0.05,

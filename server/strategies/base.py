@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedgpu.errors import ConfigError
+from fedgpu.core.errors import ConfigError
 
 Weights = dict[str, np.ndarray]
 

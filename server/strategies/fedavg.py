@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from server.aggregate import WeightedSum
-from server.strategies.base import Strategy, Weights
+from fedgpu.server.aggregate import WeightedSum
+from fedgpu.server.strategies.base import Strategy, Weights
 
 
 class FedAvg(Strategy):

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from server.aggregate import momentum_step
-from server.strategies.base import Weights
-from server.strategies.server_opt import ServerOptimizer
+from fedgpu.server.aggregate import momentum_step
+from fedgpu.server.strategies.base import Weights
+from fedgpu.server.strategies.server_opt import ServerOptimizer
 
 
 class FedAvgM(ServerOptimizer):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.aggregate import coordinate_median
-from server.strategies.robust import SpilledStrategy
+from fedgpu.server.aggregate import coordinate_median
+from fedgpu.server.strategies.robust import SpilledStrategy
 
 
 class Median(SpilledStrategy):

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.errors import ConfigError
-from server.spill import UpdateSpill
-from server.strategies.base import Strategy, Weights
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.spill import UpdateSpill
+from fedgpu.server.strategies.base import Strategy, Weights
 
 
 class SpilledStrategy(Strategy):

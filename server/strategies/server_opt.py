@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from server.strategies.base import Weights
-from server.strategies.fedavg import FedAvg
+from fedgpu.server.strategies.base import Weights
+from fedgpu.server.strategies.fedavg import FedAvg
 
 
 class ServerOptimizer(FedAvg):

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from server.aggregate import trimmed_mean
-from server.strategies.robust import SpilledStrategy
+from fedgpu.server.aggregate import trimmed_mean
+from fedgpu.server.strategies.robust import SpilledStrategy
 
 
 class TrimmedMean(SpilledStrategy):

@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from fedgpu.core.constants import PROFILES
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 GPU_IDS_FILE = COMPOSE_DIR / "gpu-device-ids.yaml"
 NO_GPU_FILE = Path(__file__).with_name("no-gpu.override.yaml")
 BUILD_SCRIPT = REPO / "images" / "build.sh"
-PROFILES = ("cpu", "gpu-offered", "gpu-enforced", "hetero", "ring")
 
 # Tags of their own, so the tests never replace what `make images` built.
 SERVER_IMAGE = os.environ.get("FEDGPU_E2E_SERVER_IMAGE", "fedgpu/server:e2e")

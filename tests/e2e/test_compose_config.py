@@ -154,7 +154,7 @@ def test_ring_peers_can_reach_each_other() -> None:
         assert env["FEDGPU_RING_PORT"] in [str(p) for p in service["expose"]]
         assert "ports" not in service, "peers talk on the compose network, not via the host"
     assert ports == {"29500"}
-    from fedgpu.config import load_job
+    from fedgpu.core.config import load_job
 
     job = load_job(REPO / "compose" / "job-ring.toml")
     assert job.mode == "ring" and job.min_nodes == len(nodes)

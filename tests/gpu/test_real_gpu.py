@@ -1,4 +1,4 @@
-"""node.nvml and node.policy against a real driver, cross-checked with nvidia-smi and CUDA.
+"""The NVML layer and the GPU policy against a real driver, cross-checked with nvidia-smi and CUDA.
 
 Skipped where nvidia-smi or a real NVML is missing. The CUDA checks also need a CUDA
 build of torch; they run torch only in subprocesses, as the agent does.
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from node import nvml
-from node.policy import decide, parse_gpu_flags, subprocess_env
+from fedgpu.node import nvml
+from fedgpu.node.policy import decide, parse_gpu_flags, subprocess_env
 
 pytestmark = pytest.mark.gpu
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedgpu import codec
-from fedgpu.datasets import split_digits
-from node import weights
-from node.tasks.digits import DigitsTask
+from fedgpu.core import codec
+from fedgpu.core.datasets import split_digits
+from fedgpu.node import weights
+from fedgpu.node.tasks.digits import DigitsTask
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,7 +49,7 @@ def _run(workdir: Path, kind: str, data_dir: Path, payload: bytes | None = None,
     if payload is not None:
         (workdir / "weights.in.safetensors").write_bytes(payload)
     return subprocess.run(
-        [sys.executable, "-m", "node.worker", str(workdir)],
+        [sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,

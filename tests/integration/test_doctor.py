@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fedgpu import certs
+from fedgpu.core import certs
 from tests.e2e.dockerutil import engine_available
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.federation import ROOT, Federation, base_env, free_port, write_job

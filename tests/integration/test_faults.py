@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgpu.config import load_job
-from server.checkpoint import Checkpointer
+from fedgpu.core.config import load_job
+from fedgpu.server.checkpoint import Checkpointer
 from tests.fixtures import fault_tasks
 from tests.fixtures.federation import ROOT, Federation, Proc, base_env, free_port, write_job
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgpu import codec
-from fedgpu.datasets import split_digits
-from node import runner, weights
-from node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
+from fedgpu.core import codec
+from fedgpu.core.datasets import split_digits
+from fedgpu.node import runner, weights
+from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 NODES, ROUNDS = 3, 5
 

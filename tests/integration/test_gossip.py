@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu.mixing import uniform_ring
+from fedgpu.core.mixing import uniform_ring
 from tests.fixtures.federation import ROOT, base_env, free_port
 from tests.fixtures.gossip_world import vector
 

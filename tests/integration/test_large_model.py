@@ -7,9 +7,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from fedgpu import codec
+from fedgpu.core import codec
+from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.transport import token_metadata
 from tests.fixtures.federation import Federation, write_job
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fedgpu import certs
+from fedgpu.core import certs
+from fedgpu.core.tls import TlsFiles, channel_credentials
+from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.tls import TlsFiles, channel_credentials
-from fedgpu.transport import token_metadata
 from tests.fixtures.federation import (
     Federation,
     Proc,

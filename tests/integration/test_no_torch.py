@@ -11,8 +11,9 @@ from tests.fixtures.federation import ROOT, Federation, base_env, write_job
 
 AGENT = """
 import sys
-import node.agent, node.round, node.client, node.nvml, node.policy, node.tasks
-node.tasks.available_tasks()
+import fedgpu.node.agent, fedgpu.node.round, fedgpu.node.client
+import fedgpu.node.nvml, fedgpu.node.policy, fedgpu.node.tasks
+fedgpu.node.tasks.available_tasks()
 bad = sorted(m for m in sys.modules if m.split(".")[0] == "torch")
 print("IMPORTED:", bad)
 sys.exit(1 if bad else 0)
@@ -31,7 +32,7 @@ def test_aggregator_never_imports_torch(federation: Federation, tmp_path: Path) 
     proc.stop()
     assert proc.popen.returncode is not None
     modules = imported(proc.text())
-    assert "server.app" in modules and "grpc" in modules  # the profile really was taken
+    assert "fedgpu.server.app" in modules and "grpc" in modules  # the profile really was taken
     assert not {m for m in modules if m.split(".")[0] in ("torch", "sklearn")}
 
 

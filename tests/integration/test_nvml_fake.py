@@ -1,4 +1,4 @@
-"""node.nvml and node.policy through the real pynvml, against the fake libnvidia-ml.so.1.
+"""The NVML layer and the GPU policy through the real pynvml, against the fake libnvidia-ml.so.1.
 
 Each case runs in a subprocess: pynvml keeps the first NVML library it loads for the life
 of the process, so only a fresh process can see a different library or none at all.
@@ -33,7 +33,7 @@ def _decide(fake: FakeNvml, mode: str, use_gpu: bool = True, env: dict | None = 
     code = textwrap.dedent(
         f"""
         import json, os
-        from node import nvml, policy
+        from fedgpu.node import nvml, policy
         flags = policy.parse_gpu_flags({mode!r}, {kw.get("index")!r}, {kw.get("min_free", 0)},
                                        {kw.get("fraction")!r})
         try:
@@ -116,7 +116,7 @@ def test_inventory_is_read_field_by_field(fake_nvml: FakeNvml, count: int) -> No
 def test_snapshot_shuts_nvml_down_again(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(_fleet(1))
     out = fake_nvml.python(
-        "import pynvml, node.nvml as n\n"
+        "import pynvml, fedgpu.node.nvml as n\n"
         "assert n.snapshot().available\n"
         "try:\n    pynvml.nvmlDeviceGetCount()\n"
         "except pynvml.NVMLError_Uninitialized:\n    print('shut down')\n"
@@ -173,7 +173,7 @@ def test_missing_pynvml_is_a_reason(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(_fleet(1))
     out = fake_nvml.python(
         "import sys; sys.modules['pynvml'] = None\n"
-        "import node.nvml as n; s = n.snapshot(); print(s.available, s.reason)"
+        "import fedgpu.node.nvml as n; s = n.snapshot(); print(s.available, s.reason)"
     )
     assert out.startswith("False nvidia-ml-py is not installed")
 
@@ -263,7 +263,7 @@ def test_offer_with_driver_not_loaded_trains_on_cpu(fake_nvml: FakeNvml) -> None
 SAMPLER = textwrap.dedent(
     """
     import sys
-    from node.nvml import MemorySampler
+    from fedgpu.node.nvml import MemorySampler
     uuid = sys.argv[1]
     with MemorySampler() as sampler:
         for line in sys.stdin:
@@ -324,7 +324,7 @@ def test_memory_sampler_follows_changes_and_survives_a_lost_gpu(fake_nvml: FakeN
 def test_memory_sampler_without_nvml_answers_none(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(_fleet(1), init_error="no_permission")
     out = fake_nvml.python(
-        "from node.nvml import MemorySampler\n"
+        "from fedgpu.node.nvml import MemorySampler\n"
         "with MemorySampler() as s:\n"
         f"    print(s.active, s.used_mib({fake_uuid(0)!r}), s.reason)\n"
     )

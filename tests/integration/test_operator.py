@@ -226,8 +226,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_metrics_after_a_run(finished_run: FinishedRun) -> None:
     import grpc
 
+    from fedgpu.core.transport import token_metadata
     from fedgpu.proto import pb, pb_grpc
-    from fedgpu.transport import token_metadata
 
     fed, rounds = finished_run.fed, finished_run.rounds["rounds"]
     # A forged update (unknown node id): refused, and counted by reason.

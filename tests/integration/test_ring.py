@@ -19,13 +19,13 @@ HP = {"lr": 0.05, "momentum": 0.9, "batch_size": 32}
 
 @pytest.fixture(scope="module")
 def split4(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    from fedgpu.datasets import split_digits
+    from fedgpu.core.datasets import split_digits
 
     return split_digits(tmp_path_factory.mktemp("digits4"), 4, "iid", 0.5, 0)
 
 
 def start(fed: Federation, job: Path, dirs: list[Path], state: Path) -> None:
-    from fedgpu.launcher import free_port
+    from fedgpu.cli.launcher import free_port
 
     fed.start_server(job, "--state-dir", str(state))
     for i, data in enumerate(dirs, start=1):
@@ -100,7 +100,7 @@ def _ring_worker_of(agent_pid: int) -> int | None:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == agent_pid and b"node.ring_worker" in cmd:
+        if ppid == agent_pid and b"fedgpu.node.ring_worker" in cmd:
             return int(entry.name)
     return None
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedgpu import admin_client, codec
+from fedgpu.core import admin_client, codec
+from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.transport import token_metadata
 from tests.fixtures.federation import Federation, write_job
 
 GLOBAL = {"b": np.zeros(3, np.float32), "w": np.arange(12, dtype=np.float32).reshape(4, 3)}

@@ -1,4 +1,4 @@
-"""`python -m node.worker WORKDIR` as a real subprocess: the file contract with the node agent."""
+"""`python -m fedgpu.node.worker WORKDIR` as a real subprocess: its file contract with the agent."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedgpu import codec
-from fedgpu.datasets import split_digits
-from node import weights
-from node.tasks.digits import DigitsTask
+from fedgpu.core import codec
+from fedgpu.core.datasets import split_digits
+from fedgpu.node import weights
+from fedgpu.node.tasks.digits import DigitsTask
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_KEYS = {
@@ -69,7 +69,7 @@ def run_worker(
         (workdir / "weights.in.safetensors").write_bytes(weights)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "node.worker", str(workdir)],
+        [sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
         cwd=REPO,
         env=env,
         capture_output=True,

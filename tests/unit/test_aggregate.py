@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fedgpu.errors import ConfigError
-from server.aggregate import WeightedSum, weighted_mean, weighted_metric
-from server.strategies import make_strategy
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.aggregate import WeightedSum, weighted_mean, weighted_metric
+from fedgpu.server.strategies import make_strategy
 
 RNG = np.random.default_rng(1)
 
@@ -74,7 +74,7 @@ def test_blocked_sum_streamed_or_batched_matches_numpy(block: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Block edges (a block of 7 never divides the tensors) and the first-update shortcut
     # (the sum starts uninitialised) are where a blocked sum goes wrong.
-    monkeypatch.setattr("server.aggregate.BLOCK", block)
+    monkeypatch.setattr("fedgpu.server.aggregate.BLOCK", block)
     updates = [(model(), float(RNG.integers(1, 50))) for _ in range(5)]
     want = direct(updates)
     streamed = WeightedSum(updates[0][0])

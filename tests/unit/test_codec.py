@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fedgpu import codec
+from fedgpu.core import codec
 
 RNG = np.random.default_rng(0)
 

@@ -1,4 +1,4 @@
-"""node.data.check_data_dir: the agent's start-up check of its mounted data directory."""
+"""fedgpu.node.data.check_data_dir: the agent's start-up check of its mounted data directory."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.datasets import split_digits
-from node.data import DataDirError, check_data_dir, read_split
+from fedgpu.core.datasets import split_digits
+from fedgpu.node.data import DataDirError, check_data_dir, read_split
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Per-node partitions of the digits dataset: fedgpu.datasets and `fedgpu data split`."""
+"""Per-node partitions of the digits dataset: fedgpu.core.datasets and `fedgpu data split`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedgpu import codec
 from fedgpu.cli.data import register
-from fedgpu.datasets import (
+from fedgpu.core import codec
+from fedgpu.core.datasets import (
     MIN_EXAMPLES_PER_NODE,
     MissingDependencyError,
     load_digits_arrays,

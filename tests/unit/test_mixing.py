@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedgpu import mixing
-from fedgpu.config import parse_job
-from fedgpu.errors import ConfigError
-from server.ring import RingAverage, block_range, peer_host
+from fedgpu.core import mixing
+from fedgpu.core.config import parse_job
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.ring import RingAverage, block_range, peer_host
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from node.nvml import GpuRecord, NvmlSnapshot
-from node.policy import (
+from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
+from fedgpu.node.policy import (
     Decision,
     EnforceError,
     GpuFlags,

@@ -1,4 +1,4 @@
-"""node.runner in-process: task.json validation, failure classification, one round's work."""
+"""fedgpu.node.runner in-process: task.json validation, failure classification, one round's work."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedgpu import codec
-from fedgpu.datasets import split_digits
-from node import runner, weights
-from node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
+from fedgpu.core import codec
+from fedgpu.core.datasets import split_digits
+from fedgpu.node import runner, weights
+from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 BASE: dict[str, Any] = {
     "kind": "train",

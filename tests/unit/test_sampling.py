@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fedgpu.config import parse_job
-from fedgpu.errors import ConfigError
-from server.registry import Registry
-from server.rounds import Orchestrator
+from fedgpu.core.config import parse_job
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.registry import Registry
+from fedgpu.server.rounds import Orchestrator
 
 
 def pool(n: int, order: int = 1) -> Registry:

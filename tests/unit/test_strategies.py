@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgpu.config import parse_job
-from fedgpu.errors import ConfigError
-from server.aggregate import coordinate_median, trim_count, trimmed_mean
-from server.checkpoint import Checkpointer
-from server.strategies import STRATEGIES, make_strategy
+from fedgpu.core.config import parse_job
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.aggregate import coordinate_median, trim_count, trimmed_mean
+from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.strategies import STRATEGIES, make_strategy
 
 RNG = np.random.default_rng(7)
 
@@ -233,8 +233,8 @@ def test_job_file_names_every_strategy() -> None:
 def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
     # The aggregator's own restart path: checkpoint written by one Orchestrator, restored by
     # a fresh one, the optimiser arrays equal to the ones saved.
-    from server.registry import Registry
-    from server.rounds import Orchestrator
+    from fedgpu.server.registry import Registry
+    from fedgpu.server.rounds import Orchestrator
 
     job = parse_job({"task": "t", "strategy": "fedadam"})
     first = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
@@ -255,8 +255,8 @@ def test_checkpoint_is_written_off_the_event_loop_from_a_snapshot(tmp_path: Path
     # and evaluations landing in the history meanwhile must not tear the state being written.
     import threading
 
-    from server.registry import Registry
-    from server.rounds import Orchestrator
+    from fedgpu.server.registry import Registry
+    from fedgpu.server.rounds import Orchestrator
 
     class Recording(Checkpointer):
         def save(self, weights, state, tensors=None):  # type: ignore[no-untyped-def]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import node.tasks as tasks
-from fedgpu.datasets import split_digits
-from node.tasks import (
+import fedgpu.node.tasks as tasks
+from fedgpu.core.datasets import split_digits
+from fedgpu.node.tasks import (
     HyperparameterError,
     Task,
     TaskLoadError,
@@ -21,7 +21,7 @@ from node.tasks import (
     available_tasks,
     load_task,
 )
-from node.tasks.digits import DigitsTask
+from fedgpu.node.tasks.digits import DigitsTask
 
 CPU = torch.device("cpu")
 
@@ -177,7 +177,7 @@ def test_train_and_evaluate_report_metrics(digits_data: dict[str, torch.Tensor])
 
 
 def test_missing_data_files_are_a_data_dir_error(tmp_path: Path) -> None:
-    from node.data import DataDirError
+    from fedgpu.node.data import DataDirError
 
     with pytest.raises(DataDirError, match="cannot read .*train.safetensors"):
         DigitsTask().load_data(tmp_path)

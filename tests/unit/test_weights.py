@@ -1,4 +1,4 @@
-"""node.weights: torch state <-> fedgpu.codec arrays, including BF16."""
+"""fedgpu.node.weights: torch state <-> fedgpu.core.codec arrays, including BF16."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedgpu import codec
-from node import weights
-from node.tasks.digits import DigitsTask
+from fedgpu.core import codec
+from fedgpu.node import weights
+from fedgpu.node.tasks.digits import DigitsTask
 
 
 def _model() -> torch.nn.Module:

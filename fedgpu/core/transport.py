@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from fedgpu.codec import DEFAULT_CHUNK_SIZE
-from fedgpu.tls import TlsFiles, channel_credentials
+from fedgpu.core.codec import DEFAULT_CHUNK_SIZE
+from fedgpu.core.tls import TlsFiles, channel_credentials
 
 # Weights never travel as one message: they stream in chunks (default 1 MiB, at most 16 MiB),
 # so a message limit just above the largest chunk keeps any model size working while a

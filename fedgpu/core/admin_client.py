@@ -8,11 +8,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fedgpu import tls as tlsmod
-from fedgpu.errors import FedgpuError
+from fedgpu.core import tls as tlsmod
+from fedgpu.core.errors import FedgpuError
+from fedgpu.core.tls import TlsFiles
+from fedgpu.core.transport import channel, token_metadata
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.tls import TlsFiles
-from fedgpu.transport import channel, token_metadata
 
 _REQUESTS = {
     "GetStatus": admin_pb2.GetStatusRequest,

@@ -8,11 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedgpu.errors import ConfigError
+from fedgpu.core.constants import MODES, STRATEGIES
+from fedgpu.core.errors import ConfigError
 
-# Implemented in server/strategies/, one module each; [strategy_params] are checked there.
-STRATEGIES = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
-MODES = ("star", "ring")
 Scalar = int | float | str | bool
 
 
@@ -132,7 +130,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
 
 def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_nodes: int,
                  fraction: float) -> dict[str, Any]:
-    from fedgpu import mixing as mx
+    from fedgpu.core import mixing as mx
 
     defaults = Job.__dataclass_fields__
     out: dict[str, Any] = {}

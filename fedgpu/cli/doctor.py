@@ -3,7 +3,7 @@
 Each check returns ok / warn / fail with the reason and the fix. The decisions are pure
 functions of what was observed (engine info, an NVML snapshot, torch's CUDA build, a
 certificate), so they are testable with plain data; the probes around them are thin.
-NVML is read only through `node.nvml` (the one module that talks to the driver), and torch
+NVML is read only through `fedgpu.node.nvml` (the one module that talks to the driver), and torch
 is imported only for the CUDA check: an operator's laptop or the aggregator image lacks it.
 """
 
@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core.constants import CPU_PROFILES, PROFILES, Profile
+from fedgpu.core.errors import ConfigError, FedgpuError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-PROFILES = ("cpu", "gpu-offered", "gpu-enforced", "hetero")
 EXPIRY_WARN_DAYS = 30
 # Where the NVIDIA Container Toolkit writes CDI specs when the engine does not say.
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -45,11 +45,13 @@ def gpu_severity(profile: str | None) -> str | None:
         return WARN
     if profile not in PROFILES:
         raise ConfigError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
-    return {"cpu": None, "gpu-offered": WARN}.get(profile, FAIL)
+    if profile in CPU_PROFILES:
+        return None
+    return WARN if profile == Profile.GPU_OFFERED else FAIL
 
 
 def _not_needed(name: str, what: str) -> Check:
-    return Check(name, OK, f"{what}; not needed for profile cpu")
+    return Check(name, OK, f"{what}; not needed for a CPU-only profile")
 
 
 # ---- Docker ---------------------------------------------------------------------------
@@ -290,7 +292,7 @@ def gpus_check(snap: Any, severity: str | None) -> Check:
 
 
 def aggregator_check(address: str, token: str | None, tls: Any) -> Check:
-    from fedgpu import admin_client
+    from fedgpu.core import admin_client
 
     name = "aggregator"
     try:
@@ -375,7 +377,7 @@ def run_checks(profile: str | None = None, address: str | None = None,
     severity = gpu_severity(profile)
     engine, info = probe_engine()
     checks = [engine, probe_compose(), probe_nvidia_runtime(info, severity)]
-    from node import nvml
+    from fedgpu.node import nvml
 
     snap = nvml.snapshot()
     checks.append(nvml_check(snap, severity))

@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core.constants import NODE_STATUS_FILE, PROFILES
+from fedgpu.core.errors import ConfigError, FedgpuError
 
-PROFILES = ("cpu", "gpu-offered", "gpu-enforced", "hetero", "ring")
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
-# Where `fedgpu node start` keeps its status (the image's default FEDGPU_NODE_STATUS).
-NODE_STATUS = "/tmp/fedgpu-node-status.json"
 
 
 def check_profile(profile: str | None) -> None:
@@ -131,7 +129,7 @@ class Project:
 
 def gpu_host_problem(client: Any, profile: str | None) -> str | None:
     """Why GPU services of this profile cannot get a GPU here, or None."""
-    from fedgpu import doctor
+    from fedgpu.cli import doctor
 
     # The cpu and ring profiles reserve no GPU.
     if profile in (None, "cpu", "ring"):
@@ -178,7 +176,7 @@ def read_file(container: Any, path: str) -> bytes | None:
 
 
 def gpu_decision(container: Any) -> dict[str, Any] | None:
-    raw = read_file(container, NODE_STATUS)
+    raw = read_file(container, NODE_STATUS_FILE)
     if raw is None:
         return None
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedgpu.errors import ConfigError, FedgpuError
+from fedgpu.core.errors import ConfigError, FedgpuError
 
 PLOTS = ("global.png", "node_accuracy.png", "node_memory.png", "round_time.png")
 SUMMARY = "summary.md"
@@ -60,7 +60,7 @@ def load_state_dir(directory: Path) -> RunHistory:
 
 
 def load_aggregator(address: str, token: str | None, tls: Any = None) -> RunHistory:
-    from fedgpu import admin_client
+    from fedgpu.core import admin_client
 
     doc = admin_client.query(address, token, "ListRounds", tls=tls)
     return from_rounds_doc(doc, f"aggregator {address}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu.errors import ConfigError
+from fedgpu.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedgpu.errors import ConfigError
+from fedgpu.core.errors import ConfigError
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_DIR, SERVER_CERT, SERVER_KEY = "server", "server.crt", "server.key"

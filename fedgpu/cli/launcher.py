@@ -19,8 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedgpu import admin_client
-from fedgpu.errors import FedgpuError
+from fedgpu.core import admin_client
+from fedgpu.core.errors import FedgpuError
 
 
 @dataclass
@@ -136,15 +136,15 @@ class LocalRun:
         return env
 
     def prepare(self) -> tuple[Path, list[Path]]:
-        from fedgpu.datasets import split_digits
+        from fedgpu.core.datasets import split_digits
 
         if self.cfg.nodes < 1:
             raise FedgpuError("--nodes must be at least 1")
         if self.cfg.rounds < 1:
             raise FedgpuError("--rounds must be at least 1")
         if self.cfg.job is not None:
-            from fedgpu.config import load_job
-            from node.tasks import available_tasks
+            from fedgpu.core.config import load_job
+            from fedgpu.node.tasks import available_tasks
 
             # Fail here, with the file's name, not somewhere in a child's log.
             task = load_job(self.cfg.job).task

@@ -1,7 +1,7 @@
 """Per-node partitions of a dataset that ships inside a Python package (no download at run time).
 
 A split directory holds `node-1 .. node-N`; each is what one node mounts as its data directory:
-`train.safetensors` and `test.safetensors` (keys `x`, `y`, written with `fedgpu.codec`) and a
+`train.safetensors` and `test.safetensors` (keys `x`, `y`, written with `fedgpu.core.codec`) and a
 `meta.json` describing the partition. Each node's held-out split is cut from its own partition,
 so federated evaluation measures the global model on data shaped like that node's.
 
@@ -19,14 +19,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedgpu import codec
+from fedgpu.core import codec
+from fedgpu.core.constants import PARTITIONS
 
 TRAIN_FILE = "train.safetensors"
 TEST_FILE = "test.safetensors"
 META_FILE = "meta.json"
 DATA_FILES = (TRAIN_FILE, TEST_FILE)
 NODE_DIR_PREFIX = "node-"
-PARTITIONS = ("iid", "dirichlet")
 NUM_DIGIT_CLASSES = 10
 # Enough that a node still has a few training examples and at least one held-out example
 # after the test split is cut; a node with nothing to train on would stall a round.
@@ -35,7 +35,7 @@ MIN_EXAMPLES_PER_NODE = 10
 # with many nodes rarely give every node enough examples by chance.
 _DIRICHLET_REDRAWS = 100
 
-Partition = Literal["iid", "dirichlet"]
+Partition = Literal["iid", "dirichlet"]  # the values of constants.Partition, for type checkers
 
 
 class MissingDependencyError(ImportError):

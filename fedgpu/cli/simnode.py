@@ -24,9 +24,9 @@ import grpc
 import numpy as np
 
 import fedgpu
-from fedgpu import codec
+from fedgpu.core import codec
+from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.transport import CHANNEL_OPTIONS, token_metadata
 
 log = logging.getLogger("fedgpu.sim")
 

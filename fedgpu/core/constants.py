@@ -1,0 +1,63 @@
+"""Names and defaults that more than one part of fedgpu uses: each is defined here once.
+
+Compose profiles, task kinds, partitions, strategies, modes, the node's status file and the
+ring port are read by the node, the aggregator, the CLI and the tests; a copy elsewhere would
+drift (it did: `fedgpu doctor` once refused the `ring` profile that `fedgpu up` took).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Profile(StrEnum):
+    """The compose profiles (compose/compose.yaml) and their Kubernetes overlays."""
+
+    CPU = "cpu"
+    GPU_OFFERED = "gpu-offered"
+    GPU_ENFORCED = "gpu-enforced"
+    HETERO = "hetero"
+    RING = "ring"
+
+
+PROFILES: tuple[str, ...] = tuple(p.value for p in Profile)
+# Profiles whose nodes never want a GPU: doctor skips the GPU checks for them.
+CPU_PROFILES: frozenset[str] = frozenset({Profile.CPU, Profile.RING})
+
+
+class TaskKind(StrEnum):
+    """What a node is asked to do with a task (the wire's TaskKind, by name)."""
+
+    INIT = "init"
+    TRAIN = "train"
+    EVALUATE = "evaluate"
+
+
+TASK_KINDS: tuple[str, ...] = tuple(k.value for k in TaskKind)
+
+
+class Partition(StrEnum):
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+
+
+PARTITIONS: tuple[str, ...] = tuple(p.value for p in Partition)
+
+
+class Mode(StrEnum):
+    """How a job trains: the aggregator averages (star) or the nodes gossip (ring)."""
+
+    STAR = "star"
+    RING = "ring"
+
+
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+
+# Implemented in fedgpu/server/strategies/, one module each; a test checks they agree.
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
+
+# Where `fedgpu node start` keeps its status file (FEDGPU_NODE_STATUS); the container
+# HEALTHCHECK (`fedgpu node health`) and `fedgpu ps` read it.
+NODE_STATUS_FILE = "/tmp/fedgpu-node-status.json"
+# The TCP port a ring-mode node hosts its rendezvous on when it is rank 0 (torch's default).
+DEFAULT_RING_PORT = 29500
