@@ -242,4 +242,4 @@ def test_bad_flags(env_for: Any) -> None:
                        capture_output=True, text=True, env=base_env(), cwd=ROOT, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == ("error: unknown profile 'gpu': one of cpu, gpu-offered, "
-                                "gpu-enforced, hetero")
+                                "gpu-enforced, hetero, ring")
