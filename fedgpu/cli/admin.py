@@ -11,15 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fedgpu.cli.report import fmt_value
-from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+from fedgpu.cli.tls_options import Address, AsJson, OperatorToken, TlsCa, TlsCert, TlsKey
 from fedgpu.core import admin_client
 from fedgpu.core.tls import TlsFiles, from_options
 
-Address = Annotated[str, typer.Option(
-    "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]
-Token = Annotated[str | None, typer.Option(
-    envvar="FEDGPU_TOKEN", help="The aggregator's token.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
+Token = OperatorToken
 
 
 def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,

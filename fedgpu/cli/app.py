@@ -31,13 +31,15 @@ def _register_all() -> None:
         certs_cmd,
         data,
         devices,
+        job_cmd,
         node_cmd,
         run_cmd,
         server_cmd,
         sim_cmd,
     )
 
-    for module in (run_cmd, devices, server_cmd, node_cmd, admin, data, sim_cmd, certs_cmd):
+    for module in (run_cmd, devices, server_cmd, node_cmd, admin, job_cmd, data, sim_cmd,
+                   certs_cmd):
         module.register(app)
     from fedgpu.cli import operator_cmds
 

@@ -1,4 +1,4 @@
-"""`fedgpu certs init|server|node`: TLS material for a deployment (see fedgpu/certs.py)."""
+"""`fedgpu certs init|server|node|operator`: TLS material for a deployment (fedgpu.core.certs)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,27 @@ def node(
     days: Days = 825,
     force: Force = False,
 ) -> None:
-    """Issue a client certificate into DIR/nodes/NAME/ (also for operators' admin CLI)."""
+    """Issue a node's client certificate into DIR/nodes/NAME/."""
     from fedgpu.core import certs
 
     issued = certs.issue_node(directory, name, days, force)
     typer.echo(f"{name}: --tls-cert {issued.cert} --tls-key {issued.key} --tls-ca {issued.ca}")
+
+
+@certs_app.command("operator")
+def operator(
+    name: Annotated[str, typer.Argument(help="Who operates (a person or a tool).")] = "operator",
+    directory: Dir = Path("certs"),
+    days: Days = 825,
+    force: Force = False,
+) -> None:
+    """Issue an operator's client certificate into DIR/operators/NAME/: it may submit, stop
+    and read jobs and the federation, and may not register as a node."""
+    from fedgpu.core import certs
+
+    issued = certs.issue_operator(directory, name, days, force)
+    typer.echo(f"operator {name}: --tls-cert {issued.cert} --tls-key {issued.key} "
+               f"--tls-ca {issued.ca}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""The --tls-* options every command that talks gRPC takes, with their environment fallbacks."""
+"""Options shared by the commands that ask a running aggregator: its address, the operator
+token, --json, and the --tls-* options, each with its environment fallback."""
 
 from __future__ import annotations
 
@@ -16,3 +17,12 @@ TlsCa = Annotated[Path | None, typer.Option(
     "--tls-ca", envvar="FEDGPU_TLS_CA",
     help="CA certificate (PEM). Aggregator: require client certs it signed (mutual TLS). "
          "Node/CLI: trust the aggregator's cert.")]
+
+Address = Annotated[str, typer.Option(
+    "--address", envvar="FEDGPU_AGGREGATOR", help="Aggregator HOST:PORT.")]
+# Operators hold a credential nodes don't have: the aggregator's --operator-token (or an
+# operator certificate under mutual TLS, made by 'fedgpu certs operator').
+OperatorToken = Annotated[str | None, typer.Option(
+    "--token", envvar="FEDGPU_OPERATOR_TOKEN",
+    help="The aggregator's operator token (its --operator-token), not the nodes' token.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]

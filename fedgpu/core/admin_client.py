@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,7 +22,12 @@ _REQUESTS = {
     "GetStatus": admin_pb2.GetStatusRequest,
     "ListNodes": admin_pb2.ListNodesRequest,
     "ListRounds": admin_pb2.ListRoundsRequest,
+    "ListJobs": admin_pb2.ListJobsRequest,
+    "GetJob": admin_pb2.GetJobRequest,
+    "StopJob": admin_pb2.StopJobRequest,
 }
+# Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
+SUBMIT_CHUNK = 1 << 20
 
 
 def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> FedgpuError:
@@ -31,21 +40,104 @@ def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> F
         return FedgpuError(
             f"cannot reach aggregator at {address} — is it running? "
             f"try 'fedgpu status --address HOST:PORT' with the right address")
-    if code == grpc.StatusCode.UNAUTHENTICATED:
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return FedgpuError(f"aggregator at {address}: {exc.details()}")
     return FedgpuError(f"aggregator at {address} answered {code.name}: {exc.details()}")
 
 
 def query(address: str, token: str | None, method: str, timeout: float = 10,
-          tls: TlsFiles | None = None) -> dict[str, Any]:
+          tls: TlsFiles | None = None, **fields: Any) -> Any:
+    """One unary Admin call; `fields` fill its request (e.g. job_id)."""
     with channel(address, tls) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
         try:
             reply = getattr(stub, method)(
-                _REQUESTS[method](), metadata=token_metadata(token), timeout=timeout)
+                _REQUESTS[method](**fields), metadata=token_metadata(token), timeout=timeout)
         except grpc.RpcError as exc:
             raise _explain(address, exc, tls) from None
     return json.loads(reply.json)
+
+
+def submit_job(address: str, token: str | None, job_toml: str, filename: str,
+               bundle: bytes | None = None, timeout: float = 120,
+               tls: TlsFiles | None = None) -> dict[str, Any]:
+    """Queue a job (and its packed task bundle); the reply names the job id."""
+    header = admin_pb2.SubmitJobHeader(job_toml=job_toml, filename=filename)
+    if bundle is not None:
+        header.bundle_size = len(bundle)
+        header.bundle_sha256 = hashlib.sha256(bundle).hexdigest()
+
+    def messages() -> Iterator[admin_pb2.SubmitJobChunk]:
+        yield admin_pb2.SubmitJobChunk(header=header)
+        view = memoryview(bundle or b"")
+        for start in range(0, len(view), SUBMIT_CHUNK):
+            yield admin_pb2.SubmitJobChunk(data=bytes(view[start:start + SUBMIT_CHUNK]))
+
+    with channel(address, tls) as ch:
+        stub = admin_pb2_grpc.AdminStub(ch)
+        try:
+            reply = stub.SubmitJob(messages(), metadata=token_metadata(token), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _explain(address, exc, tls) from None
+    return json.loads(reply.json)
+
+
+def job_logs(address: str, token: str | None, job_id: str, follow: bool = False,
+             after: int = 0, tls: TlsFiles | None = None) -> Iterator[dict[str, Any]]:
+    """The job's events as they come; with `follow`, until the job ends."""
+    with channel(address, tls) as ch:
+        stub = admin_pb2_grpc.AdminStub(ch)
+        request = admin_pb2.JobLogsRequest(job_id=job_id, follow=follow, after_seq=after)
+        # Following has no deadline of its own: the server ends the stream with the job.
+        call = stub.JobLogs(request, metadata=token_metadata(token),
+                            timeout=None if follow else 60)
+        try:
+            for reply in call:
+                yield json.loads(reply.json)
+        except grpc.RpcError as exc:
+            raise _explain(address, exc, tls) from None
+        finally:
+            call.cancel()
+
+
+def download_model(address: str, token: str | None, job_id: str, out: Path,
+                   timeout: float = 3600, tls: TlsFiles | None = None) -> dict[str, Any]:
+    """Stream the job's latest global model into `out` (written to a temporary name, its
+    sha256 checked, then renamed): a partial file never carries the final name."""
+    tmp = out.with_name(f".{out.name}.part")
+    with channel(address, tls) as ch:
+        stub = admin_pb2_grpc.AdminStub(ch)
+        try:
+            stream = stub.DownloadModel(admin_pb2.DownloadModelRequest(job_id=job_id),
+                                        metadata=token_metadata(token), timeout=timeout)
+            first = next(stream, None)
+            if first is None or not first.HasField("header"):
+                raise FedgpuError(f"aggregator at {address} sent no model header")
+            head = first.header
+            digest = hashlib.sha256()
+            size = 0
+            with open(tmp, "wb") as fh:
+                for msg in stream:
+                    digest.update(msg.data)
+                    size += len(msg.data)
+                    if size > head.size:
+                        raise FedgpuError("the model stream is longer than announced")
+                    fh.write(msg.data)
+        except grpc.RpcError as exc:
+            tmp.unlink(missing_ok=True)
+            raise _explain(address, exc, tls) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    if size != head.size or digest.hexdigest() != head.sha256:
+        tmp.unlink(missing_ok=True)
+        raise FedgpuError(f"the model of job {job_id} arrived damaged ({size} of {head.size} "
+                          "bytes, or a digest mismatch); try again")
+    os.replace(tmp, out)
+    return {"job_id": head.job_id, "round": head.round, "size": head.size,
+            "sha256": head.sha256, "path": str(out)}
 
 
 def health(address: str, service: str = "", timeout: float = 5,

@@ -8,7 +8,13 @@ and the CA key never has to leave the operator's machine:
 
     ca.crt  ca.key                      the CA (keep ca.key offline)
     server/ca.crt server.crt server.key the aggregator's material
-    nodes/<name>/ca.crt node.crt node.key   one directory per node (or operator)
+    nodes/<name>/ca.crt node.crt node.key   one directory per node
+    operators/<name>/ca.crt operator.crt operator.key   one per operator (admin CLI, jobs)
+
+Every certificate carries its role in the subject's organizational unit (OU), signed by the
+CA like the rest of the subject: the aggregator gives a certificate the rights of its role
+(fedgpu-node: register and train; fedgpu-operator: submit and stop jobs, read the federation),
+never of its name alone, so a node named "operator" is still a node.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import datetime as dt
 import ipaddress
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from cryptography import x509
@@ -29,6 +36,15 @@ from fedgpu.core.errors import ConfigError
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_DIR, SERVER_CERT, SERVER_KEY = "server", "server.crt", "server.key"
 NODES_DIR, NODE_CERT, NODE_KEY = "nodes", "node.crt", "node.key"
+OPERATORS_DIR, OPERATOR_CERT, OPERATOR_KEY = "operators", "operator.crt", "operator.key"
+
+
+class Role(StrEnum):
+    """What a certificate may do, written into its subject's OU."""
+
+    AGGREGATOR = "fedgpu-aggregator"
+    NODE = "fedgpu-node"
+    OPERATOR = "fedgpu-operator"
 DEFAULT_SANS = ("localhost", "127.0.0.1", "aggregator")
 
 
@@ -113,7 +129,8 @@ def _san(entry: str) -> x509.GeneralName:
 
 
 def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: str,
-           sans: list[str], server: bool, days: int, force: bool) -> Issued:
+           sans: list[str], role: Role, days: int, force: bool) -> Issued:
+    server = role is Role.AGGREGATOR
     if not common_name or len(common_name) > 64:
         raise ConfigError(f"name {common_name!r} must be 1-64 characters (X.509 CN limit)")
     ca_cert, ca_key = _load_ca(ca_dir)
@@ -129,7 +146,9 @@ def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: 
     start = _now()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.value),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -157,14 +176,38 @@ def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: 
 def issue_server(ca_dir: Path, name: str = "aggregator", sans: list[str] | None = None,
                  days: int = 825, force: bool = False) -> Issued:
     return _issue(ca_dir, ca_dir / SERVER_DIR, SERVER_CERT, SERVER_KEY, name,
-                  list(sans if sans is not None else DEFAULT_SANS), True, days, force)
+                  list(sans if sans is not None else DEFAULT_SANS), Role.AGGREGATOR, days,
+                  force)
+
+
+def _check_name(name: str, what: str) -> None:
+    if "/" in name or name.startswith("."):
+        raise ConfigError(f"{what} name {name!r} may not contain '/' or start with '.'")
 
 
 def issue_node(ca_dir: Path, name: str, days: int = 825, force: bool = False) -> Issued:
-    if "/" in name or name.startswith("."):
-        raise ConfigError(f"node name {name!r} may not contain '/' or start with '.'")
-    return _issue(ca_dir, ca_dir / NODES_DIR / name, NODE_CERT, NODE_KEY, name, [], False,
+    _check_name(name, "node")
+    return _issue(ca_dir, ca_dir / NODES_DIR / name, NODE_CERT, NODE_KEY, name, [], Role.NODE,
                   days, force)
+
+
+def issue_operator(ca_dir: Path, name: str = "operator", days: int = 825,
+                   force: bool = False) -> Issued:
+    _check_name(name, "operator")
+    return _issue(ca_dir, ca_dir / OPERATORS_DIR / name, OPERATOR_CERT, OPERATOR_KEY, name, [],
+                  Role.OPERATOR, days, force)
+
+
+def role(cert_pem: bytes) -> Role | None:
+    """The role a certificate was issued for; None for one without a fedgpu role (made by
+    another CA tool, or by fedgpu before roles existed): such a certificate is only a node."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    for attr in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME):
+        try:
+            return Role(str(attr.value))
+        except ValueError:
+            continue
+    return None
 
 
 def identity(cert_pem: bytes) -> str:

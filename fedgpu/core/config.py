@@ -12,11 +12,15 @@ from fedgpu.core.constants import MODES, STRATEGIES
 from fedgpu.core.errors import ConfigError
 
 Scalar = int | float | str | bool
+# A job file is a page of settings; anything larger is a mistake or an attack.
+MAX_JOB_FILE_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
 class Job:
     task: str
+    # A label for `fedgpu job list`; the task name when not given.
+    name: str | None = None
     rounds: int = 5
     min_nodes: int = 1
     fraction: float = 1.0
@@ -71,8 +75,11 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         return value
 
     task = get("task", str, "a task name")
-    if not task.strip():
-        raise _fail(source, "task", "a task name", task)
+    if not _is_name(task):
+        raise _fail(source, "task", "a task name (1-128 printable characters)", task)
+    name = raw.get("name")
+    if name is not None and not (isinstance(name, str) and _is_name(name)):
+        raise _fail(source, "name", "1-128 printable characters", name)
     rounds = get("rounds", int, "a positive integer")
     if rounds < 1:
         raise _fail(source, "rounds", "a positive integer", rounds)
@@ -110,6 +117,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     ring = _ring_fields(raw, source, mode, rounds, min_nodes, fraction)
     return Job(
         task=task,
+        name=name,
         rounds=rounds,
         min_nodes=min_nodes,
         fraction=fraction,
@@ -161,6 +169,11 @@ def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_n
     return out
 
 
+def _is_name(text: str) -> bool:
+    # Names end up in logs and tables: no control characters that could forge a line.
+    return 0 < len(text.strip()) and len(text) <= 128 and text.isprintable()
+
+
 def _scalars(table: object, source: str, key: str) -> dict[str, Scalar]:
     if not isinstance(table, dict):
         raise _fail(source, key, "a table", table)
@@ -176,6 +189,8 @@ def _scalars(table: object, source: str, key: str) -> dict[str, Scalar]:
 
 def load_job(path: Path) -> Job:
     try:
+        if path.stat().st_size > MAX_JOB_FILE_BYTES:
+            raise ConfigError(f"job file {path} is larger than {MAX_JOB_FILE_BYTES} bytes")
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"job file {path} does not exist (see examples/job.toml)") from None

@@ -61,3 +61,19 @@ STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimme
 NODE_STATUS_FILE = "/tmp/fedgpu-node-status.json"
 # The TCP port a ring-mode node hosts its rendezvous on when it is rank 0 (torch's default).
 DEFAULT_RING_PORT = 29500
+
+
+class JobState(StrEnum):
+    """A job's life on a federation that stays up (`fedgpu job list`)."""
+
+    QUEUED = "queued"        # submitted; an earlier job runs
+    WAITING = "waiting"      # its turn, but too few nodes can take it (the reason says why)
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"        # the error says why
+    STOPPED = "stopped"      # `fedgpu job stop`
+
+
+JOB_STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+ENDED_JOB_STATES: frozenset[JobState] = frozenset(
+    {JobState.FINISHED, JobState.FAILED, JobState.STOPPED})

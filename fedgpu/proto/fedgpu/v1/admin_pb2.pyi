@@ -1,6 +1,7 @@
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -9,12 +10,88 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListRoundsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobHeader(_message.Message):
+    __slots__ = ("job_toml", "filename", "bundle_size", "bundle_sha256")
+    JOB_TOML_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    job_toml: str
+    filename: str
+    bundle_size: int
+    bundle_sha256: str
+    def __init__(self, job_toml: _Optional[str] = ..., filename: _Optional[str] = ..., bundle_size: _Optional[int] = ..., bundle_sha256: _Optional[str] = ...) -> None: ...
+
+class SubmitJobChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: SubmitJobHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[SubmitJobHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class ListRoundsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class StopJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "follow", "after_seq")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    follow: bool
+    after_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., follow: _Optional[bool] = ..., after_seq: _Optional[int] = ...) -> None: ...
+
+class DownloadModelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ModelHeader(_message.Message):
+    __slots__ = ("job_id", "round", "size", "sha256")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    size: int
+    sha256: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class ModelChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: ModelHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JsonReply(_message.Message):
     __slots__ = ("json",)

@@ -49,6 +49,36 @@ class AdminStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListRoundsRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.stream_unary(
+                '/fedgpu.v1.Admin/SubmitJob',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.SubmitJobChunk.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/fedgpu.v1.Admin/ListJobs',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/fedgpu.v1.Admin/GetJob',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.StopJob = channel.unary_unary(
+                '/fedgpu.v1.Admin/StopJob',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopJobRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.JobLogs = channel.unary_stream(
+                '/fedgpu.v1.Admin/JobLogs',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.DownloadModel = channel.unary_stream(
+                '/fedgpu.v1.Admin/DownloadModel',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -72,6 +102,47 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request_iterator, context):
+        """Jobs on a federation that stays up: queued and run one at a time in submission order.
+        A header (the job file, and the size and digest of a task bundle if one comes), then
+        the bundle's bytes in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobLogs(self, request, context):
+        """The job's events, one JSON document per message; with follow, until the job ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadModel(self, request, context):
+        """The job's latest global model: a header, then safetensors bytes in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +160,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListRounds,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListRoundsRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'SubmitJob': grpc.stream_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.SubmitJobChunk.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListJobsRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetJobRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'StopJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopJob,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopJobRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JobLogsRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'DownloadModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadModel,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +273,168 @@ class Admin:
             '/fedgpu.v1.Admin/ListRounds',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListRoundsRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/fedgpu.v1.Admin/SubmitJob',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.SubmitJobChunk.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/ListJobs',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/GetJob',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/StopJob',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopJobRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedgpu.v1.Admin/JobLogs',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedgpu.v1.Admin/DownloadModel',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,85 @@
+"""The job database: order, states, events with bounds, history, reopening, migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fedgpu.core.constants import JobState
+from fedgpu.server import jobstore
+from fedgpu.server.jobstore import JobStore, StoreError
+
+
+def _add(store: JobStore, job_id: str, task: str = "digits") -> jobstore.JobRow:
+    return store.add_job(job_id=job_id, name=f"n-{job_id}", task=task, job_toml="x",
+                         job={"task": task, "rounds": 3}, source="submit",
+                         source_sha256="abc", submitted_by="operator", rounds=3,
+                         state_dir=f"jobs/{job_id}")
+
+
+def test_jobs_keep_submission_order_and_survive_reopening(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    for jid in ("b", "a", "c"):
+        _add(store, jid)
+    store.update("b", state=JobState.RUNNING, started_at=1.0)
+    store.update("a", state=JobState.FINISHED, rounds_done=3, accuracy=0.9)
+    store.close()
+    again = JobStore(tmp_path)
+    assert [j.job_id for j in again.jobs()] == ["b", "a", "c"]
+    assert [j.job_id for j in again.pending()] == ["b", "c"]
+    a = again.get("a")
+    assert a is not None and a.state is JobState.FINISHED and a.ended
+    assert a.summary()["accuracy"] == 0.9 and a.job == {"task": "digits", "rounds": 3}
+    assert again.get("missing") is None
+    assert [j.job_id for j in again.jobs(limit=2)] == ["a", "c"]
+
+
+def test_update_refuses_unknown_columns(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    _add(store, "a")
+    with pytest.raises(ValueError, match="job_toml"):
+        store.update("a", job_toml="evil")
+    with pytest.raises(ValueError):
+        store.update("a", state="exploded")
+
+
+def test_events_are_numbered_cut_and_bounded(tmp_path: Path) -> None:
+    store = JobStore(tmp_path, max_events_per_job=5)
+    _add(store, "a")
+    for i in range(8):
+        store.add_event("a", f"event {i}")
+    seqs = [e.seq for e in store.events("a")]
+    assert seqs == [4, 5, 6, 7, 8]
+    assert [e.seq for e in store.events("a", after=6)] == [7, 8]
+    seq = store.add_event("a", "x" * 10_000, level="error", source="node", node="site-a")
+    last = store.events("a", after=seq - 1)[0]
+    assert len(last.message) < 5_000 and "more characters cut" in last.message
+    assert (last.level, last.source, last.node) == ("error", "node", "site-a")
+
+
+def test_history_is_replaced_whole(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    _add(store, "a")
+    store.save_history("a", [{"round": 1, "status": "finished", "eval": None}], None)
+    store.save_history("a", [{"round": 1, "status": "finished", "eval": {"accuracy": 0.5}},
+                             {"round": 2, "status": "retried", "eval": None}],
+                       {"accuracy": 0.1})
+    history, initial = store.history("a")
+    assert [h["round"] for h in history] == [1, 2]
+    assert history[0]["eval"] == {"accuracy": 0.5} and initial == {"accuracy": 0.1}
+
+
+def test_a_database_from_a_newer_fedgpu_is_refused(tmp_path: Path) -> None:
+    JobStore(tmp_path).close()
+    with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
+        db.execute("PRAGMA user_version = 999")
+    with pytest.raises(StoreError, match="newer fedgpu"):
+        JobStore(tmp_path)
+
+
+def test_a_damaged_database_is_refused_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / jobstore.DB_FILE).write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="move it aside"):
+        JobStore(tmp_path)
