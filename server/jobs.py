@@ -1,0 +1,295 @@
+"""Jobs on a federation that stays up: a queue, run one at a time in submission order.
+
+The federation (who is connected: the registry) outlives its jobs; each job is an object of
+its own with its round engine (an orchestrator), strategy and checkpoints, in
+`<state dir>/jobs/<job id>/`. The job list, states, events and round history are in SQLite
+(fedgpu.server.jobstore), so a restarted aggregator finds its queue again: queued jobs stay
+queued, the job that was running resumes from its last finished round, finished jobs stay
+listed with their models downloadable.
+
+Running several jobs at once would be a change of policy here (`_next`), not of the jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedgpu.core import codec
+from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job
+from fedgpu.core.constants import JobState
+from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.server import resume
+from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.jobstore import JobRow, JobStore
+from fedgpu.server.registry import Node, Registry
+
+log = logging.getLogger("fedgpu.server.jobs")
+
+JOBS_DIR = "jobs"
+# How often a waiting job re-reads who is connected, and a follower polls for events.
+_POLL_S = 0.5
+
+
+class JobError(FedgpuError):
+    """A job call that cannot be done: unknown id, already ended."""
+
+
+@dataclass
+class ActiveJob:
+    row: JobRow
+    job: Job
+    orch: Any  # Orchestrator or RingOrchestrator
+    task: asyncio.Task[None]
+    stop_requested: bool = False
+
+
+class StoreCheckpointer(Checkpointer):
+    """Checkpoints a job's round as before (weights + state.json, atomically), then copies its
+    history and progress into the job database, so listings never need the checkpoint."""
+
+    def __init__(self, directory: Path, store: JobStore, job_id: str) -> None:
+        super().__init__(directory)
+        self.store = store
+        self.job_id = job_id
+
+    def save(self, weights: Any, state: Any, tensors: Any = None) -> None:
+        super().save(weights, state, tensors)
+        history = list(state.get("history") or [])
+        self.store.save_history(self.job_id, history, state.get("initial_eval"))
+        latest = next((h["eval"] for h in reversed(history) if h.get("eval")), None) or {}
+        self.store.update(self.job_id, rounds_done=int(state.get("global_round", 0)),
+                          accuracy=latest.get("accuracy"), loss=latest.get("loss"),
+                          run_id=str(state.get("run_id")))
+
+
+def job_from_row(row: JobRow) -> Job:
+    return parse_job(tomllib.loads(row.job_toml), f"job {row.job_id}")
+
+
+def eligibility(job: Job, node: Node, alive: bool) -> str | None:
+    """Why `node` cannot take part in `job` now; None when it can."""
+    if not alive:
+        return "not connected (no heartbeat)"
+    if node.tasks and job.task not in node.tasks:
+        shown = ", ".join(node.tasks[:8]) + (", ..." if len(node.tasks) > 8 else "")
+        return f"task {job.task!r} is not installed there (installed: {shown})"
+    return None
+
+
+class JobManager:
+    def __init__(self, store: JobStore, registry: Registry, state_dir: Path,
+                 make_orchestrator: Callable[..., Any], chunk_size: int) -> None:
+        self.store = store
+        self.registry = registry
+        self.state_dir = state_dir
+        self.make_orchestrator = make_orchestrator
+        self.chunk_size = chunk_size
+        self.active: ActiveJob | None = None
+        self._wake = asyncio.Event()
+        # Set when the queue is empty and nothing runs (`--exit-when-done` waits on it).
+        self.idle = asyncio.Event()
+
+    # ---- submitting ------------------------------------------------------------------
+
+    def submit(self, job_toml: str, filename: str, submitted_by: str,
+               source: str = "submit") -> JobRow:
+        """Validate and queue a job file; ConfigError (naming the key) queues nothing."""
+        if len(job_toml.encode()) > MAX_JOB_FILE_BYTES:
+            raise ConfigError(f"{filename}: the job file is larger than {MAX_JOB_FILE_BYTES} "
+                              "bytes")
+        try:
+            raw = tomllib.loads(job_toml)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{filename}: not valid TOML: {exc}") from None
+        job = parse_job(raw, filename)
+        from fedgpu.server.strategies import make_strategy
+
+        make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now
+        job_id = secrets.token_hex(6)
+        row = self.store.add_job(
+            job_id=job_id, name=job.name or job.task, task=job.task, job_toml=job_toml,
+            job=job.to_dict(), source=source,
+            source_sha256=hashlib.sha256(job_toml.encode()).hexdigest(),
+            submitted_by=submitted_by, rounds=job.rounds, state_dir=f"{JOBS_DIR}/{job_id}")
+        self.store.add_event(job_id, f"submitted by {submitted_by} from {filename}: task "
+                             f"{job.task}, {job.rounds} rounds, {job.strategy}")
+        log.info("job %s queued (%s, task %s)", job_id, row.name, job.task)
+        self._wake.set()
+        return row
+
+    def submit_at_start(self, path: Path) -> JobRow:
+        """`server start --job FILE`: queue it, unless this very file was queued by an earlier
+        start on this state directory (a restarted container must not queue it again)."""
+        text = path.read_text()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        earlier = self.store.find_source("server-start", digest)
+        if earlier is not None:
+            log.info("job file %s was queued before as job %s (%s); not queued again",
+                     path, earlier.job_id, earlier.state)
+            return earlier
+        return self.submit(text, str(path), "server start --job", source="server-start")
+
+    # ---- stopping --------------------------------------------------------------------
+
+    def stop(self, job_id: str) -> JobRow:
+        row = self.get(job_id)
+        if row.ended:
+            return row
+        active = self.active
+        if active is not None and active.row.job_id == job_id:
+            active.stop_requested = True
+            active.task.cancel()
+        else:
+            self.store.update(job_id, state=JobState.STOPPED, finished_at=time.time(),
+                              reason=None)
+        self.store.add_event(job_id, "stop requested by an operator", level="warning")
+        log.info("job %s: stop requested", job_id)
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRow:
+        row = self.store.get(job_id)
+        if row is None:
+            raise JobError(f"no job {job_id!r} on this aggregator; 'fedgpu job list' shows "
+                           "the jobs")
+        return row
+
+    # ---- running -----------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        """Run queued jobs one after the other until cancelled."""
+        while True:
+            row = self._next()
+            if row is None:
+                self.idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self.idle.clear()
+            await self._run(row)
+
+    def _next(self) -> JobRow | None:
+        pending = self.store.pending()
+        return pending[0] if pending else None
+
+    async def _run(self, row: JobRow) -> None:
+        try:
+            job = job_from_row(row)
+            orch = self._orchestrator(row, job)
+        except FedgpuError as exc:
+            self._end(row.job_id, JobState.FAILED, str(exc))
+            return
+        task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
+        self.active = ActiveJob(row, job, orch, task)
+        if not row.started_at:
+            self.store.update(row.job_id, started_at=time.time())
+        self.store.update(row.job_id, state=JobState.RUNNING, run_id=orch.run_id)
+        self.store.add_event(row.job_id, f"started (run {orch.run_id})")
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not self.active.stop_requested:
+                # The aggregator itself is stopping: the job stays running in the
+                # database and resumes at the next start.
+                self.active = None
+                raise
+        active, self.active = self.active, None
+        state = {"finished": JobState.FINISHED, "failed": JobState.FAILED}.get(
+            orch.state, JobState.STOPPED)
+        if active.stop_requested:
+            state = JobState.STOPPED
+        self._end(row.job_id, state, orch.error)
+
+    def _end(self, job_id: str, state: JobState, error: str | None) -> None:
+        self.store.update(job_id, state=state, error=error, reason=None,
+                          finished_at=time.time())
+        self.store.add_event(job_id, f"{state}" + (f": {error}" if error else ""),
+                             level="error" if state is JobState.FAILED else "info")
+        log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
+
+    def _orchestrator(self, row: JobRow, job: Job) -> Any:
+        directory = self.state_dir / row.state_dir
+        checkpointer = StoreCheckpointer(directory, self.store, row.job_id)
+        initial = _initial_weights(job)
+        saved = checkpointer.load()
+        if saved is not None:
+            resume.check(job, saved[0], saved[1], initial, directory)
+        orch = self.make_orchestrator(job, self.registry, chunk_size=self.chunk_size,
+                                      checkpointer=checkpointer, initial_weights=initial)
+        if saved is not None:
+            orch.restore(*saved)
+            self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
+        return orch
+
+    # ---- what the admin documents read ---------------------------------------------
+
+    def live_state(self, row: JobRow) -> tuple[JobState, str | None]:
+        """The job's state now, with the reason it waits (computed, not stored)."""
+        active = self.active
+        if active is None or active.row.job_id != row.job_id:
+            if row.state in (JobState.RUNNING, JobState.WAITING):
+                # Its turn comes as soon as the aggregator's loop picks it up.
+                return JobState.QUEUED, "resuming"
+            if row.state is JobState.QUEUED and active is not None:
+                return JobState.QUEUED, f"after job {active.row.job_id}"
+            return row.state, row.reason
+        if active.orch.state == "waiting":
+            return JobState.WAITING, self.waiting_reason(active.job)
+        return JobState.RUNNING, None
+
+    def waiting_reason(self, job: Job) -> str:
+        nodes = self.registry.all()
+        able = [n for n in nodes if eligibility(job, n, self.registry.is_alive(n)) is None]
+        need = job.min_available_nodes or job.min_nodes
+        if len(able) >= need:
+            return "starting"
+        why = {}
+        for n in nodes:
+            reason = eligibility(job, n, self.registry.is_alive(n))
+            if reason is not None:
+                why.setdefault(reason, []).append(n.name)
+        detail = "; ".join(f"{', '.join(names[:5])}: {reason}" for reason, names in
+                           why.items())
+        return (f"{len(able)} of the {need} nodes it needs can take it"
+                + (f" ({detail})" if detail else ""))
+
+    def node_parts(self, job: Job) -> list[dict[str, Any]]:
+        out = []
+        for n in self.registry.all():
+            alive = self.registry.is_alive(n)
+            reason = eligibility(job, n, alive)
+            out.append({"node_id": n.node_id, "name": n.name,
+                        "state": n.state if alive else "lost",
+                        "eligible": reason is None, "reason": reason})
+        return out
+
+    def model_file(self, job_id: str) -> Path:
+        row = self.get(job_id)
+        path = self.state_dir / row.state_dir / "global.safetensors"
+        if not path.exists():
+            raise JobError(f"job {job_id} has no model yet ({row.state}): the first "
+                           "checkpoint is written once a node built the initial model")
+        return path
+
+
+def _initial_weights(job: Job) -> dict[str, np.ndarray] | None:
+    if job.initial_weights is None:
+        return None
+    path = Path(job.initial_weights)
+    try:
+        tensors, _ = codec.decode(path.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"initial_weights {path} does not exist on the aggregator") from None
+    except codec.CodecError as exc:
+        raise ConfigError(f"initial_weights {path} is not a safetensors file: {exc}") from None
+    return dict(tensors)
