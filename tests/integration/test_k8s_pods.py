@@ -121,8 +121,9 @@ def test_the_cpu_overlays_pods_run_a_federation(tmp_path: Path) -> None:
             time.sleep(1)
         assert out.stdout.strip() == "SERVING"
 
+        pods = {}
         for w in k8s.node_workloads(objects):
-            pod = Pod(tmp_path / "pods", w, objects, secrets, port)
+            pod = pods[k8s.site(w)] = Pod(tmp_path / "pods", w, objects, secrets, port)
             (init,) = [c for c in k8s.containers([w]) if c.init]
             env, argv = pod.env_and_argv(init, init.spec["args"])
             done = subprocess.run([*FEDGPU, *argv], env=env, cwd=ROOT, capture_output=True,
@@ -153,6 +154,14 @@ def test_the_cpu_overlays_pods_run_a_federation(tmp_path: Path) -> None:
         assert names == sorted(sites), f"registered {names} ({last_error})\n{logs}"
         # The run starts with them (min_nodes = 3): nothing refused their data or names.
         fed.wait_state(("running", "finished"), timeout=300)
+        # Each node's readiness probe, as the kubelet would exec it in that pod.
+        for w in k8s.node_workloads(objects):
+            pod = pods[k8s.site(w)]
+            main = k8s.main_container(w)
+            env, probe = pod.env_and_argv(main, main.spec["readinessProbe"]["exec"]["command"][1:])
+            out = subprocess.run([*FEDGPU, *probe], env=env, cwd=ROOT, capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0 and out.stdout.startswith("healthy"), out.stderr
         # Each node's data mount is its own partition of the demo split (node-1 .. node-3).
         for w in k8s.node_workloads(objects):
             part = w["spec"]["template"]["metadata"]["labels"]["fedgpu.io/demo-partition"]

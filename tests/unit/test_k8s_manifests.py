@@ -64,7 +64,8 @@ def _interpolate(text: str) -> str:
 
 
 def compose_nodes(profile: str) -> dict[str, dict[str, Any]]:
-    """Per node service of a compose profile: its --gpu policy and whether it reserves GPUs."""
+    """Per node service of a compose profile: its --gpu policy, whether it reserves GPUs, and
+    which demo partition it mounts."""
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     nodes = {}
     for name, svc in services.items():
@@ -74,8 +75,10 @@ def compose_nodes(profile: str) -> dict[str, dict[str, Any]]:
         argv = shlex.split(_interpolate(command)) if isinstance(command, str) else command
         devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get(
             "devices", [])
+        (data,) = [v.split(":")[0] for v in svc["volumes"] if v.split(":")[1] == "/data"]
         nodes[name] = {"gpu": argv[argv.index("--gpu") + 1],
-                       "reserves_gpu": any(d.get("driver") == "nvidia" for d in devices)}
+                       "reserves_gpu": any(d.get("driver") == "nvidia" for d in devices),
+                       "partition": re.fullmatch(r"node-(\d)-data", data)[1]}
     return nodes
 
 
@@ -86,7 +89,8 @@ def k8s_nodes(profile: str) -> dict[str, dict[str, Any]]:
         if k8s.role(c.workload) == "node" and not c.init:
             nodes[k8s.site(c.workload)] = {
                 "gpu": k8s.environment(c, objects)["FEDGPU_GPU"],
-                "reserves_gpu": c.gpu_limit() is not None}
+                "reserves_gpu": c.gpu_limit() is not None,
+                "partition": c.pod["metadata"]["labels"]["fedgpu.io/demo-partition"]}
     return nodes
 
 
@@ -94,7 +98,8 @@ def k8s_nodes(profile: str) -> dict[str, dict[str, Any]]:
 def test_overlay_has_the_compose_profiles_nodes_with_the_same_gpu_meaning(profile: str) -> None:
     compose = compose_nodes(profile)
     assert compose, f"compose profile {profile} has no node services"
-    # Same sites, same --gpu policy, and a GPU reservation exactly where compose has one.
+    # Same sites, same --gpu policy, a GPU reservation exactly where compose has one, and the
+    # same demo partition (so hetero trains on three different parts, as in compose).
     assert k8s_nodes(profile) == compose
     # ... and compose reserves GPUs exactly on its GPU-policy services.
     for name, node in compose.items():
@@ -350,7 +355,7 @@ def _paths() -> list[Path]:
     return sorted(k8s.K8S.rglob("*.yaml"))
 
 
-def test_every_kustomization_renders_on_its_own_or_as_a_component() -> None:
+def test_every_kustomization_is_used_by_an_overlay() -> None:
     """Nothing in deploy/k8s is dead: every folder is used by an overlay or is one."""
     used: set[Path] = set()
     for path in _paths():
