@@ -197,9 +197,10 @@ async def _serve_dashboard(cfg: ServerConfig, orch: Orchestrator, registry: Regi
     # (FEDGPU_OPERATOR_TOKEN) here, and `jobs=` gets the producer of `fedgpu job list --json`.
     assert cfg.token
     if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("the dashboard listens on %s over plain HTTP: the operator token crosses "
-                    "that network in clear text; keep --ui-host 127.0.0.1 and reach it through "
-                    "an SSH tunnel unless this network is trusted", cfg.ui_host)
+        log.warning("the dashboard listens on %s over plain HTTP: whoever reaches it there "
+                    "can try the operator token, which crosses that network in clear text; "
+                    "publish it on localhost only (as compose does) or keep --ui-host "
+                    "127.0.0.1 and use an SSH tunnel", cfg.ui_host)
     dashboard = DashboardServer(DashboardSources(
         status=lambda: status_doc(orch, registry),
         nodes=lambda: nodes_doc(registry),

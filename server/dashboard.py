@@ -109,7 +109,7 @@ class DashboardServer:
         self.sources = sources
         self.idle_timeout_s = idle_timeout_s
         self.sessions = Sessions(session_ttl_s)
-        root = importlib.resources.files("fedgpu.server") / "ui"
+        root = importlib.resources.files("fedgpu.server.ui")
         self.assets = {name: root.joinpath(name).read_bytes() for name in ASSETS}
         self.runner: web.AppRunner | None = None
         self.url = ""

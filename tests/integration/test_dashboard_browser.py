@@ -173,7 +173,8 @@ def test_the_page_shows_sites_gpus_and_rounds(ui_run: UiRun, tmp_path: Path) -> 
         # The whole page in one picture: a window as tall as the document.
         height = min(4000, driver.execute_script(
             "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"))
-        driver.set_window_size(1440, height + 140)
+        frame = driver.execute_script("return window.outerHeight - window.innerHeight")
+        driver.set_window_size(1440, height + frame + 20)
         wait_for(lambda: driver.execute_script("return window.innerHeight") >= height, 10,
                  "the window to grow to the page's height")
         shot = tmp_path / "dashboard.png"
