@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fedgpu.server.dashboard import ASSETS, DashboardServer, DashboardSources
 from fedgpu.server.dashboard_auth import COOKIE, token_check
+from tests.fixtures.federation import cli, free_port, write_job
 
 TOKEN = "operator-secret"
 NODES = {"nodes": [{"name": f"site-{i}", "state": "idle", "alive": True,
@@ -243,3 +245,25 @@ def test_a_client_that_never_finishes_its_request_is_dropped(served: Served) -> 
     assert data == b"" or data.startswith(b"HTTP/1.1 4"), data
     # Closed by the idle timer (1 s here, 15 s by default), not by the test's own timeout.
     assert waited < 8
+
+
+def test_the_aggregator_refuses_a_dashboard_without_a_credential(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "job.toml")
+    port = free_port()
+    r = cli("server", "start", "--job", str(job), "--host", "127.0.0.1", "--port", str(port),
+            "--insecure", "--ui-port", str(free_port()), token=None)
+    assert r.returncode == 2  # a configuration error
+    assert "--ui-port needs the operator token" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_busy_ui_port_is_a_clear_error(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "job.toml")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        r = cli("server", "start", "--job", str(job), "--host", "127.0.0.1", "--port",
+                str(free_port()), "--ui-port", str(taken))
+    assert r.returncode == 1
+    assert f"cannot serve the dashboard on 127.0.0.1:{taken}" in r.stderr
+    assert "Traceback" not in r.stderr
