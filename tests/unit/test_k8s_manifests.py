@@ -4,7 +4,6 @@ every command line, environment and probe in the pods is one the real `fedgpu` C
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
@@ -13,9 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from typer.main import get_command
 
-from fedgpu.cli.app import app
 from fedgpu.core.constants import PROFILES
 from fedgpu.node import policy
 from tests.fixtures import k8s
@@ -134,34 +131,6 @@ def test_gpu_limits_are_on_exactly_the_gpu_node_workloads(profile: str) -> None:
 
 # --- the pods' command lines, parsed by the real CLI ------------------------------------------
 
-def parse_cli(argv: list[str], env: dict[str, str],
-              monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Any]]:
-    """Parse argv as `fedgpu` would in a process with exactly `env`: the real typer app's click
-    commands, options and their envvar fallbacks (click reads those from os.environ)."""
-    for name in [n for n in os.environ if n.startswith("FEDGPU_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    command = get_command(app)
-    depth = 0
-    while hasattr(command, "get_command"):  # a group: descend by the next word
-        assert depth < len(argv), f"{argv}: names a command group, not a command"
-        sub = command.get_command(command.context_class(command), argv[depth])
-        assert sub is not None, f"fedgpu has no command {' '.join(argv[:depth + 1])!r}"
-        command, depth = sub, depth + 1
-    # Raises click's UsageError (no such option, bad value, missing required option).
-    ctx = command.make_context("fedgpu " + " ".join(argv[:depth]), list(argv[depth:]))
-    return command, ctx.params
-
-
-def _envvars(command: Any) -> set[str]:
-    names: set[str] = set()
-    for param in command.params:
-        envvar = getattr(param, "envvar", None)
-        names.update([envvar] if isinstance(envvar, str) else envvar or [])
-    return names
-
-
 def fedgpu_invocations(c: k8s.Container) -> list[tuple[str, list[str]]]:
     """Every fedgpu command line of a container: its args (the images' entrypoint is fedgpu)
     and its exec probes."""
@@ -183,11 +152,11 @@ def test_the_cli_accepts_every_command_line_and_variable(profile: str,
         assert c.spec["image"].split("/")[-1].split(":")[0] in ("server", "node"), c.name
         env = k8s.environment(c, objects)
         for where, argv in fedgpu_invocations(c):
-            command, params = parse_cli(argv, env, monkeypatch)
+            command, params = k8s.parse_cli(argv, env, monkeypatch)
             seen.add(" ".join(argv[:2]))
             if where == "args":
                 # A variable fedgpu does not read is a renamed or misspelt option.
-                unread = {n for n in env if n.startswith("FEDGPU_")} - _envvars(command)
+                unread = {n for n in env if n.startswith("FEDGPU_")} - k8s.envvars(command)
                 assert unread <= K8S_ONLY_ENV, f"{c.name}: fedgpu {argv[:2]} ignores {unread}"
             check_meaning(c, argv, params, env)
     assert {"server start", "node start", "data split", "health --address",
@@ -222,14 +191,14 @@ def check_meaning(c: k8s.Container, argv: list[str], params: dict[str, Any],
 def test_a_renamed_flag_would_fail_the_cli_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """The parse above is real: what the CLI does not know is refused."""
     with pytest.raises(Exception, match="No such option"):
-        parse_cli(["node", "start", "--gpu-policy", "offer"], {}, monkeypatch)
+        k8s.parse_cli(["node", "start", "--gpu-policy", "offer"], {}, monkeypatch)
     with pytest.raises(Exception, match="integer"):
-        parse_cli(["server", "start", "--job", "j.toml"], {"FEDGPU_PORT": "grpc"}, monkeypatch)
+        k8s.parse_cli(["server", "start", "--job", "j.toml"], {"FEDGPU_PORT": "grpc"}, monkeypatch)
     with pytest.raises(Exception, match="Missing parameter: aggregator"):
-        parse_cli(["node", "start"], {"FEDGPU_DATA": "/data"}, monkeypatch)
-    command, _ = parse_cli(["node", "start"], {"FEDGPU_DATA": "/d", "FEDGPU_AGGREGATOR": "a:1"},
+        k8s.parse_cli(["node", "start"], {"FEDGPU_DATA": "/data"}, monkeypatch)
+    command, _ = k8s.parse_cli(["node", "start"], {"FEDGPU_DATA": "/d", "FEDGPU_AGGREGATOR": "a:1"},
                            monkeypatch)
-    assert "FEDGPU_GPU_INDEX" in _envvars(command) and "FEDGPU_GPUS" not in _envvars(command)
+    assert "FEDGPU_GPU_INDEX" in k8s.envvars(command) and "FEDGPU_GPUS" not in k8s.envvars(command)
 
 
 # --- wiring: names, ports, secrets, files ------------------------------------------------------
@@ -365,5 +334,6 @@ def test_every_kustomization_is_used_by_an_overlay() -> None:
                 used.add((path.parent / ref).resolve())
     for path in _paths():
         if path.name == "kustomization.yaml" and path.parent.parent != k8s.OVERLAYS:
-            assert path.parent.resolve() in used or path.parent.name == "public-aggregator", (
+            assert path.parent.resolve() in used or path.parent.name in (
+                "public-aggregator", "dashboard"), (
                 f"{path.parent} is used by no overlay")

@@ -1,7 +1,7 @@
 """deploy/k8s's security: checkov passes on every overlay with each exception written down, the
 Secrets `fedgpu certs k8s-secrets` writes are exactly what the pods mount (one pod's key each,
-never the CA key), and the component that opens the aggregator to outside sites opens only its
-gRPC port."""
+never the CA key), the component that opens the aggregator to outside sites opens only its gRPC
+port, and the dashboard component keeps its plain HTTP on the pod's loopback."""
 
 from __future__ import annotations
 
@@ -27,16 +27,39 @@ EXCEPTIONS = k8s.K8S / "checkov-exceptions.yaml"
 CHECKOV = Path(os.environ.get("FEDGPU_CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov"))
 
 
-def with_public_aggregator(tmp_path: Path, profile: str) -> list[dict[str, Any]]:
-    """An operator's own kustomization: an overlay plus components/public-aggregator (Kustomize
-    takes only relative paths to other folders)."""
-    here = tmp_path / f"public-{profile}"
+def with_component(tmp_path: Path, profile: str, component: str) -> list[dict[str, Any]]:
+    """An operator's own kustomization: an overlay plus one of deploy/k8s/components
+    (Kustomize takes only relative paths to other folders)."""
+    here = tmp_path / f"{component}-{profile}"
     here.mkdir()
     rel = os.path.relpath(k8s.K8S, here)
     (here / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": [f"{rel}/overlays/{profile}"],
-        "components": [f"{rel}/components/public-aggregator"]}))
+        "components": [f"{rel}/components/{component}"]}))
     return k8s.render(here)
+
+
+def with_public_aggregator(tmp_path: Path, profile: str) -> list[dict[str, Any]]:
+    return with_component(tmp_path, profile, "public-aggregator")
+
+
+def test_dashboard_component_serves_on_loopback_and_requires_the_token(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = with_component(tmp_path, "cpu", "dashboard")
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, "1.34", strict=True) == "1.34"
+    (sts,) = k8s.by_kind(objects, "StatefulSet")
+    c = k8s.main_container(sts)
+    env = k8s.environment(c, objects, {"fedgpu-token": {"token": "t0ken"}})
+    _, params = k8s.parse_cli(c.spec["args"], env, monkeypatch)
+    # The aggregator refuses --ui-port without a token: the Secret may no longer be optional.
+    assert (params["ui_port"], params["ui_host"], params["token"]) == (8080, "127.0.0.1", "t0ken")
+    with pytest.raises(AssertionError, match="Secret fedgpu-token is missing"):
+        k8s.environment(c, objects, {})
+    # Plain HTTP on loopback: reached by port-forward, never through the Service or the policy.
+    plain = k8s.overlay("cpu")
+    for kind in ("Service", "NetworkPolicy"):
+        assert k8s.by_kind(objects, kind) == k8s.by_kind(plain, kind)
 
 
 def test_public_aggregator_opens_only_the_grpc_port_to_outside(tmp_path: Path) -> None:
@@ -98,8 +121,9 @@ def test_checkov_passes_every_overlay_except_the_written_exceptions(tmp_path: Pa
     for profile in PROFILES:
         (rendered / f"{profile}.yaml").write_text(
             yaml.safe_dump_all(k8s.overlay(profile), sort_keys=False))
-    (rendered / "public-aggregator.yaml").write_text(
-        yaml.safe_dump_all(with_public_aggregator(tmp_path, "cpu"), sort_keys=False))
+    for component in ("public-aggregator", "dashboard"):
+        (rendered / f"{component}.yaml").write_text(
+            yaml.safe_dump_all(with_component(tmp_path, "cpu", component), sort_keys=False))
     failed, lines = run_checkov(rendered)
     unexplained = [line for line in lines if line.split()[0] not in exceptions]
     assert not unexplained, "checkov failures without a written exception:\n" + "\n".join(
