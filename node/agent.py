@@ -66,10 +66,6 @@ class AgentConfig:
     report_timeout_s: float = 120.0
 
 
-def _unreachable(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and is_unreachable(exc)
-
-
 class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -148,7 +144,7 @@ class Agent:
 
         try:
             reply = retry(self._register_once, what="register", policy=self._policy(deadline_s),
-                          retryable=_unreachable, stop=self._stop, on_retry=waiting)
+                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
         except GaveUp:
             raise FedgpuError(
                 f"cannot reach aggregator at {self.cfg.aggregator} — is it running and "
@@ -216,7 +212,7 @@ class Agent:
                 # that broke before its header said what the task was is asked for again.
                 header, payload = retry(
                     self._pull, what="task poll", policy=self._policy(None),
-                    retryable=lambda e: _unreachable(e) or (
+                    retryable=lambda e: is_unreachable(e) or (
                         isinstance(e, PayloadError) and e.header is None),
                     stop=self._stop, on_retry=self._lost)
             except PayloadError as exc:
@@ -330,7 +326,7 @@ class Agent:
         try:
             reply = retry(lambda: self.client.push(update, weights), what="report",
                           policy=self._policy(self.cfg.report_timeout_s),
-                          retryable=_unreachable, stop=self._stop, on_retry=waiting)
+                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
         except grpc.RpcError as exc:
             log.warning("update for round %d not accepted: %s", task.round, exc.details())
         except GaveUp as exc:

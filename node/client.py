@@ -101,5 +101,7 @@ class AggregatorClient:
                 yield pb.UpdateChunk(data=chunk)
 
 
-def is_unreachable(exc: grpc.RpcError) -> bool:
-    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+def is_unreachable(exc: BaseException) -> bool:
+    """An RPC error that another try may not have: the aggregator is down or unreachable."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
