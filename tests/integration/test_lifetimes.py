@@ -15,7 +15,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fixtures.federation import FEDGPU, ROOT, Federation, base_env, write_job
+from tests.fixtures.federation import (
+    FEDGPU,
+    ROOT,
+    Federation,
+    Proc,
+    base_env,
+    free_port,
+    write_job,
+)
 from tests.fixtures.processes import (
     cmdline_has,
     descendants,
@@ -164,3 +172,41 @@ def test_child_env_names_this_process() -> None:
 
     env = lifetime.child_env({"A": "1"})
     assert env == {"A": "1", lifetime.PARENT_ENV: str(os.getpid())}
+
+
+def test_aggregator_and_agent_stop_on_ctrl_c_even_when_started_with_it_ignored(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    # A script's `cmd &` starts both with SIGINT ignored; each installs its handler itself.
+    port = free_port()
+    federation.address = f"127.0.0.1:{port}"
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("server", "node")}  # noqa: SIM115
+    server = subprocess.Popen(with_signals(
+        [*FEDGPU, "server", "start", "--job", str(write_job(tmp_path / "job.toml")), "--host",
+         "127.0.0.1", "--port", str(port)], ignored=(signal.SIGINT,)),
+        stdout=logs["server"], stderr=subprocess.STDOUT, env=base_env(FEDGPU_TOKEN="test-token"),
+        cwd=ROOT)
+    node = None
+    try:
+        federation.wait_healthy(Proc("aggregator", server, tmp_path / "server.log"))
+        node = subprocess.Popen(with_signals(
+            [*FEDGPU, "node", "start", "--aggregator", federation.address, "--data",
+             str(digits_split[0]), "--name", "node-a", "--gpu", "none", "--status-file",
+             str(tmp_path / "node.status")], ignored=(signal.SIGINT,)),
+            stdout=logs["node"], stderr=subprocess.STDOUT,
+            env=base_env(FEDGPU_TOKEN="test-token"), cwd=ROOT)
+        wait_for("the node to register", lambda: federation.query("ListNodes")["nodes"], 120)
+        tree = descendants(node.pid)  # its pre-started worker
+        node.send_signal(signal.SIGINT)
+        assert node.wait(timeout=20) == 130, (tmp_path / "node.log").read_text()[-2000:]
+        assert "SIGINT: stopped" in (tmp_path / "node.log").read_text()
+        assert not wait_gone(tree, timeout=10), describe(tree)
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=20) == 0, (tmp_path / "server.log").read_text()[-2000:]
+        assert "shutting down on signal" in (tmp_path / "server.log").read_text()
+    finally:
+        for p in (server, node):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        for fh in logs.values():
+            fh.close()
