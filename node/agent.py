@@ -194,6 +194,9 @@ class Agent:
             log.warning("cannot pre-start a round worker: %s", exc)
 
     def _lost(self, exc: BaseException, delay: float) -> None:
+        if isinstance(exc, PayloadError):
+            log.warning("broken task stream (%s); asking again in %.1fs", exc, delay)
+            return
         code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
         log.warning("lost the aggregator (%s); retrying in %.1fs", code, delay)
         self._set_state("reconnecting")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.federation import FEDGPU, Federation, base_env, free_port, write_job
 from tests.integration.test_faults import faulty_env, wait_for
 
@@ -125,3 +126,71 @@ def test_unreachable_aggregator_gives_up_at_the_connect_deadline(tmp_path: Path,
     # Several tries with backoff, and no more than the deadline allows.
     assert r.stderr.count("unreachable; retrying in") >= 2
     assert elapsed >= 4
+
+
+class DamagingAggregator(pb_grpc.FederationServicer):
+    """A real gRPC server that speaks the Federation contract but sends one broken task
+    stream first (what fedgpu's own aggregator never sends), then says the run is over."""
+
+    def __init__(self, first: list[pb.TaskChunk]) -> None:
+        self.first, self.pulls, self.updates = first, 0, []
+
+    def Register(self, request, context):  # noqa: N802 - gRPC's names
+        return pb.RegisterReply(node_id="node-x", run_id="run", heartbeat_interval_s=1)
+
+    def Heartbeat(self, request, context):  # noqa: N802
+        return pb.HeartbeatReply(known=True)
+
+    def PullTask(self, request, context):  # noqa: N802
+        self.pulls += 1
+        if self.pulls == 1:
+            yield from self.first
+            return
+        yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_SHUTDOWN, message="done"))
+
+    def PushUpdate(self, request_iterator, context):  # noqa: N802
+        self.updates.extend(c.header for c in request_iterator if c.HasField("header"))
+        return pb.PushReply(accepted=True, message="failure recorded")
+
+
+TRAIN = pb.TaskHeader(task_id="t1", round=1, kind=pb.TASK_KIND_TRAIN, task_name="digits",
+                      payload_size=8, payload_sha256="00" * 32)
+
+
+@pytest.mark.parametrize("stream,reported", [
+    ([pb.TaskChunk(header=TRAIN), pb.TaskChunk(data=b"12345678")], True),
+    ([pb.TaskChunk(data=b"12345678")], False),
+], ids=["damaged-payload", "no-header"])
+def test_a_broken_task_stream_is_reported_or_asked_again_never_looped(
+        tmp_path: Path, digits_split: list[Path], stream: list[pb.TaskChunk],
+        reported: bool) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    servicer = DamagingAggregator(stream)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_FederationServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        r = subprocess.run([*FEDGPU, "node", "start", "--aggregator", f"127.0.0.1:{port}",
+                            "--data", str(digits_split[0]), "--gpu", "none", "--insecure",
+                            "--no-prestart", "--status-file", str(tmp_path / "s.json")],
+                           capture_output=True, text=True, env=base_env(), timeout=120)
+    finally:
+        server.stop(0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # Asked once more, then told the run is over: no loop either way.
+    assert servicer.pulls == 2
+    if reported:
+        # The same task would come back just as broken: the aggregator hears why, once.
+        (update,) = servicer.updates
+        assert update.failed and update.task_id == "t1" and update.round == 1
+        assert update.error.startswith("task payload damaged: ")
+        assert "sha256 mismatch" in update.error, update.error
+    else:
+        # Nothing said what the stream carried: nothing to report; asked again after a wait.
+        assert servicer.updates == []
+        assert "broken task stream (weight chunk before the task header); asking again in" \
+            in r.stderr
