@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from fedgpu.core import lifetime
 from fedgpu.node.workfiles import (
     ERROR_FILE,
     EXIT_BAD_INPUT,
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The agent that started us may be SIGKILLed: then we stop too, instead of training on
+    # for nobody (and holding the GPU).
+    lifetime.bind_to_parent()
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--standby"]:
         try:

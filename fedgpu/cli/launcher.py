@@ -1,7 +1,9 @@
 """`fedgpu run`: an aggregator and N nodes as local processes on loopback, no Docker.
 
-Every child runs in its own session so a Ctrl-C reaches only us; we then stop them in order
-(SIGTERM, then SIGKILL after a grace period), so nothing is left running whatever happens.
+Every child runs in its own session so a Ctrl-C reaches only us; on SIGINT, SIGTERM or SIGHUP
+we stop them all at once (SIGTERM, then SIGKILL to each child's process group after a grace
+period), so nothing is left running. Killed with SIGKILL we cannot do that: each child asked the
+kernel to be signalled when we die (fedgpu.core.lifetime), and stops on its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedgpu.core import admin_client
+from fedgpu.core import admin_client, lifetime
 from fedgpu.core.errors import FedgpuError
 
 
@@ -94,14 +96,22 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, grace: float = 10.0) -> int | None:
+    def terminate(self) -> None:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+
+    def finish(self, deadline: float) -> int | None:
+        """Wait until `deadline` (monotonic), then SIGKILL whatever of its group is left."""
+        try:
+            self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # Its session's process group: also any worker it started and did not take down.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.popen.wait()
         self._log.close()
         return self.popen.returncode
 
@@ -128,7 +138,8 @@ class LocalRun:
         print(text, file=self.out, flush=True)
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+        # Each child ends with us, even if we are SIGKILLed (see fedgpu.core.lifetime).
+        env = lifetime.child_env(os.environ)
         # The token travels in the environment, not argv, so `ps` does not show it.
         env["FEDGPU_TOKEN"] = self.token
         env["PYTHONUNBUFFERED"] = "1"
@@ -259,10 +270,15 @@ class LocalRun:
         while time.monotonic() < end and any(p.alive() for p in self.procs):
             time.sleep(0.2)
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float = 6.0) -> None:
+        """Everything stopped within `grace` seconds (plus the kill): all asked at once."""
         # Nodes first (they were told to shut down and usually are gone already).
         for p in reversed(self.procs):
-            p.stop(grace=10.0 if p.name == "aggregator" else 5.0)
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in reversed(self.procs):
+            p.finish(deadline)
+        self.procs.clear()
 
     def save_reports(self) -> None:
         for name, doc in (("status", self.last_status), ("rounds", self.last_rounds)):
@@ -270,19 +286,47 @@ class LocalRun:
                 (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP while the run is on."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _hold_signals() -> None:
+    # While we stop the children a second Ctrl-C must not cut that short (and leave orphans).
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) is _interrupt:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
     run = LocalRun(cfg, out)
     job, dirs = run.prepare()
+    # Explicitly: started by a script in the background, SIGINT was inherited as ignored.
+    lifetime.handle_signals(_interrupt, _STOP_SIGNALS)
     try:
         run.start(job, dirs)
         state = run.watch()
         run.wait_for_exit()
-    except KeyboardInterrupt:
-        run.say("interrupted: stopping every process of this run")
+    except KeyboardInterrupt as exc:
+        _hold_signals()
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        run.say(f"interrupted ({signal.Signals(signum).name}): stopping every process of "
+                "this run")
         run.stop_all()
         run.save_reports()
-        return 130
+        return lifetime.exit_code(signum)
     finally:
+        _hold_signals()
         run.stop_all()
     run.save_reports()
     rounds = (run.last_rounds or {}).get("rounds", [])
