@@ -129,8 +129,10 @@ class Loop:
         )
 
     def evaluate(self, ds: Dataset[Any]) -> tuple[int, Metrics]:
+        # No more worker processes than batches: a small held-out set is one batch or two.
+        batches = -(-len(ds) // self.loop.eval_batch_size)  # type: ignore[arg-type]
         loader = make_loader(ds, self.loop.eval_batch_size, train=False, seed=0,
-                             workers=self.workers, device=self.device)
+                             workers=min(self.workers, batches), device=self.device)
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
         seen, counted = 0, False
