@@ -289,11 +289,13 @@ def _throughput(r: dict[str, Any]) -> list[str]:
         "round, building the model and loading the weights, evaluating the global model on the "
         "held-out split (100 images), starting the DataLoader workers, writing the update. "
         "Time to first step includes all of those before the loop. On this CPU the rows are "
-        "about the code path, not speed: a tiny ResNet, one thread, and an overhead of a few "
-        "seconds that a 10 s round cannot hide. The GPU version (ResNet-18, batch 256, bf16, "
-        "channels_last, 60 s rounds; targets: through-the-agent images/s >= 97% of the plain "
-        "loop, overhead <= 2 s, 0 MiB left after the round) is run with the command in "
-        "docs/gpu-throughput.md.",
+        "about the code path, not speed: a tiny ResNet, one thread, an overhead of a few "
+        "seconds that a 10 s round cannot hide, and the next round's pre-started worker "
+        "importing torch and warming up on the same 2 cores while this round trains (on a GPU "
+        "host it takes one of many cores while the GPU trains). The GPU version (ResNet-18, "
+        "batch 256, bf16, channels_last, 60 s rounds; targets: through-the-agent images/s "
+        ">= 97% of the plain loop, overhead <= 2 s, 0 MiB left after the round) is run with "
+        "the command in docs/gpu-throughput.md.",
         "",
     ]
     return out
