@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
 from fedgpu.core import codec
 from fedgpu.node import weights
@@ -216,6 +217,11 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
     if not isinstance(sets, Datasets):
         raise TypeError(f"task {spec.task_name!r}: load_datasets must return "
                         f"fedgpu.node.tasks.Datasets(train, test), got {type(sets).__name__}")
+    for ds in (sets.train, sets.test):
+        # Shuffling, the example count FedAvg weighs by and the step caps need a length.
+        if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            raise TypeError(f"task {spec.task_name!r}: load_datasets must return map-style "
+                            f"Datasets (__len__ and __getitem__), got {type(ds).__name__}")
     # Evaluating first scores the model every node just received: the global model of the
     # previous round, on each node's own held-out split, where training runs.
     result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)

@@ -91,7 +91,8 @@ class DatasetTask(Protocol):
         ...
 
     def load_datasets(self, data_dir: Path, hparams: Mapping[str, Any]) -> Datasets:
-        """This node's train and held-out Datasets; items are decoded lazily, on the CPU."""
+        """This node's train and held-out map-style Datasets (`__len__`, `__getitem__`); items
+        are read lazily, on the CPU, in the DataLoader's worker processes when it has some."""
         ...
 
     def optimizer(self, model: torch.nn.Module, hparams: Mapping[str, Any]

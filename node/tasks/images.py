@@ -44,6 +44,9 @@ DEFAULTS: dict[str, int | float | bool | str] = {
 }
 MAX_IMAGE_SIZE = 1024
 MAX_CLASSES = 100_000
+# A source image larger than this (e.g. a 10k x 10k scan) is refused before it is decoded:
+# one would hold gigabytes in a DataLoader worker to be shrunk to image_size.
+MAX_SOURCE_PIXELS = 40_000_000
 
 
 def decode(path: Path, size: int) -> torch.Tensor:
@@ -53,6 +56,9 @@ def decode(path: Path, size: int) -> torch.Tensor:
     try:
         # Pillow refuses decompression bombs (far more pixels than the file suggests).
         with Image.open(path) as img:
+            if img.width * img.height > MAX_SOURCE_PIXELS:
+                raise DataDirError(f"image {path} is {img.width}x{img.height} pixels, more than "
+                                   f"{MAX_SOURCE_PIXELS:,}: resize the data set first")
             rgb = img.convert("RGB")
     except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as exc:
         raise DataDirError(f"cannot decode image {path}: {exc}") from None

@@ -73,6 +73,10 @@ def test_decode_resizes_and_converts_to_rgb(tmp_path: Path) -> None:
     img = decode(tmp_path / "grey.jpg", 16)
     assert img.shape == (3, 16, 16) and img.dtype == torch.uint8
     assert abs(int(img.float().mean()) - 200) <= 2
+    # A huge source is refused from its header, before gigabytes are decoded.
+    Image.new("L", (7000, 6000)).save(tmp_path / "huge.png")
+    with pytest.raises(DataDirError, match="huge.png is 7000x6000 pixels, more than 40,000,000"):
+        decode(tmp_path / "huge.png", 16)
     (tmp_path / "bad.png").write_bytes(b"garbage")
     with pytest.raises(DataDirError, match="cannot decode image .*bad.png"):
         decode(tmp_path / "bad.png", 16)
