@@ -91,13 +91,15 @@ def _warm_up(hint: dict | None) -> None:
     import torch
 
     if hint and hint.get("task_name"):
+        from fedgpu.node.switches import split_hparams
         from fedgpu.node.tasks import DatasetTask, load_task
 
         task = load_task(str(hint["task_name"]))
-        hparams = hint.get("hyperparameters") or {}
+        given = hint.get("hyperparameters") or {}
         if isinstance(task, DatasetTask):
-            _warm_up_streaming(task, hparams, hint.get("data_dir"))
+            _warm_up_streaming(task, given, hint.get("data_dir"))
             return
+        _, _, hparams = split_hparams(task.name, given, streaming=False)  # the task's own keys
         with torch.device("cpu"):
             model = task.build_model(hparams)
         data_dir = hint.get("data_dir")

@@ -78,3 +78,17 @@ def test_an_undecodable_image_is_bad_input_named_by_its_path(
     assert err["kind"] == "bad_input"
     assert err["error"].startswith(f"cannot decode image {bad}")
     assert err["error"].endswith("(in a DataLoader worker)") and "\n" not in err["error"]
+
+
+@pytest.mark.parametrize("task_name", ["digits", "images"])
+def test_the_warm_up_takes_the_runner_switches_out_for_either_contract(
+    tmp_path: Path, node_dir: Path, task_name: str
+) -> None:
+    from fedgpu.core.datasets import split_digits
+    from fedgpu.node import worker
+
+    data = node_dir if task_name == "images" else split_digits(tmp_path / "d", 1)[0]
+    hp = {**(HP if task_name == "images" else {"lr": 0.1}), "amp": "bf16",
+          "channels_last": True}
+    # Raises if the task were handed the runner's keys (digits refuses unknown ones).
+    worker._warm_up({"task_name": task_name, "hyperparameters": hp, "data_dir": str(data)})
