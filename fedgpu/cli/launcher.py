@@ -46,6 +46,10 @@ class LocalRunConfig:
     mode: str = "star"
     iterations: int | None = None
     local_steps: int = 1
+    # The demo job's task (ignored with `job`), and an existing split to train on instead of
+    # the data made for that task (fedgpu/cli/run_data.py).
+    task: str = "digits"
+    data: Path | None = None
 
 
 def free_port() -> int:
@@ -55,10 +59,11 @@ def free_port() -> int:
 
 
 def _job_toml(cfg: LocalRunConfig) -> str:
-    hp = {"lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32,
-          **cfg.hyperparameters}
+    from fedgpu.cli.run_data import DEFAULT_HPARAMS
+
+    hp = {**DEFAULT_HPARAMS.get(cfg.task, {}), **cfg.hyperparameters}
     lines = [
-        'task = "digits"',
+        f"task = {json.dumps(cfg.task)}",
         f"rounds = {cfg.rounds}",
         f"min_nodes = {cfg.nodes}",
         "fraction = 1.0",
@@ -147,8 +152,9 @@ class LocalRun:
         return env
 
     def prepare(self) -> tuple[Path, list[Path]]:
-        from fedgpu.core.datasets import split_digits
+        from fedgpu.cli.run_data import node_dirs
 
+        task = self.cfg.task
         if self.cfg.nodes < 1:
             raise FedgpuError("--nodes must be at least 1")
         if self.cfg.rounds < 1:
@@ -167,11 +173,8 @@ class LocalRun:
         else:
             job_text = _job_toml(self.cfg)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        try:
-            dirs = split_digits(self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
-                                self.cfg.alpha, self.cfg.seed, force=True)
-        except ValueError as exc:
-            raise FedgpuError(str(exc)) from None
+        dirs = node_dirs(task, self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
+                         self.cfg.alpha, self.cfg.seed, self.cfg.data)
         job = self.run_dir / "job.toml"
         job.write_text(job_text)
         return job, dirs
