@@ -149,7 +149,11 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # Installed explicitly, so SIGINT works even when inherited as ignored (a script's `&`);
+    # SIGHUP stops us too, unless it is ignored (`nohup`).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
