@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/fedgpu run --nodes 3 --rounds 5
 
-test: venv $(CHECKOV_VENV)/.installed
+test: venv
+	@# Without checkov (no registry reachable) its test skips, saying why; the rest still runs.
+	@$(MAKE) --no-print-directory checkov-venv || echo "warning: checkov not installed"
 	$(BIN)/python -m pytest -q
 
 # checkov (the security linter of deploy/k8s, tests/unit/test_k8s_security.py) pins
