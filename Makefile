@@ -3,9 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CHECKOV_VENV := .venv-checkov
 PROTO_SRC := $(wildcard fedgpu/proto/fedgpu/v1/*.proto)
 
-.PHONY: venv demo test lint proto bench clean images up down e2e
+.PHONY: venv demo test lint proto bench clean images up down e2e checkov-venv
 
 venv: $(STAMP)
 
@@ -23,7 +24,19 @@ demo: venv
 	$(BIN)/fedgpu run --nodes 3 --rounds 5
 
 test: venv
+	@# Without checkov (no registry reachable) its test skips, saying why; the rest still runs.
+	@$(MAKE) --no-print-directory checkov-venv || echo "warning: checkov not installed"
 	$(BIN)/python -m pytest -q
+
+# checkov (the security linter of deploy/k8s, tests/unit/test_k8s_security.py) pins
+# networkx < 2.7 and packaging < 24, which would downgrade the dev venv under torch: it gets
+# a venv of its own, like Flower below. Pinned: a new checkov brings new checks.
+checkov-venv: $(CHECKOV_VENV)/.installed
+$(CHECKOV_VENV)/.installed:
+	$(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q 'checkov==3.3.30'
+	touch $@
 
 lint: venv
 	$(BIN)/ruff check fedgpu node server tests benchmarks tools
@@ -64,4 +77,4 @@ e2e: venv ## real Docker: builds images, runs compose federations (E2E_BUILD=off
 	FEDGPU_E2E_BUILD=$(E2E_BUILD) $(BIN)/python -m pytest -q -m e2e tests/e2e
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) runs .pytest_cache

@@ -2,11 +2,16 @@
 
 Flower's side runs in .venv-bench (see benchmarks/common.py for why); everything else in the
 project's venv. Each measurement is its own process so peak memory is its own.
+
+`python -m benchmarks.run_all --only throughput` re-runs one section and keeps the others'
+numbers from benchmarks/results.json (the section then names its own machine and load).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
+import json
 import os
 import platform
 import subprocess
@@ -18,6 +23,8 @@ from typing import Any
 from benchmarks.common import ROOT, bench_python, run_case
 
 CHUNKS_KIB = [256, 512, 1024, 2048, 4096, 8192]
+SECTIONS = ("aggregation", "transport", "serialization", "scale", "isolation", "throughput")
+RESULTS = ROOT / "benchmarks" / "results.json"
 
 
 def _version(python: str, pkg: str) -> str:
@@ -41,10 +48,59 @@ def log(msg: str) -> None:
 
 
 def main() -> None:
-    started = time.time()
-    r: dict[str, Any] = {"load_before": os.getloadavg()[0]}
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=SECTIONS, action="append",
+                    help="re-run these sections only, keeping the others from results.json")
+    a = ap.parse_args()
+    if a.only:
+        r = json.loads(RESULTS.read_text())
+        run_sections(r, set(a.only))
+    else:
+        started = time.time()
+        r = {"load_before": os.getloadavg()[0]}
+        run_sections(r, set(SECTIONS))
+        r["versions"] = versions()
+        r["machine"] = machine()
+        r["minutes"] = round((time.time() - started) / 60, 1)
+        # Other work on the same 2 vCPUs skews every number; the load average says how much.
+        r["load_after"] = os.getloadavg()[0]
+    from benchmarks.report import render
+
+    (ROOT / "BENCHMARKS.md").write_text(render(r))
+    RESULTS.write_text(json.dumps(r, indent=1))
+    log("wrote BENCHMARKS.md")
+
+
+def run_sections(r: dict[str, Any], only: set[str]) -> None:
     flower = bench_python()
-    log("1/5 aggregation")
+    if "aggregation" in only:
+        _aggregation(r, flower)
+    if "transport" in only:
+        log("transport")
+        r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
+        r["bare"] = run_case("benchmarks.transport", ["bare", "--chunk-kib", "1024"])
+        r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", str(c)])
+                     for c in CHUNKS_KIB]
+        r["e2e"] = [run_case("benchmarks.wire_e2e", ["--chunk-kib", str(c)])
+                    for c in CHUNKS_KIB]
+    if "serialization" in only:
+        log("serialization")
+        r["ser"] = [run_case("benchmarks.serialization", ["--impl", "fedgpu"]),
+                    run_case("benchmarks.serialization", ["--impl", "flower"], python=flower)]
+    if "scale" in only:
+        log("scale")
+        r["scale"] = run_case("benchmarks.scale", [], timeout=1200)
+    if "isolation" in only:
+        log("isolation")
+        r["iso"] = run_case("benchmarks.isolation", ["--rounds", "5"])
+    if "throughput" in only:
+        log("throughput (CPU version; the GPU one: docs/gpu-throughput.md)")
+        r["tput"] = run_case("benchmarks.gpu_throughput", ["--device", "cpu"], timeout=1800)
+        r["tput_machine"] = machine()
+
+
+def _aggregation(r: dict[str, Any], flower: str) -> None:
+    log("aggregation")
     r["agg"] = []
     for k, params in ((10, 11_000_000), (100, 1_000_000)):
         args = ["--k", str(k), "--params", str(params)]
@@ -52,20 +108,11 @@ def main() -> None:
             r["agg"].append(run_case("benchmarks.aggregation", ["--impl", impl, *args]))
         r["agg"].append(run_case("benchmarks.aggregation", ["--impl", "flower", *args],
                                  python=flower))
-    log("2/5 transport")
-    r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
-    r["bare"] = run_case("benchmarks.transport", ["bare", "--chunk-kib", "1024"])
-    r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", str(c)])
-                 for c in CHUNKS_KIB]
-    r["e2e"] = [run_case("benchmarks.wire_e2e", ["--chunk-kib", str(c)]) for c in CHUNKS_KIB]
-    log("3/5 serialization")
-    r["ser"] = [run_case("benchmarks.serialization", ["--impl", "fedgpu"]),
-                run_case("benchmarks.serialization", ["--impl", "flower"], python=flower)]
-    log("4/5 scale")
-    r["scale"] = run_case("benchmarks.scale", [], timeout=1200)
-    log("5/5 isolation")
-    r["iso"] = run_case("benchmarks.isolation", ["--rounds", "5"])
-    r["versions"] = {
+
+
+def versions() -> dict[str, str]:
+    flower = bench_python()
+    return {
         "fedgpu": md.version("fedgpu"), "numpy": md.version("numpy"),
         "grpcio": md.version("grpcio"), "protobuf": md.version("protobuf"),
         "torch": md.version("torch"),
@@ -73,15 +120,6 @@ def main() -> None:
         "numpy (in .venv-bench)": _version(flower, "numpy"),
         "protobuf (in .venv-bench)": _version(flower, "protobuf"),
     }
-    r["machine"] = machine()
-    r["minutes"] = round((time.time() - started) / 60, 1)
-    # Other work on the same 2 vCPUs skews every number; the load average says how much.
-    r["load_after"] = os.getloadavg()[0]
-    from benchmarks.report import render
-
-    (ROOT / "BENCHMARKS.md").write_text(render(r))
-    (ROOT / "benchmarks" / "results.json").write_text(__import__("json").dumps(r, indent=1))
-    log(f"wrote BENCHMARKS.md in {r['minutes']} min")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """The node agent: dial out, register, long-poll for tasks, run each in a fresh subprocess.
 
-It survives the aggregator going away: calls that fail with UNAVAILABLE are retried with
-exponential backoff and jitter, and a node the aggregator no longer knows registers again.
+It survives the aggregator going away: register, pull and report go through one retry rule
+(node/retry.py: exponential backoff with jitter, a deadline per call site), and a node the
+aggregator no longer knows registers again. A task it cannot take (a payload over its limit, a
+round that cannot start) is reported to the aggregator as a failed task; the agent stays up.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import random
 import socket
 import threading
 import time
@@ -24,8 +24,11 @@ from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import messages, nvml, policy, ring
-from fedgpu.node.client import AggregatorClient, PayloadError, is_unreachable
+from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
+from fedgpu.node.gpu_sampler import MemorySampler
+from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
 from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
+from fedgpu.node.status import write_status
 from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
 
@@ -47,6 +50,8 @@ class AgentConfig:
     status_file: Path | None = None
     work_root: Path | None = None
     torch_threads: int | None = None
+    # The largest task payload (global model) this node takes; the aggregator's own
+    # per-update limit, sent at registration, applies too (the smaller wins).
     max_payload_bytes: int = 4 << 30
     # Start each round's training process ahead of time (torch imported, CUDA untouched).
     prestart: bool = True
@@ -54,20 +59,11 @@ class AgentConfig:
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
     ring_port: int = DEFAULT_RING_PORT
-
-
-class Backoff:
-    """Exponential backoff with full jitter, so restarted nodes don't reconnect in lockstep."""
-
-    def __init__(self, base: float = 0.5, cap: float = 15.0) -> None:
-        self.base, self.cap, self.attempt = base, cap, 0
-
-    def next_delay(self) -> float:
-        self.attempt += 1
-        return random.uniform(0, min(self.cap, self.base * 2 ** self.attempt))
-
-    def reset(self) -> None:
-        self.attempt = 0
+    # Backoff of every retried call; the deadline differs per call site (see _policy).
+    retry_base_s: float = 0.5
+    retry_cap_s: float = 15.0
+    # An update the aggregator cannot be reached for is useless once its round has closed.
+    report_timeout_s: float = 120.0
 
 
 class Agent:
@@ -76,11 +72,12 @@ class Agent:
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
         self.heartbeat_s = 5
+        self.max_task_bytes = cfg.max_payload_bytes
         self.state = "starting"
         self.decision: policy.Decision | None = None
         self._stop = threading.Event()
         self._reregister = threading.Event()
-        self._sampler = nvml.MemorySampler()
+        self._sampler = MemorySampler()
         self._standby = Standby() if cfg.prestart else None
 
     # ---- start-up ----------------------------------------------------------------------
@@ -114,45 +111,55 @@ class Agent:
             ring_port=self.cfg.ring_port,
         )
 
-    def register(self, deadline: float | None) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                reply = self.client.register(self._register_request())
-            except grpc.RpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
-                                  grpc.StatusCode.PERMISSION_DENIED,
-                                  grpc.StatusCode.FAILED_PRECONDITION):
-                    raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
-                                      f"{exc.details()}") from None
-                # A refused certificate reads as "Socket closed", like an outage; retrying
-                # would only hide the cause, so look at the handshake and stop if it is that.
-                why = (tls.diagnose(self.cfg.aggregator, self.cfg.tls)
-                       if tls.looks_like_tls_failure(exc) else None)
-                if why is not None:
-                    raise FedgpuError(why) from None
-                if not is_unreachable(exc):
-                    raise FedgpuError(f"registration failed: {exc.details()}") from None
-                if deadline is not None and time.monotonic() > deadline:
-                    raise FedgpuError(
-                        f"cannot reach aggregator at {self.cfg.aggregator} — is it running and "
-                        "is the address right? try 'fedgpu status --address "
-                        f"{self.cfg.aggregator}'") from None
-                delay = backoff.next_delay()
-                log.info("aggregator %s unreachable; retrying in %.1fs", self.cfg.aggregator,
-                         delay)
-                self._stop.wait(delay)
-                continue
-            self.node_id = reply.node_id
-            self.heartbeat_s = max(1, reply.heartbeat_interval_s)
-            self.cfg.max_payload_bytes = reply.max_update_bytes or self.cfg.max_payload_bytes
-            if reply.chunk_size:
-                self.client.chunk_size = reply.chunk_size
-            self._reregister.clear()
-            log.info("registered with %s as %s (run %s)", self.cfg.aggregator, self.node_id,
-                     reply.run_id)
-            self._set_state("idle")
-            return
+    def _policy(self, deadline_s: float | None) -> RetryPolicy:
+        return RetryPolicy(self.cfg.retry_base_s, self.cfg.retry_cap_s, deadline_s)
+
+    def _register_once(self) -> pb.RegisterReply:
+        """One Register call; errors that another try cannot fix become a FedgpuError."""
+        try:
+            return self.client.register(self._register_request())
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                              grpc.StatusCode.PERMISSION_DENIED,
+                              grpc.StatusCode.FAILED_PRECONDITION):
+                raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
+                                  f"{exc.details()}") from None
+            # A refused certificate reads as "Socket closed", like an outage; retrying
+            # would only hide the cause, so look at the handshake and stop if it is that.
+            why = (tls.diagnose(self.cfg.aggregator, self.cfg.tls)
+                   if tls.looks_like_tls_failure(exc) else None)
+            if why is not None:
+                raise FedgpuError(why) from None
+            if not is_unreachable(exc):
+                raise FedgpuError(f"registration failed: {exc.details()}") from None
+            raise
+
+    def register(self, deadline_s: float | None) -> None:
+        """Register, retrying an unreachable aggregator for `deadline_s` (None: until stopped).
+
+        Raises Stopped when the agent is stopped meanwhile.
+        """
+        def waiting(exc: BaseException, delay: float) -> None:
+            log.info("aggregator %s unreachable; retrying in %.1fs", self.cfg.aggregator, delay)
+
+        try:
+            reply = retry(self._register_once, what="register", policy=self._policy(deadline_s),
+                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
+        except GaveUp:
+            raise FedgpuError(
+                f"cannot reach aggregator at {self.cfg.aggregator} — is it running and "
+                "is the address right? try 'fedgpu status --address "
+                f"{self.cfg.aggregator}'") from None
+        self.node_id = reply.node_id
+        self.heartbeat_s = max(1, reply.heartbeat_interval_s)
+        self.max_task_bytes = min(self.cfg.max_payload_bytes,
+                                  reply.max_update_bytes or self.cfg.max_payload_bytes)
+        if reply.chunk_size:
+            self.client.chunk_size = reply.chunk_size
+        self._reregister.clear()
+        log.info("registered with %s as %s (run %s)", self.cfg.aggregator, self.node_id,
+                 reply.run_id)
+        self._set_state("idle")
 
     # ---- main loop ---------------------------------------------------------------------
 
@@ -160,12 +167,14 @@ class Agent:
         self.start_decision()
         self._sampler.__enter__()
         try:
-            self.register(deadline=time.monotonic() + self.cfg.connect_timeout_s)
+            self.register(deadline_s=self.cfg.connect_timeout_s)
             if self._standby is not None:
-                self._standby.prepare()
+                self._prepare_standby()
             beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
             beat.start()
             return self._loop()
+        except Stopped:
+            return 0
         finally:
             self._stop.set()
             if self._standby is not None:
@@ -176,33 +185,54 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
+    def _prepare_standby(self) -> None:
+        assert self._standby is not None
+        try:
+            self._standby.prepare()
+        except OSError as exc:
+            # Rounds still run, each in a fresh worker; the next round tries the standby again.
+            log.warning("cannot pre-start a round worker: %s", exc)
+
+    def _lost(self, exc: BaseException, delay: float) -> None:
+        if isinstance(exc, PayloadError):
+            log.warning("broken task stream (%s); asking again in %.1fs", exc, delay)
+            return
+        code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
+        log.warning("lost the aggregator (%s); retrying in %.1fs", code, delay)
+        self._set_state("reconnecting")
+
+    def _pull(self) -> tuple[pb.TaskHeader, bytearray | None]:
+        assert self.node_id is not None
+        return self.client.pull(self.node_id, self.cfg.poll_s, self.max_task_bytes)
+
     def _loop(self) -> int:
-        backoff = Backoff()
         while not self._stop.is_set():
             if self._reregister.is_set() or self.node_id is None:
-                self.register(deadline=None)
+                self.register(deadline_s=None)
                 continue
             try:
-                header, payload = self.client.pull(self.node_id, self.cfg.poll_s,
-                                                   self.cfg.max_payload_bytes)
+                # No deadline: a node waits for its aggregator as long as it runs. A stream
+                # that broke before its header said what the task was is asked for again.
+                header, payload = retry(
+                    self._pull, what="task poll", policy=self._policy(None),
+                    retryable=lambda e: is_unreachable(e) or (
+                        isinstance(e, PayloadError) and e.header is None),
+                    stop=self._stop, on_retry=self._lost)
             except PayloadError as exc:
-                log.warning("task payload damaged in transit (%s); asking again", exc)
+                # The aggregator would send the same task again: say why it cannot be taken,
+                # once, and let the round engine decide (retry the round, drop this node).
+                assert exc.header is not None
+                kind = "over this node's limit" if isinstance(exc, PayloadTooLarge) else "damaged"
+                self._report(exc.header, None, f"task payload {kind}: {exc}")
                 continue
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     log.info("aggregator no longer knows us; registering again")
                     self._reregister.set()
                     continue
-                if is_unreachable(exc):
-                    delay = backoff.next_delay()
-                    log.warning("lost the aggregator (%s); retrying in %.1fs",
-                                exc.code().name, delay)
-                    self._set_state("reconnecting")
-                    self._stop.wait(delay)
-                    self._reregister.set()
-                    continue
                 raise FedgpuError(f"aggregator error: {exc.details()}") from None
-            backoff.reset()
+            if self.state == "reconnecting":
+                self._set_state("idle")
             if header.kind == pb.TASK_KIND_NONE:
                 continue
             if header.kind == pb.TASK_KIND_SHUTDOWN:
@@ -237,6 +267,7 @@ class Agent:
                 if not isinstance(hparams, dict):
                     error = "hyperparameters are not a JSON object"
                 else:
+                    # OSError starting the round is caught inside run_task (a failed outcome).
                     outcome = run_task(
                         kind=kind,
                         task_name=header.task_name,
@@ -288,22 +319,25 @@ class Agent:
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))
-        backoff = Backoff()
-        for _ in range(5):
-            try:
-                reply = self.client.push(update, weights)
-                log.info("aggregator: %s", reply.message)
-                return
-            except grpc.RpcError as exc:
-                if not is_unreachable(exc):
-                    log.warning("update for round %d not accepted: %s", task.round,
-                                exc.details())
-                    return
-                delay = backoff.next_delay()
-                log.warning("could not send the update (%s); retrying in %.1fs",
-                            exc.code().name, delay)
-                self._stop.wait(delay)
-        log.error("giving up on the update for round %d", task.round)
+        self._push(task, update, weights)
+
+    def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None) -> None:
+        def waiting(exc: BaseException, delay: float) -> None:
+            code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
+            log.warning("could not send the update (%s); retrying in %.1fs", code, delay)
+
+        try:
+            reply = retry(lambda: self.client.push(update, weights), what="report",
+                          policy=self._policy(self.cfg.report_timeout_s),
+                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
+        except grpc.RpcError as exc:
+            log.warning("update for round %d not accepted: %s", task.round, exc.details())
+        except GaveUp as exc:
+            log.error("giving up on the update for round %d: %s", task.round, exc)
+        except Stopped:
+            log.warning("stopping: the update for round %d was not sent", task.round)
+        else:
+            log.info("aggregator: %s", reply.message)
 
     # ---- liveness ----------------------------------------------------------------------
 
@@ -327,7 +361,7 @@ class Agent:
     def _write_status(self) -> None:
         if self.cfg.status_file is None:
             return
-        doc = {
+        write_status(self.cfg.status_file, {
             "time": time.time(),
             "state": self.state,
             "node_id": self.node_id,
@@ -335,13 +369,7 @@ class Agent:
             "aggregator": self.cfg.aggregator,
             "heartbeat_interval_s": self.heartbeat_s,
             "gpu_decision": self.decision.to_dict() if self.decision else None,
-        }
-        tmp = self.cfg.status_file.with_name(f".{self.cfg.status_file.name}.{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.cfg.status_file)
-        except OSError as exc:
-            log.debug("cannot write status file: %s", exc)
+        })
 
 
 def _resources(r: dict[str, Any]) -> pb.RoundResources:
@@ -371,18 +399,3 @@ def _floats(d: Any) -> dict[str, float]:
 
 def _fmt(m: Any) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in sorted(dict(m).items())) or "-"
-
-
-def status_is_fresh(path: Path, now: float | None = None) -> tuple[bool, str]:
-    """For the container HEALTHCHECK: is the agent alive and talking to its aggregator?"""
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return False, f"no status file at {path}: the agent has not started"
-    except (OSError, json.JSONDecodeError) as exc:
-        return False, f"unreadable status file {path}: {exc}"
-    age = (now or time.time()) - float(doc.get("time", 0))
-    limit = 3 * float(doc.get("heartbeat_interval_s", 5)) + 30
-    if age > limit:
-        return False, f"status is {age:.0f}s old (limit {limit:.0f}s); state {doc.get('state')}"
-    return True, f"state {doc.get('state')}, updated {age:.0f}s ago"

@@ -15,7 +15,17 @@ from fedgpu.proto import pb, pb_grpc
 
 
 class PayloadError(Exception):
-    """A task payload that arrived damaged; the node asks for the task again."""
+    """A task payload the node cannot use. `header` is the task's, when it arrived: then the
+    node reports the task as failed (asking again would bring the same payload); without one
+    the stream broke before saying what it carried, and the node asks again."""
+
+    def __init__(self, message: str, header: pb.TaskHeader | None = None) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+class PayloadTooLarge(PayloadError):
+    """The task announced more bytes than this node takes; nothing of it was read."""
 
 
 class AggregatorClient:
@@ -50,6 +60,13 @@ class AggregatorClient:
             for msg in stream:
                 if msg.HasField("header"):
                     header = msg.header
+                    if header.payload_size > max_bytes:
+                        # Checked here, before anything is allocated, and told apart from
+                        # damage: the same task would come back just as large.
+                        stream.cancel()
+                        raise PayloadTooLarge(
+                            f"{header.payload_size} bytes exceed this node's limit of "
+                            f"{max_bytes} bytes", header)
                     if header.payload_size:
                         asm = codec.Assembler(header.payload_size, header.payload_sha256,
                                               max_bytes)
@@ -62,7 +79,7 @@ class AggregatorClient:
             return header, asm.finish() if asm is not None else None
         except codec.CodecError as exc:
             stream.cancel()
-            raise PayloadError(str(exc)) from None
+            raise PayloadError(str(exc), header) from None
 
     def push(self, header: pb.UpdateHeader, payload: Path | None) -> pb.PushReply:
         if payload is not None:
@@ -84,5 +101,7 @@ class AggregatorClient:
                 yield pb.UpdateChunk(data=chunk)
 
 
-def is_unreachable(exc: grpc.RpcError) -> bool:
-    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+def is_unreachable(exc: BaseException) -> bool:
+    """An RPC error that another try may not have: the aggregator is down or unreachable."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

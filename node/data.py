@@ -16,6 +16,7 @@ import numpy as np
 from fedgpu.core import codec
 from fedgpu.core.datasets import DATA_FILES, NODE_DIR_PREFIX
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.imagefolders import SPLIT_DIRS
 
 _HOW_TO_MAKE = "make per-node partitions with 'fedgpu data split --out DIR --nodes N'"
 
@@ -27,7 +28,11 @@ class DataDirError(FedgpuError, ValueError):
 
 
 def check_data_dir(path: Path, required: Sequence[str] = DATA_FILES) -> None:
-    """Fail fast, before the first round, with what is missing and how to make it."""
+    """Fail fast, before the first round, with what is missing and how to make it.
+
+    A node serves whatever jobs come, so either layout passes: the tensor files of `required`
+    (digits) or an image folder's train/ and test/ (images; its files are checked per round).
+    """
     path = Path(path)
     if not path.exists():
         raise DataDirError(
@@ -37,6 +42,8 @@ def check_data_dir(path: Path, required: Sequence[str] = DATA_FILES) -> None:
     if not path.is_dir():
         raise DataDirError(f"data directory {path} is not a directory: {_HOW_TO_MAKE}")
     missing = [name for name in required if not (path / name).is_file()]
+    if missing and all((path / d).is_dir() for d in SPLIT_DIRS):
+        return
     if not missing:
         for name in required:
             if name.endswith(".safetensors"):
@@ -51,7 +58,9 @@ def check_data_dir(path: Path, required: Sequence[str] = DATA_FILES) -> None:
         )
     raise DataDirError(
         f"data directory {path} has no {', '.join(missing)}: {_HOW_TO_MAKE} "
-        f"(e.g. 'fedgpu data split --out ./data --nodes 3') and use ./data/node-1"
+        f"(e.g. 'fedgpu data split --out ./data --nodes 3') and use ./data/node-1; an image "
+        f"task needs {'/ and '.join(SPLIT_DIRS)}/ folders instead ('fedgpu data synth-images' "
+        f"or 'split-folder')"
     )
 
 

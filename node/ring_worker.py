@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fedgpu.core import codec
+from fedgpu.core import codec, lifetime
 from fedgpu.node import gossip, runner, weights
 from fedgpu.node.runner import BadInputError, DivergedError, RoundResult, RoundSpec
 from fedgpu.node.tasks import load_task
@@ -304,6 +304,9 @@ def run(workdir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The agent that started us may be SIGKILLed: then we stop too, instead of training on
+    # for nobody (and holding the GPU).
+    lifetime.bind_to_parent()
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not Path(args[0]).is_dir():
         print("usage: python -m fedgpu.node.ring_worker WORKDIR", file=sys.stderr)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedgpu.node import nvml, workfiles
+from fedgpu.core.lifetime import child_env
+from fedgpu.node import workfiles
+from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.policy import Decision, subprocess_env
 from fedgpu.node.workfiles import ROUND_ENV_KEYS
 
@@ -66,7 +68,9 @@ class Standby:
         """Start the standby; `hint` (task name, hyperparameters, data dir) tunes its warm-up."""
         if self._proc is not None and self._proc.poll() is None:
             return
-        env = {k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS}
+        # It dies with the agent (even a SIGKILLed one): the kernel signals it, and the pipe
+        # it waits on closes.
+        env = child_env({k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS})
         cmd = [sys.executable, "-m", "fedgpu.node.worker", "--standby"]
         if hint:
             cmd.append(json.dumps(hint))
@@ -90,11 +94,12 @@ class Standby:
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            # Closing stdin is the standby's signal to exit on its own.
+            # Closing stdin is the standby's signal to exit on its own; it holds nothing worth
+            # waiting long for (the agent is stopping, maybe on a signal with a deadline).
             try:
                 if proc.stdin is not None:
                     proc.stdin.close()
-                proc.wait(timeout=5)
+                proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait()
@@ -111,7 +116,7 @@ def run_task(
     payload: bytes | bytearray | None,
     decision: Decision,
     work_root: Path | None,
-    sampler: nvml.MemorySampler | None,
+    sampler: MemorySampler | None,
     torch_threads: int | None,
     timeout_s: float | None = None,
     worker_module: str = "fedgpu.node.worker",
@@ -119,38 +124,41 @@ def run_task(
     standby: Standby | None = None,
 ) -> RoundOutcome:
     started = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
-    task: workfiles.TaskFile = {
-        "kind": kind,  # type: ignore[typeddict-item]
-        "task_name": task_name,
-        "hyperparameters": hyperparameters,
-        "seed": seed,
-        "round": round_number,
-        "data_dir": str(data_dir.resolve()),
-        "device": "cuda:0" if decision.device == "cuda" and not simulated_gpus() else "cpu",
-        "memory_fraction": (decision.memory_fraction
-                            if decision.device == "cuda" and not simulated_gpus() else None),
-        "torch_threads": torch_threads,
-    }
-    # Mode-specific sections (ring mode's rank and rendezvous) ride along for their worker.
-    task.update(extra or {})  # type: ignore[typeddict-item]
-    workfiles.write_json(workdir / workfiles.TASK_FILE, task)
-    if payload is not None:
-        (workdir / workfiles.WEIGHTS_IN).write_bytes(payload)
-    env = subprocess_env(decision, os.environ)
-    uuid = decision.gpu_uuid if decision.device == "cuda" else None
-    measure = uuid is not None and sampler is not None and sampler.active
-    before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
-    peak: int | None = None
-    proc = standby.take(workdir, env) if standby and worker_module == "fedgpu.node.worker" else None
-    if proc is None:
-        proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
-    if standby is not None and worker_module == "fedgpu.node.worker":
+    workdir: Path | None = None
+    try:
+        workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
+        task = _task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
+                          decision, torch_threads, extra)
+        workfiles.write_json(workdir / workfiles.TASK_FILE, task)
+        if payload is not None:
+            (workdir / workfiles.WEIGHTS_IN).write_bytes(payload)
+        # A worker that dies with the agent: no orphan keeps training, or holding the GPU.
+        env = child_env(subprocess_env(decision, os.environ))
+        uuid = decision.gpu_uuid if decision.device == "cuda" else None
+        measure = uuid is not None and sampler is not None and sampler.active
+        before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
+        peak: int | None = None
+        use_standby = standby is not None and worker_module == "fedgpu.node.worker"
+        proc = standby.take(workdir, env) if use_standby else None  # type: ignore[union-attr]
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
+    except OSError as exc:
+        # No space for the files, no process to be had: this round fails, the agent goes on.
+        log.error("cannot start round %d: %s", round_number, exc)
+        return RoundOutcome(ok=False, error=f"cannot start the round: {exc}",
+                            error_kind="start", workdir=workdir,
+                            resources={"device": decision.device,
+                                       "round_seconds": time.monotonic() - started})
+    if use_standby:
         # The next round's worker loads torch while this one trains (on the GPU, usually), so
         # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
         # Ring blocks always spawn their own worker: no standby to compete with the exchange.
-        standby.prepare({"task_name": task_name, "hyperparameters": hyperparameters,
-                         "data_dir": task["data_dir"]})
+        try:
+            standby.prepare({"task_name": task_name,  # type: ignore[union-attr]
+                             "hyperparameters": hyperparameters, "data_dir": task["data_dir"]})
+        except OSError as exc:
+            log.warning("cannot pre-start the next round's worker: %s", exc)
+    assert workdir is not None
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
@@ -200,6 +208,26 @@ def run_task(
         train_seconds=result.get("train_seconds", 0.0),
     )
     return outcome
+
+
+def _task_file(kind: str, task_name: str, hyperparameters: dict[str, Any], seed: int,
+               round_number: int, data_dir: Path, decision: Decision,
+               torch_threads: int | None, extra: dict[str, Any] | None) -> workfiles.TaskFile:
+    on_gpu = decision.device == "cuda" and not simulated_gpus()
+    task: workfiles.TaskFile = {
+        "kind": kind,  # type: ignore[typeddict-item]
+        "task_name": task_name,
+        "hyperparameters": hyperparameters,
+        "seed": seed,
+        "round": round_number,
+        "data_dir": str(data_dir.resolve()),
+        "device": "cuda:0" if on_gpu else "cpu",
+        "memory_fraction": decision.memory_fraction if on_gpu else None,
+        "torch_threads": torch_threads,
+    }
+    # Mode-specific sections (ring mode's rank and rendezvous) ride along for their worker.
+    task.update(extra or {})  # type: ignore[typeddict-item]
+    return task
 
 
 def _exit_reason(code: int) -> str:

@@ -1,8 +1,10 @@
 """One round of local work — init, train or evaluate — from a parsed task.json to a result.
 
 Kept apart from `node/worker.py` (the process entry point) so tests can run a round in-process.
-The runner owns the device: it builds the model under `torch.device(device)`, loads the global
-weights into it there, and moves the task's data onto it once; task code never moves tensors.
+The runner owns the device: it builds the model under `torch.device(device)` and loads the
+global weights into it there. For a tensor task it moves the task's data onto the device once
+and calls the task's own loops; for a Dataset task it drives the loops itself (node/loop.py).
+Either way it applies the GPU switches of node/switches.py; task code never moves tensors.
 """
 
 from __future__ import annotations
@@ -21,11 +23,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
 from fedgpu.core import codec
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
-from fedgpu.node.tasks import HyperparameterError, TaskLoadError, UnknownTaskError, load_task
+from fedgpu.node.loop import Loop, autocast
+from fedgpu.node.switches import Switches, for_device, split_hparams
+from fedgpu.node.tasks import (
+    Datasets,
+    DatasetTask,
+    HyperparameterError,
+    Task,
+    TaskLoadError,
+    UnknownTaskError,
+    load_task,
+)
 from fedgpu.node.workfiles import (
     EXIT_CODES,
     KINDS,
@@ -139,9 +152,17 @@ def parse_spec(raw: object) -> RoundSpec:
 def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     """Do the round's work; reads WEIGHTS_IN and writes WEIGHTS_OUT inside `workdir`."""
     workdir = Path(workdir)
+    started = time.perf_counter()
     device = _prepare_device(spec)
     _seed_everything(spec.seed)
     task = load_task(spec.task_name)
+    streaming = isinstance(task, DatasetTask)
+    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
+    if switches.cudnn_benchmark:
+        # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
     if spec.kind != "init":
         if spec.data_dir is None:
             raise BadInputError("task.json: 'data_dir' is required for train and evaluate")
@@ -150,7 +171,7 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     result = RoundResult(device_name=_device_name(device))
 
     with torch.device(device):
-        model = task.build_model(spec.hyperparameters)
+        model = task.build_model(task_hp)
     wire_dtypes: dict[str, str] | None = None
     if spec.kind != "init":
         assert spec.data_dir is not None
@@ -158,23 +179,17 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         wire_dtypes = {name: codec.dtype_name(arr.dtype) for name, arr in arrays.items()}
         weights.load_into(model, arrays)
         del arrays
-        data = {k: v.to(device) for k, v in task.load_data(spec.data_dir).items()}
-
-        # Evaluating first scores the model every node just received: the global model of the
-        # previous round, on each node's own held-out split, where training runs.
-        result.num_eval_examples, result.eval_metrics = task.evaluate(
-            model, data, device, spec.hyperparameters
-        )
-        if spec.kind == "train":
-            start = time.perf_counter()
-            result.num_examples, result.train_metrics = task.train(
-                model, data, device, spec.hyperparameters, spec.seed
-            )
-            if device.type == "cuda":
-                # Kernels run asynchronously; without this the clock stops before they finish.
-                torch.cuda.synchronize(device)
-            result.train_seconds = round(time.perf_counter() - start, 4)
-        del data
+        if switches.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if streaming:
+            assert loop is not None
+            _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
+                                                          task_hp), result, started)
+        else:
+            _tensor_round(spec, task, model, device, switches, task_hp, result)  # type: ignore[arg-type]
+        if switches.channels_last:
+            # Back to the layout the wire and every other node expect (row-major NCHW).
+            model = model.to(memory_format=torch.contiguous_format)
 
     if spec.kind in ("init", "train"):
         bad = weights.non_finite(model)
@@ -193,6 +208,58 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         result.torch_peak_reserved_mib = _ceil_mib(torch.cuda.max_memory_reserved(device))
     result.rss_peak_mib = rss_peak_mib()
     return result
+
+
+def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
+                  device: torch.device, loop: Loop, result: RoundResult, started: float) -> None:
+    assert spec.data_dir is not None
+    sets = task.load_datasets(spec.data_dir, loop.hparams)
+    if not isinstance(sets, Datasets):
+        raise TypeError(f"task {spec.task_name!r}: load_datasets must return "
+                        f"fedgpu.node.tasks.Datasets(train, test), got {type(sets).__name__}")
+    for ds in (sets.train, sets.test):
+        # Shuffling, the example count FedAvg weighs by and the step caps need a length.
+        if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            raise TypeError(f"task {spec.task_name!r}: load_datasets must return map-style "
+                            f"Datasets (__len__ and __getitem__), got {type(ds).__name__}")
+    # Evaluating first scores the model every node just received: the global model of the
+    # previous round, on each node's own held-out split, where training runs.
+    result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)
+    if spec.kind == "train":
+        out = loop.train(sets.train, spec.seed, started)
+        result.num_examples, result.train_metrics = out.num_examples, out.metrics
+        result.train_seconds = out.seconds
+        log.info("round %s: %d steps, %.0f examples/s, first step %.2fs after the round began",
+                 spec.round, out.metrics["steps"], out.metrics["examples_per_s"],
+                 out.metrics["first_step_s"])
+
+
+def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: torch.device,
+                  switches: Switches, task_hp: dict[str, Any], result: RoundResult) -> None:
+    assert spec.data_dir is not None
+    data = {k: _to_device(v, device, switches.channels_last)
+            for k, v in task.load_data(spec.data_dir).items()}
+    # The task's loops run on the compiled module when asked; it shares `model`'s parameters.
+    fwd = torch.compile(model) if switches.compile else model
+    with autocast(device, switches):
+        result.num_eval_examples, result.eval_metrics = task.evaluate(
+            fwd, data, device, task_hp  # type: ignore[arg-type]
+        )
+        if spec.kind == "train":
+            start = time.perf_counter()
+            result.num_examples, result.train_metrics = task.train(
+                fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
+            )
+            if device.type == "cuda":
+                # Kernels run asynchronously; without this the clock stops before they finish.
+                torch.cuda.synchronize(device)
+            result.train_seconds = round(time.perf_counter() - start, 4)
+
+
+def _to_device(t: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    if channels_last and t.dim() == 4:
+        return t.to(device, memory_format=torch.channels_last)
+    return t.to(device)
 
 
 def classify(exc: BaseException) -> Failure:
@@ -292,5 +359,11 @@ def _ceil_mib(nbytes: int) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    raw = str(exc)
+    if "Original Traceback" in raw:
+        # Raised in a DataLoader worker: torch re-raises it here with the worker's whole
+        # traceback as the message; its last line is the original "Type: message".
+        last = raw.strip().splitlines()[-1]
+        raw = last.split(": ", 1)[-1] + " (in a DataLoader worker)"
+    text = " ".join(raw.split()) or type(exc).__name__
     return text if len(text) <= 500 else text[:497] + "..."

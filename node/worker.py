@@ -13,7 +13,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from fedgpu.core import lifetime
 from fedgpu.node.workfiles import (
     ERROR_FILE,
     EXIT_BAD_INPUT,
@@ -90,10 +92,15 @@ def _warm_up(hint: dict | None) -> None:
     import torch
 
     if hint and hint.get("task_name"):
-        from fedgpu.node.tasks import load_task
+        from fedgpu.node.switches import split_hparams
+        from fedgpu.node.tasks import DatasetTask, load_task
 
         task = load_task(str(hint["task_name"]))
-        hparams = hint.get("hyperparameters") or {}
+        given = hint.get("hyperparameters") or {}
+        if isinstance(task, DatasetTask):
+            _warm_up_streaming(task, given, hint.get("data_dir"))
+            return
+        _, _, hparams = split_hparams(task.name, given, streaming=False)  # the task's own keys
         with torch.device("cpu"):
             model = task.build_model(hparams)
         data_dir = hint.get("data_dir")
@@ -111,6 +118,26 @@ def _warm_up(hint: dict | None) -> None:
     conv = torch.nn.Conv2d(1, 4, 3, padding=1)
     fc = torch.nn.Linear(4 * 8 * 8, 10)
     fc(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean().backward()
+
+
+def _warm_up_streaming(task: Any, hparams: dict, data_dir: str | None) -> None:
+    """A Dataset task: one step on two examples, through the runner's own loop code."""
+    import torch
+
+    from fedgpu.node.loop import Loop
+    from fedgpu.node.switches import LoopSettings, Switches, split_hparams
+
+    _, _, task_hp = split_hparams(task.name, hparams, streaming=True)
+    with torch.device("cpu"):
+        model = task.build_model(task_hp)
+    if not data_dir:
+        return
+    sets = task.load_datasets(Path(data_dir), task_hp)
+    two = torch.utils.data.Subset(sets.train, range(min(2, len(sets.train))))
+    # No worker processes, no switches: this warms imports, Pillow and autograd on the CPU;
+    # CUDA stays untouched until the round hands this process its GPU.
+    Loop(task, model, torch.device("cpu"), LoopSettings(batch_size=2, num_workers=0),
+         Switches(), task_hp).train(two, seed=0, round_started=0.0)
 
 
 def standby(hint: dict | None = None) -> int:
@@ -160,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The agent that started us may be SIGKILLed: then we stop too, instead of training on
+    # for nobody (and holding the GPU).
+    lifetime.bind_to_parent()
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--standby"]:
         try:

@@ -7,6 +7,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,13 +20,16 @@ from fedgpu.core.tls import TlsFiles, server_credentials
 from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
 from fedgpu.server import resume
-from fedgpu.server.admin_service import AdminService
+from fedgpu.server.admin_service import AdminService, nodes_doc, rounds_doc, status_doc
 from fedgpu.server.auth import TokenAuth
 from fedgpu.server.checkpoint import Checkpointer
 from fedgpu.server.federation_service import FederationService
 from fedgpu.server.registry import Registry
 from fedgpu.server.ring import RingOrchestrator
 from fedgpu.server.rounds import Orchestrator
+
+if TYPE_CHECKING:
+    from fedgpu.server.dashboard import DashboardServer
 
 log = logging.getLogger("fedgpu.server")
 
@@ -48,6 +52,10 @@ class ServerConfig:
     tls: TlsFiles | None = None
     # Prometheus text format on this port (same --host); 0 = off.
     metrics_port: int = 0
+    # The web dashboard (server/dashboard.py) on ui_host:ui_port; 0 = off. Loopback unless
+    # asked: it is plain HTTP, reached from elsewhere through an SSH tunnel.
+    ui_port: int = 0
+    ui_host: str = "127.0.0.1"
 
 
 def _initial_weights(job: Job) -> dict | None:
@@ -71,6 +79,10 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
             "--tls-key, --tls-ca) so only your nodes can join; pass --insecure to run without "
             "any authentication"
         )
+    if cfg.ui_port and not cfg.token:
+        # TEMPORARY: --token is the operator credential until jobs add --operator-token.
+        raise ConfigError("--ui-port needs the operator token, which is --token (FEDGPU_TOKEN) "
+                          "for now: the dashboard never serves its data without a credential")
     if cfg.insecure:
         log.warning("INSECURE MODE: no token%s — anyone who reaches port %d can join "
                     "this federation and read its model",
@@ -123,6 +135,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         from fedgpu.server.metrics import serve_metrics
 
         metrics = await serve_metrics(orch, registry, cfg.host, cfg.metrics_port)
+    if cfg.ui_port:
+        dashboard = await _serve_dashboard(cfg, orch, registry)
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -135,7 +149,11 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # Installed explicitly, so SIGINT works even when inherited as ignored (a script's `&`);
+    # SIGHUP stops us too, unless it is ignored (`nohup`).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
@@ -162,6 +180,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
     await asyncio.gather(run_task, return_exceptions=True)
     if cfg.metrics_port:
         await metrics.close()
+    if cfg.ui_port:
+        await dashboard.close()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=3)
     if stop.is_set():
@@ -169,6 +189,31 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
                  orch.global_round)
         return 0
     return 0 if orch.state == "finished" else 1
+
+
+async def _serve_dashboard(cfg: ServerConfig, orch: Orchestrator, registry: Registry
+                           ) -> DashboardServer:
+    from fedgpu.server.dashboard import DashboardServer, DashboardSources
+    from fedgpu.server.dashboard_auth import token_check
+
+    # TEMPORARY until jobs land: the aggregator's --token stands in for the operator
+    # credential (checked in serve()). The jobs work swaps in --operator-token
+    # (FEDGPU_OPERATOR_TOKEN) here, and `jobs=` gets the producer of `fedgpu job list --json`.
+    assert cfg.token
+    if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the dashboard listens on %s over plain HTTP: whoever reaches it there "
+                    "can try the operator token, which crosses that network in clear text; "
+                    "publish it on localhost only (as compose does) or keep --ui-host "
+                    "127.0.0.1 and use an SSH tunnel", cfg.ui_host)
+    dashboard = DashboardServer(DashboardSources(
+        status=lambda: status_doc(orch, registry),
+        nodes=lambda: nodes_doc(registry),
+        rounds=lambda: rounds_doc(orch),
+        is_operator=token_check(cfg.token),
+        jobs=None,
+    ))
+    await dashboard.start(cfg.ui_host, cfg.ui_port)
+    return dashboard
 
 
 async def _drain(registry: Registry, timeout: float, minimum: float = 3.0) -> None:

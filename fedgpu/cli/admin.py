@@ -28,6 +28,10 @@ def status(address: Address = "localhost:50051", token: Token = None, as_json: A
     """The run: state, round, nodes, latest global accuracy."""
     if watch:
         from fedgpu.cli.watch import watch_status
+        from fedgpu.core.lifetime import restore_ctrl_c
+
+        # A watch runs until Ctrl-C, even when started with SIGINT ignored (a script's `&`).
+        restore_ctrl_c()
 
         return watch_status(address, token, from_options(tls_cert, tls_key, tls_ca), as_json,
                             interval, _show_status)

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from fedgpu.core import lifetime
 from fedgpu.core.errors import FedgpuError
 
 app = typer.Typer(
@@ -50,6 +51,9 @@ _register_all()
 
 
 def main() -> None:
+    # Started by another fedgpu process (`fedgpu run`)? Then end with it, even if it is
+    # SIGKILLed. A no-op for commands a person or a container runtime starts.
+    lifetime.bind_to_parent()
     try:
         # Without standalone mode click returns a typer.Exit's code instead of exiting.
         rc = app(standalone_mode=False)

@@ -1,7 +1,9 @@
-"""`fedgpu certs init|server|node|operator`: TLS material for a deployment (fedgpu.core.certs)."""
+"""`fedgpu certs init|server|node|operator|k8s-secrets`: TLS material for a deployment
+(fedgpu.core.certs)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -70,6 +72,40 @@ def operator(
     issued = certs.issue_operator(directory, name, days, force)
     typer.echo(f"operator {name}: --tls-cert {issued.cert} --tls-key {issued.key} "
                f"--tls-ca {issued.ca}")
+
+
+@certs_app.command("k8s-secrets")
+def k8s_secrets(
+    directory: Dir = Path("certs"),
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write one Secret manifest per pod here (NAME.json, mode 0600) for "
+                      "'kubectl apply -f OUT'; default: print one List to stdout, for "
+                      "'| kubectl apply -f -'.")] = None,
+    namespace: Annotated[str, typer.Option(
+        "--namespace", "-n", help="Namespace of the Secrets (deploy/k8s uses fedgpu).")
+    ] = "fedgpu",
+    nodes: Annotated[list[str] | None, typer.Option(
+        "--node", help="Only this node's Secret (repeat); default: every DIR/nodes/NAME.")
+    ] = None,
+    aggregator: Annotated[bool, typer.Option(
+        "--aggregator/--no-aggregator", help="Include the aggregator's Secret.")] = True,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TOKEN",
+        help="Also write Secret fedgpu-token (the pods' FEDGPU_TOKEN, a second factor).")
+    ] = None,
+    force: Force = False,
+) -> None:
+    """Kubernetes Secrets for deploy/k8s: tls-aggregator and tls-NAME per node, each with only
+    that pod's key pair and ca.crt (never ca.key)."""
+    from fedgpu.core import certs
+
+    manifests = certs.secret_manifests(directory, namespace, nodes, aggregator, token)
+    if out is None:
+        typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests},
+                              indent=2))
+        return
+    for path in certs.write_manifests(manifests, out, force):
+        typer.echo(str(path))
 
 
 def register(app: typer.Typer) -> None:

@@ -156,6 +156,11 @@ def logs(
 
     if tail != "all" and not tail.isdigit():
         raise ConfigError(f"--tail must be a number or 'all', not {tail!r}")
+    if follow:
+        from fedgpu.core.lifetime import restore_ctrl_c
+
+        # --follow runs until Ctrl-C, even when started with SIGINT ignored (a script's `&`).
+        restore_ctrl_c()
     project = _project(compose_file, project_name, profile)
     wanted = list(services) if services else (project.services(profile) if profile else None)
     deploy.logs(project, deploy.engine(), wanted, follow, int(tail) if tail.isdigit() else tail)

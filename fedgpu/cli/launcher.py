@@ -1,7 +1,9 @@
 """`fedgpu run`: an aggregator and N nodes as local processes on loopback, no Docker.
 
-Every child runs in its own session so a Ctrl-C reaches only us; we then stop them in order
-(SIGTERM, then SIGKILL after a grace period), so nothing is left running whatever happens.
+Every child runs in its own session so a Ctrl-C reaches only us; on SIGINT, SIGTERM or SIGHUP
+we stop them all at once (SIGTERM, then SIGKILL to each child's process group after a grace
+period), so nothing is left running. Killed with SIGKILL we cannot do that: each child asked the
+kernel to be signalled when we die (fedgpu.core.lifetime), and stops on its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedgpu.core import admin_client
+from fedgpu.core import admin_client, lifetime
 from fedgpu.core.errors import FedgpuError
 
 
@@ -44,6 +46,10 @@ class LocalRunConfig:
     mode: str = "star"
     iterations: int | None = None
     local_steps: int = 1
+    # The demo job's task (ignored with `job`), and an existing split to train on instead of
+    # the data made for that task (fedgpu/cli/run_data.py).
+    task: str = "digits"
+    data: Path | None = None
 
 
 def free_port() -> int:
@@ -53,10 +59,11 @@ def free_port() -> int:
 
 
 def _job_toml(cfg: LocalRunConfig) -> str:
-    hp = {"lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32,
-          **cfg.hyperparameters}
+    from fedgpu.cli.run_data import DEFAULT_HPARAMS
+
+    hp = {**DEFAULT_HPARAMS.get(cfg.task, {}), **cfg.hyperparameters}
     lines = [
-        'task = "digits"',
+        f"task = {json.dumps(cfg.task)}",
         f"rounds = {cfg.rounds}",
         f"min_nodes = {cfg.nodes}",
         "fraction = 1.0",
@@ -94,14 +101,22 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, grace: float = 10.0) -> int | None:
+    def terminate(self) -> None:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
+
+    def finish(self, deadline: float) -> int | None:
+        """Wait until `deadline` (monotonic), then SIGKILL whatever of its group is left."""
+        try:
+            self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # Its session's process group: also any worker it started and did not take down.
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.popen.wait()
         self._log.close()
         return self.popen.returncode
 
@@ -128,7 +143,8 @@ class LocalRun:
         print(text, file=self.out, flush=True)
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+        # Each child ends with us, even if we are SIGKILLed (see fedgpu.core.lifetime).
+        env = lifetime.child_env(os.environ)
         # The token travels in the environment, not argv, so `ps` does not show it.
         env["FEDGPU_TOKEN"] = self.token
         env["PYTHONUNBUFFERED"] = "1"
@@ -136,8 +152,9 @@ class LocalRun:
         return env
 
     def prepare(self) -> tuple[Path, list[Path]]:
-        from fedgpu.core.datasets import split_digits
+        from fedgpu.cli.run_data import node_dirs
 
+        task = self.cfg.task
         if self.cfg.nodes < 1:
             raise FedgpuError("--nodes must be at least 1")
         if self.cfg.rounds < 1:
@@ -156,11 +173,8 @@ class LocalRun:
         else:
             job_text = _job_toml(self.cfg)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        try:
-            dirs = split_digits(self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
-                                self.cfg.alpha, self.cfg.seed, force=True)
-        except ValueError as exc:
-            raise FedgpuError(str(exc)) from None
+        dirs = node_dirs(task, self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
+                         self.cfg.alpha, self.cfg.seed, self.cfg.data)
         job = self.run_dir / "job.toml"
         job.write_text(job_text)
         return job, dirs
@@ -259,10 +273,15 @@ class LocalRun:
         while time.monotonic() < end and any(p.alive() for p in self.procs):
             time.sleep(0.2)
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float = 6.0) -> None:
+        """Everything stopped within `grace` seconds (plus the kill): all asked at once."""
         # Nodes first (they were told to shut down and usually are gone already).
         for p in reversed(self.procs):
-            p.stop(grace=10.0 if p.name == "aggregator" else 5.0)
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in reversed(self.procs):
+            p.finish(deadline)
+        self.procs.clear()
 
     def save_reports(self) -> None:
         for name, doc in (("status", self.last_status), ("rounds", self.last_rounds)):
@@ -270,19 +289,47 @@ class LocalRun:
                 (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP while the run is on."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _hold_signals() -> None:
+    # While we stop the children a second Ctrl-C must not cut that short (and leave orphans).
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) is _interrupt:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
     run = LocalRun(cfg, out)
     job, dirs = run.prepare()
+    # Explicitly: started by a script in the background, SIGINT was inherited as ignored.
+    lifetime.handle_signals(_interrupt, _STOP_SIGNALS)
     try:
         run.start(job, dirs)
         state = run.watch()
         run.wait_for_exit()
-    except KeyboardInterrupt:
-        run.say("interrupted: stopping every process of this run")
+    except KeyboardInterrupt as exc:
+        _hold_signals()
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        run.say(f"interrupted ({signal.Signals(signum).name}): stopping every process of "
+                "this run")
         run.stop_all()
         run.save_reports()
-        return 130
+        return lifetime.exit_code(signum)
     finally:
+        _hold_signals()
         run.stop_all()
     run.save_reports()
     rounds = (run.last_rounds or {}).get("rounds", [])

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.core import logs
+from fedgpu.core import lifetime, logs
 from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE
 from fedgpu.core.errors import ConfigError, FedgpuError
 
@@ -43,6 +43,11 @@ def start(
         help="Cap the training process to this share of the GPU, in (0, 1].")] = None,
     connect_timeout: Annotated[float, typer.Option(
         help="Seconds to keep trying to reach the aggregator at start.")] = 60.0,
+    max_task_mib: Annotated[int, typer.Option(
+        envvar="FEDGPU_MAX_TASK_MIB", min=0,
+        help="Largest task payload (the global model) this node accepts, in MiB; a larger task "
+             "is reported to the aggregator as failed. 0: the aggregator's --max-update-mib.")
+    ] = 0,
     prestart: Annotated[bool, typer.Option(
         "--prestart/--no-prestart", envvar="FEDGPU_PRESTART",
         help="Start each round's training process ahead of time (torch imported, CUDA "
@@ -96,6 +101,7 @@ def start(
         token=None if insecure else token,
         gpu=flags,
         connect_timeout_s=connect_timeout,
+        **({"max_payload_bytes": max_task_mib << 20} if max_task_mib else {}),
         status_file=status_file,
         torch_threads=torch_threads,
         prestart=prestart,
@@ -104,26 +110,33 @@ def start(
         ring_port=ring_port,
     ))
 
-    def on_sigterm(*_: object) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
         agent.stop()
         # Raised where the main thread is (waiting on a training child or a long poll): the
         # round code kills the child on the way out, so no orphan keeps the GPU.
-        raise Shutdown
+        raise Shutdown(signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGINT too, explicitly: started in the background by a script it was ignored.
+    lifetime.handle_signals(on_signal)
     try:
         code = agent.run()
     except policy.EnforceError as exc:
         raise FedgpuError(str(exc)) from None
-    except Shutdown:
-        logging.getLogger("fedgpu.node").info("SIGTERM: stopped (any training child killed)")
-        code = 0
+    except Shutdown as stop:
+        logging.getLogger("fedgpu.node").info("%s: stopped (any training child killed)",
+                                              signal.Signals(stop.signum).name)
+        # SIGTERM is how a container or `fedgpu run` stops a node: a clean exit.
+        code = 0 if stop.signum == signal.SIGTERM else lifetime.exit_code(stop.signum)
     raise typer.Exit(code)
 
 
 class Shutdown(BaseException):
-    """SIGTERM: unwinds the agent from wherever it is blocked. A BaseException so that no
-    `except Exception` on the way (retry loops, task error handling) swallows it."""
+    """A stop signal: unwinds the agent from wherever it is blocked. A BaseException so that
+    no `except Exception` on the way (retry loops, task error handling) swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 @node_app.command("health")
@@ -132,7 +145,7 @@ def health(
         envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path(NODE_STATUS_FILE),
 ) -> None:
     """Exit 0 when the agent's status file is fresh (for container health checks)."""
-    from fedgpu.node.agent import status_is_fresh
+    from fedgpu.node.status import status_is_fresh
 
     ok, why = status_is_fresh(status_file)
     typer.echo(("healthy: " if ok else "unhealthy: ") + why, err=not ok)

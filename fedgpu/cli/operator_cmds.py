@@ -1,4 +1,4 @@
-"""The operator's commands (report, doctor, deploy), registered together so app.py needs one
+"""The operator's commands (report, doctor, deploy, ui), registered together so app.py needs one
 hook; each module imports its heavy dependencies (matplotlib, docker) only when run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from fedgpu.cli import deploy_cmd, doctor_cmd, report_cmd
+    from fedgpu.cli import deploy_cmd, doctor_cmd, report_cmd, ui_cmd
 
-    for module in (report_cmd, doctor_cmd, deploy_cmd):
+    for module in (report_cmd, doctor_cmd, deploy_cmd, ui_cmd):
         module.register(app)

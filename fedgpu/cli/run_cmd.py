@@ -36,10 +36,21 @@ def run(
     ] = None,
     local_steps: Annotated[int, typer.Option(
         help="Ring mode: gradient steps between two gossip exchanges.")] = 1,
+    task: Annotated[str, typer.Option(
+        help="Task of the demo job (ignored with --job): digits (packaged data) or images "
+             "(synthetic 32x32 images, ResNet-20 unless --hp depth=...).")] = "digits",
+    data: Annotated[Path | None, typer.Option(
+        help="Train on this existing split (node-1 .. node-N, as 'fedgpu data ...' writes) "
+             "instead of making one.")] = None,
+    hp: Annotated[list[str] | None, typer.Option(
+        "--hp", help="Hyperparameter of the demo job, KEY=VALUE (repeatable), e.g. --hp "
+                     "depth=18 --hp amp=bf16.")] = None,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round."""
     from fedgpu.cli.launcher import LocalRunConfig, run_local
+    from fedgpu.cli.run_data import parse_hparams
     from fedgpu.node.policy import PolicyError, parse_gpu_flags
+    from fedgpu.node.tasks import available_tasks
 
     try:
         parse_gpu_flags(gpu, None, 0, gpu_memory_fraction)
@@ -49,12 +60,18 @@ def run(
         raise ConfigError(f"--mode must be star or ring, not {mode!r}")
     if partition not in PARTITIONS:
         raise ConfigError(f"--partition must be one of {', '.join(PARTITIONS)}, not {partition!r}")
+    if job is None and task not in available_tasks():
+        raise ConfigError(f"--task {task!r} is not installed here (installed: "
+                          f"{', '.join(available_tasks())})")
+    if mode == "ring" and job is None and task != "digits":
+        raise ConfigError(f"--mode ring needs a task with per-step hooks (RingTask in "
+                          f"node/tasks/base.py); {task!r} is not one: use --mode star")
     code = run_local(LocalRunConfig(
         nodes=nodes, rounds=rounds, job=job, run_dir=run_dir, partition=partition,
         alpha=alpha, seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
-        hyperparameters={"local_epochs": local_epochs},
-        mode=mode, iterations=iterations, local_steps=local_steps,
+        hyperparameters={"local_epochs": local_epochs, **parse_hparams(hp or [])},
+        mode=mode, iterations=iterations, local_steps=local_steps, task=task, data=data,
     ))
     raise typer.Exit(code)
 

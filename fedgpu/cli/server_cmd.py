@@ -37,6 +37,13 @@ def start(
     metrics_port: Annotated[int, typer.Option(
         envvar="FEDGPU_METRICS_PORT",
         help="Serve Prometheus metrics on http://HOST:PORT/metrics; 0 = off.")] = 0,
+    ui_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_UI_PORT", min=0, max=65535,
+        help="Serve the web dashboard on http://UI_HOST:PORT/ (needs --token); 0 = off.")] = 0,
+    ui_host: Annotated[str, typer.Option(
+        envvar="FEDGPU_UI_HOST",
+        help="Address the dashboard listens on; loopback unless you mean otherwise (it is "
+        "plain HTTP: reach it through an SSH tunnel).")] = "127.0.0.1",
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -60,6 +67,8 @@ def start(
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),
         metrics_port=metrics_port,
+        ui_port=ui_port,
+        ui_host=ui_host,
     )
     raise typer.Exit(asyncio.run(serve(cfg)))
 

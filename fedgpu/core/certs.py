@@ -15,16 +15,24 @@ Every certificate carries its role in the subject's organizational unit (OU), si
 CA like the rest of the subject: the aggregator gives a certificate the rights of its role
 (fedgpu-node: register and train; fedgpu-operator: submit and stop jobs, read the federation),
 never of its name alone, so a node named "operator" is still a node.
+
+For Kubernetes the same material becomes one Secret per pod (`secret_manifests`): tls-aggregator
+and tls-<name>, each holding only that pod's key pair and ca.crt, never ca.key. The names are
+what deploy/k8s mounts.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
+import json
 import os
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -46,6 +54,12 @@ class Role(StrEnum):
     NODE = "fedgpu-node"
     OPERATOR = "fedgpu-operator"
 DEFAULT_SANS = ("localhost", "127.0.0.1", "aggregator")
+# Kubernetes Secret names, as deploy/k8s mounts them (base/aggregator.yaml, node/node.yaml).
+TLS_SECRET_PREFIX = "tls-"
+AGGREGATOR_SECRET = TLS_SECRET_PREFIX + "aggregator"
+TOKEN_SECRET, TOKEN_KEY = "fedgpu-token", "token"
+# A site's name is also its pod label value and part of object names: a DNS-1123 label.
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -215,3 +229,75 @@ def identity(cert_pem: bytes) -> str:
     cert = x509.load_pem_x509_certificate(cert_pem)
     attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return str(attrs[0].value) if attrs else ""
+
+
+def _secret(name: str, namespace: str, labels: dict[str, str],
+            files: dict[str, bytes]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "fedgpu",
+                                "app.kubernetes.io/part-of": "fedgpu", **labels}},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value).decode("ascii") for key, value in files.items()},
+    }
+
+
+def _read_all(directory: Path, names: tuple[str, ...]) -> dict[str, bytes]:
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise ConfigError(f"{directory} lacks {', '.join(missing)}: issue it with 'fedgpu certs'")
+    return {n: (directory / n).read_bytes() for n in names}
+
+
+def secret_manifests(ca_dir: Path, namespace: str = "fedgpu", nodes: list[str] | None = None,
+                     aggregator: bool = True, token: str | None = None) -> list[dict[str, Any]]:
+    """Kubernetes Secrets from a `fedgpu certs` directory: one per pod's material.
+
+    The aggregator's Secret holds server/{server.crt,server.key,ca.crt}; each node's (every
+    directory under nodes/, or only `nodes`) its node.crt, node.key and ca.crt. ca.key is never
+    read. With `token`, also the shared token Secret the pods read as FEDGPU_TOKEN.
+    """
+    if not _K8S_NAME.match(namespace):
+        raise ConfigError(f"namespace {namespace!r} is not a valid Kubernetes name")
+    out: list[dict[str, Any]] = []
+    if aggregator:
+        out.append(_secret(AGGREGATOR_SECRET, namespace,
+                           {"app.kubernetes.io/component": "aggregator"},
+                           _read_all(ca_dir / SERVER_DIR, (SERVER_CERT, SERVER_KEY, CA_CERT))))
+    nodes_root = ca_dir / NODES_DIR
+    available = sorted(p.name for p in nodes_root.iterdir() if p.is_dir()) \
+        if nodes_root.is_dir() else []
+    wanted = available if nodes is None else list(dict.fromkeys(nodes))
+    unknown = [n for n in wanted if n not in available]
+    if unknown:
+        raise ConfigError(f"no certificate for {', '.join(unknown)} in {nodes_root}: issue it "
+                          f"with 'fedgpu certs node NAME --dir {ca_dir}'")
+    for name in wanted:
+        if not _K8S_NAME.match(name):
+            raise ConfigError(f"node {name!r} cannot be a Kubernetes site: a site's name must be "
+                              f"lower-case letters, digits and '-', at most 63 characters")
+        out.append(_secret(TLS_SECRET_PREFIX + name, namespace,
+                           {"app.kubernetes.io/component": "node", "fedgpu.io/site": name},
+                           _read_all(nodes_root / name, (NODE_CERT, NODE_KEY, CA_CERT))))
+    if token is not None:
+        if not token:
+            raise ConfigError("the token is empty")
+        out.append(_secret(TOKEN_SECRET, namespace, {}, {TOKEN_KEY: token.encode()}))
+    if not out:
+        raise ConfigError(f"nothing to write: {ca_dir} has no aggregator or node certificates")
+    return out
+
+
+def write_manifests(manifests: list[dict[str, Any]], out: Path, force: bool = False) -> list[Path]:
+    """One JSON file per Secret (`kubectl apply -f OUT`), created 0600: they hold keys."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{m['metadata']['name']}.json" for m in manifests]
+    _refuse_overwrite(paths, force)
+    for path, manifest in zip(paths, manifests, strict=True):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # also when --force replaces a file made with other modes
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(manifest, indent=2) + "\n")
+    return paths

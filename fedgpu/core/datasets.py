@@ -126,19 +126,16 @@ def split_digits(
 ) -> list[Path]:
     """Write `out/node-1 .. out/node-N` and return those directories in order."""
     out = Path(out)
-    _validate(out, nodes, partition, alpha, test_fraction, force)
+    validate_split_args(out, nodes, partition, alpha, test_fraction, force)
     x, y = load_digits_arrays()
     rng = np.random.default_rng(seed)
     parts = partition_indices(y, nodes, partition, alpha, rng)
     if force and out.exists():
-        _remove_old_splits(out)
+        remove_old_splits(out)
     out.mkdir(parents=True, exist_ok=True)
     dirs: list[Path] = []
     for number, idx in enumerate(parts, start=1):
-        # Shuffled again so the held-out cut is not biased by the class order within a part.
-        idx = rng.permutation(idx)
-        n_test = min(max(1, round(len(idx) * test_fraction)), len(idx) - 1)
-        test_idx, train_idx = np.sort(idx[:n_test]), np.sort(idx[n_test:])
+        train_idx, test_idx = holdout_cut(idx, test_fraction, rng)
         node_dir = out / f"{NODE_DIR_PREFIX}{number}"
         node_dir.mkdir()
         _write_split(node_dir / TRAIN_FILE, x[train_idx], y[train_idx], "train")
@@ -163,6 +160,16 @@ def split_digits(
     return dirs
 
 
+def holdout_cut(
+    idx: np.ndarray, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) indices of one node's part; each keeps at least one example."""
+    # Shuffled again so the held-out cut is not biased by the class order within a part.
+    idx = rng.permutation(idx)
+    n_test = min(max(1, round(len(idx) * test_fraction)), len(idx) - 1)
+    return np.sort(idx[n_test:]), np.sort(idx[:n_test])
+
+
 def class_histogram(labels: np.ndarray, num_classes: int = NUM_DIGIT_CLASSES) -> list[int]:
     return [int(c) for c in np.bincount(labels, minlength=num_classes)]
 
@@ -171,7 +178,7 @@ def read_meta(node_dir: Path) -> Mapping[str, Any]:
     return json.loads((Path(node_dir) / META_FILE).read_text())
 
 
-def _validate(
+def validate_split_args(
     out: Path, nodes: int, partition: str, alpha: float, test_fraction: float, force: bool
 ) -> None:
     if nodes < 1:
@@ -188,7 +195,7 @@ def _validate(
         raise ValueError(f"{out} exists and is not empty; pass --force to replace its splits")
 
 
-def _remove_old_splits(out: Path) -> None:
+def remove_old_splits(out: Path) -> None:
     # Only our own node-K directories go: a stale node-5 from an earlier 5-node split would
     # otherwise sit beside a fresh 3-node one. Anything else in the directory is the user's.
     for child in out.iterdir():

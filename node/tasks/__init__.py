@@ -9,10 +9,12 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node.tasks.base import HyperparameterError, Task
+from fedgpu.node.tasks.base import Datasets, DatasetTask, HyperparameterError, Task
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "DatasetTask",
+    "Datasets",
     "HyperparameterError",
     "Task",
     "TaskLoadError",
@@ -24,7 +26,10 @@ __all__ = [
 ENTRY_POINT_GROUP = "fedgpu.tasks"
 # The built-ins, as pyproject declares them; used when the package runs from a source tree that
 # was never installed (so no entry-point metadata exists), e.g. PYTHONPATH=. in a container.
-_BUILTIN = {"digits": "fedgpu.node.tasks.digits:DigitsTask"}
+_BUILTIN = {
+    "digits": "fedgpu.node.tasks.digits:DigitsTask",
+    "images": "fedgpu.node.tasks.images:ImagesTask",
+}
 
 
 class UnknownTaskError(FedgpuError, LookupError):
@@ -45,7 +50,7 @@ def available_tasks() -> list[str]:
     return sorted(_registered())
 
 
-def load_task(name: str) -> Task:
+def load_task(name: str) -> Task | DatasetTask:
     registered = _registered()
     if name not in registered:
         raise UnknownTaskError(
@@ -61,10 +66,13 @@ def load_task(name: str) -> Task:
         task = obj() if isinstance(obj, type) else obj
     except Exception as exc:
         raise TaskLoadError(f"task {name!r} ({target}) failed to load: {exc}") from exc
-    if not isinstance(task, Task):
+    # The streaming contract is checked first: a Dataset task may also carry a tensor-style
+    # method or two, and load_datasets is what makes the runner drive its loop.
+    if not isinstance(task, DatasetTask | Task):
         raise TaskLoadError(
-            f"task {name!r} ({target}) does not implement the task contract "
-            f"(name, build_model, load_data, train, evaluate; see node/tasks/base.py)"
+            f"task {name!r} ({target}) does not implement a task contract (tensors: name, "
+            f"build_model, load_data, train, evaluate; or Datasets: name, build_model, "
+            f"load_datasets, optimizer, batch_loss; see node/tasks/base.py)"
         )
     return task
 

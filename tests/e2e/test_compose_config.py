@@ -194,8 +194,11 @@ def test_aggregator_service() -> None:
     aggregator = compose_config()["services"]["aggregator"]
     assert "profiles" not in aggregator, "the aggregator starts with every profile"
     assert aggregator["healthcheck"]["test"][:3] == ["CMD", "fedgpu", "health"]
-    (port,) = aggregator["ports"]
-    assert port["target"] == 50051
+    ports = {p["target"]: p for p in aggregator["ports"]}
+    assert set(ports) == {50051, 8080}
+    # The dashboard is plain HTTP: published on the host's loopback only.
+    assert ports[8080]["host_ip"] == "127.0.0.1"
+    assert aggregator["environment"]["FEDGPU_UI_PORT"] == "8080"
     targets = {v["target"]: v for v in aggregator["volumes"]}
     assert targets["/var/lib/fedgpu"]["type"] == "volume"
     assert targets["/etc/fedgpu/job.toml"]["read_only"] is True

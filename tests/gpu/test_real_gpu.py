@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from fedgpu.node import nvml
+from fedgpu.node import gpu_sampler, nvml
 from fedgpu.node.policy import decide, parse_gpu_flags, subprocess_env
 
 pytestmark = pytest.mark.gpu
@@ -124,7 +124,7 @@ def test_memory_sampler_sees_a_subprocess_allocate_and_release() -> None:
         sys.stdin.readline()
         """
     )
-    with nvml.MemorySampler() as sampler:
+    with gpu_sampler.MemorySampler() as sampler:
         before = sampler.used_mib(decision.gpu_uuid)
         assert before is not None, sampler.reason
         proc = subprocess.Popen(

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.federation import FEDGPU, ROOT, base_env
+from tests.fixtures.processes import (
+    descendants,
+    describe,
+    read_until,
+    running,
+    wait_gone,
+    with_signals,
+)
 
 
 def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:
@@ -31,28 +42,26 @@ def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:
     assert str(run_dir) not in ps
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
-    import signal
-    import time
-
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_every_process(tmp_path: Path, inherited: str) -> None:
+    # SIGINT as a terminal leaves it, and as a script's `cmd &` does (ignored): `fedgpu run`
+    # installs its handler itself, so Ctrl-C works either way, however pytest was started.
     run_dir = tmp_path / "run"
-    p = subprocess.Popen([*FEDGPU, "run", "--nodes", "2", "--rounds", "50", "--run-dir",
-                          str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=base_env(), cwd=ROOT)
+    cmd = [*FEDGPU, "run", "--nodes", "2", "--rounds", "50", "--run-dir", str(run_dir)]
+    how = {inherited: (signal.SIGINT,)}
+    p = subprocess.Popen(with_signals(cmd, **how), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=base_env(), cwd=ROOT)
     try:
-        line = ""
-        deadline = time.monotonic() + 120
-        while "round 1/50" not in line and time.monotonic() < deadline:
-            line = p.stdout.readline()
-            assert line or p.poll() is None, p.stderr.read()
-        assert "round 1/50" in line
+        read_until(p, "round 1/50", 240)
+        tree = descendants(p.pid)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130, out + err
-    assert "interrupted" in out
+    assert "interrupted (SIGINT)" in out
+    assert not wait_gone(tree, timeout=10), describe(running(tree))
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(run_dir) not in ps
     assert (run_dir / "rounds.json").exists()

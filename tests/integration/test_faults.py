@@ -99,25 +99,33 @@ def test_aggregator_killed_mid_round_resumes(federation: Federation, tmp_path: P
 
 def test_node_killed_mid_round_round_closes_at_deadline(
         federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    # A deadline node-a meets even on a loaded machine (its round is one quick epoch), so the
+    # round's outcome depends on node-b's death alone, not on how busy the cores are.
+    deadline_s = 40
     job = write_job(tmp_path / "job.toml", task="faulty", rounds=2, min_nodes=1,
-                    round_deadline_s=12, evaluate=False)
+                    round_deadline_s=deadline_s, evaluate=False)
     federation.start_server(job, "--heartbeat-s", "1")
     federation.start_node("node-a", digits_split[0], env=faulty_env(tmp_path, "node-a"))
     victim = federation.start_node("node-b", digits_split[1],
-                                   env=faulty_env(tmp_path, "node-b", "sleep 120\n"))
+                                   env=faulty_env(tmp_path, "node-b", "sleep 300\n"))
     pid_file = tmp_path / "node-b.worker.pid"
-    wait_for("node-b to start training", pid_file.exists, 60, federation)
+    wait_for("node-b to start training", pid_file.exists, 120, federation)
     wait_for("node-a's update", lambda: (federation.query("GetStatus")["current_round"] or {})
-             .get("accepted") == 1, 60, federation)
+             .get("accepted") == 1, 120, federation)
     victim.popen.kill()
     victim.popen.wait()
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)  # its orphaned training child
-    status = federation.wait_state(("finished", "failed"), timeout=90)
+    # Its training child ends on its own: the kernel tells it its agent died.
+    wait_for("node-b's orphaned training child to end",
+             lambda: not pid_alive(int(pid_file.read_text())), 10)
+    status = federation.wait_state(("finished", "failed"), timeout=240)
     assert status["state"] == "finished", status
-    first = federation.query("ListRounds")["rounds"][0]
+    rounds = federation.query("ListRounds")["rounds"]
+    first = rounds[0]
+    assert (first["round"], first["attempt"]) == (1, 1), rounds
     assert first["status"] == "finished" and first["nodes_reporting"] == 1
     assert len(first["dropped"]) == 1 and first["dropped"][0].startswith("node-b-")
-    assert 10 < first["duration_s"] < 30  # closed by the deadline, not before, not much after
+    # Closed by the deadline (node-b never answered), not before; "after" has a wide margin.
+    assert deadline_s <= first["duration_s"] < deadline_s + 60
 
 
 def test_oom_and_crash_in_training_are_reported_and_node_keeps_serving(

@@ -80,3 +80,22 @@ def test_the_installed_packages_import(target: Path, tmp_path: Path) -> None:
                 "print(fedgpu.node.nvml.__file__)", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith(str(target))
+
+
+def test_the_dashboard_assets_are_in_the_wheel(wheel: Path, target: Path, tmp_path: Path
+                                               ) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assets = sorted(p.name for p in (ROOT / "server" / "ui").iterdir()
+                    if p.suffix in (".html", ".js", ".css"))
+    assert {"index.html", "login.html", "app.js", "charts.js", "style.css"} <= set(assets)
+    for name in assets:
+        assert f"fedgpu/server/ui/{name}" in names, f"server/ui/{name} is not packaged"
+    # The installed server reads every asset from its own package directory.
+    r = _python(target, "import fedgpu.server.dashboard as d; s = d.DashboardServer("
+                "d.DashboardSources(status=dict, nodes=dict, rounds=dict, is_operator=bool)); "
+                "print(d.__file__); print(' '.join(sorted(s.assets)))", tmp_path)
+    assert r.returncode == 0, r.stderr
+    where, loaded = r.stdout.splitlines()
+    assert where.startswith(str(target))
+    assert loaded.split() == assets

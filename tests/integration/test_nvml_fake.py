@@ -263,7 +263,7 @@ def test_offer_with_driver_not_loaded_trains_on_cpu(fake_nvml: FakeNvml) -> None
 SAMPLER = textwrap.dedent(
     """
     import sys
-    from fedgpu.node.nvml import MemorySampler
+    from fedgpu.node.gpu_sampler import MemorySampler
     uuid = sys.argv[1]
     with MemorySampler() as sampler:
         for line in sys.stdin:
@@ -324,7 +324,7 @@ def test_memory_sampler_follows_changes_and_survives_a_lost_gpu(fake_nvml: FakeN
 def test_memory_sampler_without_nvml_answers_none(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(_fleet(1), init_error="no_permission")
     out = fake_nvml.python(
-        "from fedgpu.node.nvml import MemorySampler\n"
+        "from fedgpu.node.gpu_sampler import MemorySampler\n"
         "with MemorySampler() as s:\n"
         f"    print(s.active, s.used_mib({fake_uuid(0)!r}), s.reason)\n"
     )

@@ -317,11 +317,17 @@ def test_watch_follows_the_run_to_its_end(finished_run: FinishedRun) -> None:
     assert all(d["run_id"] == rounds["run_id"] for d in docs)
 
 
-def test_watch_stops_on_ctrl_c(federation: Federation, tmp_path: Path) -> None:
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_watch_stops_on_ctrl_c(federation: Federation, tmp_path: Path, inherited: str) -> None:
     import signal
 
+    from tests.fixtures.processes import with_signals
+
+    # Started with SIGINT at its default and, as a script's `cmd &` leaves it, ignored: the
+    # watch installs its own handler, so the result does not depend on how pytest was started.
     federation.start_server(write_job(tmp_path / "job.toml"))
-    w = subprocess.Popen([*FEDGPU, "status", "--address", federation.address, "--watch"],
+    cmd = [*FEDGPU, "status", "--address", federation.address, "--watch"]
+    w = subprocess.Popen(with_signals(cmd, **{inherited: (signal.SIGINT,)}),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=base_env(FEDGPU_TOKEN=federation.token), cwd=ROOT)
     # The first status block says the watcher is in its loop.

@@ -51,3 +51,13 @@ def test_a_corrupt_file_is_caught_at_start_up(split: Path, tmp_path: Path) -> No
 def test_it_is_a_value_error_for_callers_that_catch_those(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         check_data_dir(tmp_path / "nope")
+
+
+def test_an_image_folder_passes(tmp_path: Path) -> None:
+    from fedgpu.core.synth_images import synth_images
+
+    node = synth_images(tmp_path / "img", 1, classes=2, per_class=3, size=8)[0]
+    check_data_dir(node)
+    (node / "test").rename(node / "held-out")
+    with pytest.raises(DataDirError, match="an image task needs train/ and test/ folders"):
+        check_data_dir(node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import torch
 
 from fedgpu.core import codec
 from fedgpu.core.datasets import split_digits
+from fedgpu.core.synth_images import synth_images
 from fedgpu.node import runner, weights
+from fedgpu.node.tasks import HyperparameterError
 from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 BASE: dict[str, Any] = {
@@ -28,9 +31,26 @@ BASE: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def node_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return split_digits(tmp_path_factory.mktemp("split"), 3, seed=1)[0]
+@dataclass(frozen=True)
+class Case:
+    """One task of each contract: digits returns tensors, images returns Datasets."""
+
+    task_name: str
+    node_dir: Path
+    hparams: dict[str, Any]
+
+
+# A small ResNet on 16x16 images keeps the Dataset task as quick as digits on a busy CPU.
+_IMAGES_HP = {"depth": 8, "width": 8, "image_size": 16, "batch_size": 32}
+
+
+@pytest.fixture(scope="module", params=["digits", "images"])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    if request.param == "digits":
+        return Case("digits", split_digits(tmp_path_factory.mktemp("split"), 3, seed=1)[0], {})
+    node_dir = synth_images(tmp_path_factory.mktemp("images"), 1, classes=10, per_class=40,
+                            size=16, seed=1)[0]
+    return Case("images", node_dir, dict(_IMAGES_HP))
 
 
 def test_parse_spec_accepts_the_contract() -> None:
@@ -85,43 +105,97 @@ def test_classify() -> None:
     assert other.kind == "exception" and other.exit_code == 1 and other.message == "KeyError: 'x'"
 
 
-def _spec(kind: str, node_dir: Path, **hp: Any) -> runner.RoundSpec:
-    raw = {**BASE, "kind": kind, "data_dir": str(node_dir), "hyperparameters": hp}
+def _spec(kind: str, case: Case, seed: int = 1, **hp: Any) -> runner.RoundSpec:
+    raw = {**BASE, "kind": kind, "task_name": case.task_name, "seed": seed,
+           "data_dir": str(case.node_dir), "hyperparameters": {**case.hparams, **hp}}
     return runner.parse_spec(raw)
 
 
-def test_bf16_global_model_trains_and_returns_bf16(tmp_path: Path, node_dir: Path) -> None:
-    runner.run_round(_spec("init", node_dir), tmp_path)
+def _init(case: Case, workdir: Path, seed: int = 1) -> None:
+    runner.run_round(_spec("init", case, seed), workdir)
+    (workdir / WEIGHTS_OUT).rename(workdir / WEIGHTS_IN)
+
+
+def test_bf16_global_model_trains_and_returns_bf16(tmp_path: Path, case: Case) -> None:
+    runner.run_round(_spec("init", case), tmp_path)
     init, _ = codec.decode((tmp_path / WEIGHTS_OUT).read_bytes())
     bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in init.items()}
     weights.write_weights(tmp_path / WEIGHTS_IN, bf16)
-    result = runner.run_round(_spec("train", node_dir), tmp_path)
+    result = runner.run_round(_spec("train", case), tmp_path)
     out, meta = codec.decode((tmp_path / WEIGHTS_OUT).read_bytes())
     assert codec.spec(out) == codec.spec(bf16)
-    assert meta == {"task": "digits", "round": "2"}
+    assert meta == {"task": case.task_name, "round": "2"}
     assert result.num_examples > 0 and result.eval_metrics["accuracy"] < 0.5
 
 
-def test_init_is_deterministic_given_the_seed(tmp_path: Path, node_dir: Path) -> None:
+def test_init_is_deterministic_given_the_seed(tmp_path: Path, case: Case) -> None:
     outs = []
     for i, seed in enumerate((5, 5, 6)):
         workdir = tmp_path / str(i)
         workdir.mkdir()
-        runner.run_round(runner.parse_spec({**BASE, "kind": "init", "seed": seed}), workdir)
+        runner.run_round(_spec("init", case, seed), workdir)
         outs.append((workdir / WEIGHTS_OUT).read_bytes())
     assert outs[0] == outs[1] != outs[2]
 
 
-def test_weights_of_another_model_are_refused(tmp_path: Path, node_dir: Path) -> None:
-    weights.write_weights(tmp_path / WEIGHTS_IN, {"fc.weight": np.zeros((2, 2), np.float32)})
-    with pytest.raises(weights.WeightsError, match="missing conv1.bias, conv1.weight"):
-        runner.run_round(_spec("evaluate", node_dir), tmp_path)
+def test_training_is_deterministic_given_the_seed(tmp_path: Path, case: Case) -> None:
+    _init(case, tmp_path)
+    outs = []
+    for seed in (3, 3, 4):
+        runner.run_round(_spec("train", case, seed), tmp_path)
+        outs.append((tmp_path / WEIGHTS_OUT).read_bytes())
+    assert outs[0] == outs[1] != outs[2]
 
 
-def test_divergence_is_reported_not_shipped(tmp_path: Path, node_dir: Path) -> None:
-    runner.run_round(_spec("init", node_dir), tmp_path)
+def test_a_train_round_learns_and_reports_its_metrics(tmp_path: Path, case: Case) -> None:
+    _init(case, tmp_path)
+    first = runner.run_round(_spec("train", case, local_epochs=3), tmp_path)
     (tmp_path / WEIGHTS_OUT).rename(tmp_path / WEIGHTS_IN)
+    after = runner.run_round(_spec("evaluate", case), tmp_path)
+    assert {"loss", "accuracy"} <= set(first.train_metrics)
+    # The held-out score of the weights that round wrote, against the untrained model's.
+    assert after.eval_metrics["accuracy"] > first.eval_metrics["accuracy"] + 0.3
+    assert after.num_eval_examples == first.num_eval_examples > 0
+    assert first.num_examples > 0 and first.train_seconds > 0
+    assert not (tmp_path / WEIGHTS_OUT).exists()  # evaluate sends no weights
+
+
+def test_weights_of_another_model_are_refused(tmp_path: Path, case: Case) -> None:
+    weights.write_weights(tmp_path / WEIGHTS_IN, {"fc.weight": np.zeros((2, 2), np.float32)})
+    with pytest.raises(weights.WeightsError,
+                       match="received weights do not match the task's model: missing "):
+        runner.run_round(_spec("evaluate", case), tmp_path)
+
+
+def test_divergence_is_reported_not_shipped(tmp_path: Path, case: Case) -> None:
+    _init(case, tmp_path)
     with pytest.raises(runner.DivergedError, match="lower 'lr'") as info:
-        runner.run_round(_spec("train", node_dir, lr=1e12), tmp_path)
+        runner.run_round(_spec("train", case, lr=1e12), tmp_path)
     assert runner.classify(info.value).kind == "exception"
     assert not (tmp_path / WEIGHTS_OUT).exists()
+
+
+@pytest.mark.parametrize("switches", [{"amp": "bf16"}, {"channels_last": True},
+                                      {"amp": "fp16", "cudnn_benchmark": True}])
+def test_gpu_switches_apply_to_either_contract_on_the_cpu(
+    tmp_path: Path, case: Case, switches: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runner takes its switches out of the task's hyperparameters (digits would refuse
+    them as unknown) and runs the round; what cannot apply on the CPU is logged, not fatal."""
+    _init(case, tmp_path)
+    with caplog.at_level("INFO", logger="fedgpu.worker"):
+        result = runner.run_round(_spec("train", case, **switches), tmp_path)
+    assert result.num_examples > 0 and np.isfinite(result.train_metrics["loss"])
+    out, _ = codec.decode((tmp_path / WEIGHTS_OUT).read_bytes())
+    # Whatever the layout in training, the wire gets row-major tensors.
+    assert all(arr.flags["C_CONTIGUOUS"] for arr in out.values())
+    if switches.get("amp") == "fp16":
+        assert "amp=fp16 ignored on cpu" in caplog.text
+        assert "cudnn_benchmark ignored on cpu" in caplog.text
+
+
+def test_a_bad_switch_value_is_bad_input(tmp_path: Path, case: Case) -> None:
+    _init(case, tmp_path)
+    with pytest.raises(HyperparameterError, match="amp must be one of bf16, fp16, off") as info:
+        runner.run_round(_spec("train", case, amp="fp8"), tmp_path)
+    assert runner.classify(info.value).kind == "bad_input"

@@ -52,7 +52,7 @@ def test_unknown_task_lists_installed_ones_and_how_to_add_one() -> None:
     with pytest.raises(UnknownTaskError) as info:
         load_task("cifar")
     msg = str(info.value)
-    assert "unknown task 'cifar'" in msg and "installed tasks: digits" in msg
+    assert "unknown task 'cifar'" in msg and "installed tasks: digits, images" in msg
     assert "'fedgpu.tasks' entry-point group" in msg
     assert isinstance(info.value, LookupError)
 
@@ -84,11 +84,11 @@ def test_third_party_tasks_come_from_the_entry_point_group(
             module.__name__, third="ThirdTask", ready="ready", bogus="NotATask", gone="Missing"
         ),
     )
-    assert available_tasks() == ["bogus", "digits", "gone", "ready", "third"]
+    assert available_tasks() == ["bogus", "digits", "gone", "images", "ready", "third"]
     assert load_task("third").name == "third"
     # An entry point may also name an instance rather than a class.
     assert load_task("ready") is module.ready  # type: ignore[attr-defined]
-    with pytest.raises(TaskLoadError, match="does not implement the task contract"):
+    with pytest.raises(TaskLoadError, match="does not implement a task contract"):
         load_task("bogus")
     with pytest.raises(TaskLoadError, match="'gone' .* failed to load"):
         load_task("gone")

@@ -1,0 +1,81 @@
+"""Who may read the dashboard: the operator token, as a Bearer header or a login cookie.
+
+The cookie holds a random session id, never the token itself: a copied cookie expires, logging
+out ends it, and the token is checked again on every request, so changing the operator
+credential locks every open session out.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+COOKIE = "fedgpu_session"
+SESSION_TTL_S = 12 * 3600
+MAX_SESSIONS = 256
+
+
+def token_check(expected: str) -> Callable[[str], bool]:
+    """`is_operator` for one shared token, compared in constant time."""
+    want = expected.encode()
+    if not want:
+        raise ValueError("an empty token would let anyone in")
+
+    def is_operator(presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(errors="replace"), want)
+
+    return is_operator
+
+
+def bearer(header: str) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, else None."""
+    scheme, _, value = header.strip().partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value else None
+
+
+@dataclass
+class _Session:
+    token: str
+    expires: float
+
+
+class Sessions:
+    """Login sessions in memory (they end with the process: logging in again is cheap).
+
+    Bounded: past `limit` the oldest session is dropped, so repeated logins cannot grow it.
+    """
+
+    def __init__(self, ttl_s: float = SESSION_TTL_S, limit: int = MAX_SESSIONS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.limit = limit
+        self._clock = clock
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    def create(self, token: str) -> str:
+        sid = secrets.token_urlsafe(32)
+        self._sessions[sid] = _Session(token, self._clock() + self.ttl_s)
+        while len(self._sessions) > self.limit:
+            self._sessions.popitem(last=False)
+        return sid
+
+    def token(self, sid: str) -> str | None:
+        """The token the session logged in with; None if unknown or expired."""
+        session = self._sessions.get(sid)
+        if session is None:
+            return None
+        if session.expires <= self._clock():
+            del self._sessions[sid]
+            return None
+        return session.token
+
+    def drop(self, sid: str) -> None:
+        self._sessions.pop(sid, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
