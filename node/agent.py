@@ -23,7 +23,7 @@ import fedgpu
 from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import messages, nvml, policy, ring
+from fedgpu.node import messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, is_unreachable
 from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
 from fedgpu.node.workfiles import KINDS
@@ -276,6 +276,8 @@ class Agent:
         if outcome is None or not outcome.ok:
             update.failed = True
             update.error = error or "unknown failure"
+            if outcome is not None:
+                update.lost_ranks.extend(workfiles.lost_ranks(outcome.workdir))
             log.error("round %d failed: %s", task.round, update.error)
         else:
             res = outcome.result
