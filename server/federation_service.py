@@ -57,15 +57,18 @@ class FederationService(pb_grpc.FederationServicer):
         self._uploads = asyncio.Semaphore(max_concurrent_uploads)
 
     async def _node(self, node_id: str, context: grpc.aio.ServicerContext) -> Node:
-        node = self.registry.touch(node_id)
+        node = self.registry.get(node_id)
         if node is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"unknown node id {node_id!r}: register again (the aggregator may have restarted)",
             )
         assert node is not None
-        # A certificate's holder may use only the ids registered under its own name.
+        # A certificate's holder may use only the ids registered under its own name; only a
+        # call that passed this check counts as a sign of life (another site's certificate
+        # must not keep a departed node looking alive).
         await self.auth.bind(context, node.name, "call")
+        self.registry.touch(node.node_id)
         return node
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
