@@ -23,7 +23,7 @@ import fedgpu
 from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import messages, nvml, policy, ring
+from fedgpu.node import messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
@@ -307,6 +307,8 @@ class Agent:
         if outcome is None or not outcome.ok:
             update.failed = True
             update.error = error or "unknown failure"
+            if outcome is not None:
+                update.lost_ranks.extend(workfiles.lost_ranks(outcome.workdir))
             log.error("round %d failed: %s", task.round, update.error)
         else:
             res = outcome.result
