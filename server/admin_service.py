@@ -1,79 +1,191 @@
-"""The `fedgpu.v1.Admin` service: the documents `fedgpu status|nodes|rounds --json` print."""
+"""The `fedgpu.v1.Admin` service: what operators ask and do (`fedgpu nodes|status|rounds`,
+`fedgpu job ...`). Every call needs the operator credential; the documents come from
+server/docs.py, the one producer the dashboard reads too."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
-import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-import fedgpu
+from fedgpu.core.config import MAX_JOB_FILE_BYTES
+from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.server.auth import TokenAuth
-from fedgpu.server.plans import KIND_NAMES
-from fedgpu.server.registry import Registry
-from fedgpu.server.rounds import Orchestrator
+from fedgpu.server import docs
+from fedgpu.server.auth import Auth, Caller
+from fedgpu.server.jobs import JobError, JobManager
+
+# Model bytes per DownloadModel message, well under gRPC's 4 MiB message limit.
+MODEL_CHUNK = 1 << 20
+# How often `job logs --follow` looks for new events.
+FOLLOW_POLL_S = 0.5
 
 
-def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
-    rnd = orch.current
-    latest = orch.history.latest_eval()
-    return {
-        "run_id": orch.run_id,
-        "state": orch.state,
-        "error": orch.error,
-        "task": orch.job.task,
-        "mode": orch.job.mode,
-        "strategy": orch.job.strategy,
-        "round": orch.global_round,
-        "rounds": orch.job.rounds,
-        "current_round": None if rnd is None else {
-            "round": rnd.number,
-            "kind": KIND_NAMES.get(rnd.kind, "?"),
-            "attempt": rnd.attempt,
-            "participants": len(rnd.slots),
-            "accepted": rnd.accepted(),
-            "outstanding": rnd.outstanding(),
-            "deadline_in_s": round(max(0.0, rnd.deadline - time.time()), 1),
-        },
-        "nodes": {"registered": len(registry.all()), "alive": len(registry.alive())},
-        "accuracy": None if latest is None else latest.accuracy,
-        "loss": None if latest is None else latest.loss,
-        "rejections": dict(orch.rejections),
-        "started_at": orch.started_at,
-        "finished_at": orch.finished_at,
-        "uptime_s": round(time.time() - orch.started_at, 1),
-        "job": orch.job.to_dict(),
-        "version": fedgpu.__version__,
-    }
+def _reply(doc: Any) -> admin_pb2.JsonReply:
+    # Strict JSON: a NaN in a metric must not make the document unreadable to parsers.
+    return admin_pb2.JsonReply(json=json.dumps(doc, allow_nan=False))
 
 
-def rounds_doc(orch: Orchestrator) -> dict[str, Any]:
-    return orch.rounds_doc()
+def _who(caller: Caller) -> str:
+    if caller.names:
+        return "operator certificate " + ", ".join(sorted(caller.names))
+    return "operator token"
 
 
-def nodes_doc(registry: Registry) -> dict[str, Any]:
-    return {"nodes": registry.snapshot()}
+def _digest(fh: Any) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    fh.seek(0)
+    while chunk := fh.read(MODEL_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, orch: Orchestrator, registry: Registry, auth: TokenAuth) -> None:
-        self.orch = orch
-        self.registry = registry
+    def __init__(self, jobs: JobManager, auth: Auth) -> None:
+        self.jobs = jobs
         self.auth = auth
 
-    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext
-                        ) -> admin_pb2.JsonReply:
-        await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(status_doc(self.orch, self.registry)))
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        code = (grpc.StatusCode.NOT_FOUND if isinstance(exc, JobError)
+                else grpc.StatusCode.INVALID_ARGUMENT)
+        await context.abort(code, str(exc))
 
-    async def ListRounds(self, request: Any, context: grpc.aio.ServicerContext
-                         ) -> admin_pb2.JsonReply:
-        await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(rounds_doc(self.orch)))
+    # ---- the federation and its runs -----------------------------------------------
 
-    async def ListNodes(self, request: Any, context: grpc.aio.ServicerContext
-                        ) -> admin_pb2.JsonReply:
-        await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(nodes_doc(self.registry)))
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest,
+                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        try:
+            return _reply(docs.status_of(self.jobs, request.job_id))
+        except JobError as exc:
+            await self._fail(context, exc)
+            raise
+
+    async def ListRounds(self, request: admin_pb2.ListRoundsRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        try:
+            return _reply(docs.rounds_of(self.jobs, request.job_id))
+        except JobError as exc:
+            await self._fail(context, exc)
+            raise
+
+    async def ListNodes(self, request: admin_pb2.ListNodesRequest,
+                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        caller = await self.auth.operator(context, nodes_may_ask=True)
+        # A node's certificate learns about itself only, never about the other sites.
+        only = None if caller.role == "operator" else caller.names
+        return _reply(docs.nodes_doc(self.jobs.registry, only))
+
+    # ---- jobs ----------------------------------------------------------------------------
+
+    async def SubmitJob(self, request_iterator: AsyncIterator[admin_pb2.SubmitJobChunk],
+                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        caller = await self.auth.operator(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("header"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "a job submission starts with its header")
+        assert first is not None
+        head = first.header
+        if len(head.job_toml.encode()) > MAX_JOB_FILE_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes")
+        if head.bundle_size:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "this aggregator takes no task bundles; install the task on "
+                                "the nodes (entry-point group fedgpu.tasks)")
+        async for _ in request_iterator:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "bytes after a job without a bundle")
+        filename = (head.filename or "job.toml")[:256]
+        try:
+            row = self.jobs.submit(head.job_toml, filename, _who(caller))
+        except ConfigError as exc:
+            await self._fail(context, exc)
+            raise
+        return _reply(docs.job_summary(self.jobs, row))
+
+    async def ListJobs(self, request: admin_pb2.ListJobsRequest,
+                       context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        return _reply(docs.jobs_doc(self.jobs))
+
+    async def GetJob(self, request: admin_pb2.GetJobRequest,
+                     context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        try:
+            return _reply(docs.job_doc(self.jobs, request.job_id))
+        except JobError as exc:
+            await self._fail(context, exc)
+            raise
+
+    async def StopJob(self, request: admin_pb2.StopJobRequest,
+                      context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        try:
+            row = self.jobs.stop(request.job_id)
+        except JobError as exc:
+            await self._fail(context, exc)
+            raise
+        return _reply(docs.job_summary(self.jobs, row))
+
+    async def JobLogs(self, request: admin_pb2.JobLogsRequest,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JsonReply]:
+        await self.auth.operator(context)
+        try:
+            self.jobs.get(request.job_id)
+        except JobError as exc:
+            await self._fail(context, exc)
+        after = max(0, request.after_seq)
+        while True:
+            events = self.jobs.store.events(request.job_id, after)
+            for event in events:
+                after = event.seq
+                yield _reply(event.to_dict())
+            if events:
+                continue
+            if not request.follow or self.jobs.get(request.job_id).ended:
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
+    async def DownloadModel(self, request: admin_pb2.DownloadModelRequest,
+                            context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[admin_pb2.ModelChunk]:
+        await self.auth.operator(context)
+        try:
+            path = self.jobs.model_file(request.job_id)
+        except JobError as exc:
+            await self._fail(context, exc)
+            raise
+        # The checkpointer replaces the file by renaming, so the open file stays one
+        # consistent model while a newer one is written.
+        with open(path, "rb") as fh:
+            size, digest = await asyncio.to_thread(_digest, fh)
+            fh.seek(0)
+            yield admin_pb2.ModelChunk(header=admin_pb2.ModelHeader(
+                job_id=request.job_id, round=_model_round(fh), size=size, sha256=digest))
+            fh.seek(0)
+            while chunk := await asyncio.to_thread(fh.read, MODEL_CHUNK):
+                yield admin_pb2.ModelChunk(data=chunk)
+
+
+def _model_round(fh: Any) -> int:
+    """The round a checkpoint file is of, from its safetensors metadata (0 when absent)."""
+    import struct
+
+    head = fh.read(8)
+    if len(head) < 8:
+        return 0
+    (length,) = struct.unpack("<Q", head)
+    try:
+        meta = json.loads(fh.read(min(length, 1 << 20))).get("__metadata__") or {}
+        return int(meta.get("global_round", 0))
+    except (ValueError, AttributeError):
+        return 0

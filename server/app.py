@@ -1,10 +1,14 @@
-"""Build and run the aggregator: Federation + Admin + health + reflection on one port."""
+"""Build and run the aggregator: Federation + Admin + health + reflection on one port, the
+job queue behind them, and the optional metrics and dashboard endpoints."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
 import signal
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,20 +18,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedgpu.core import codec
-from fedgpu.core.config import Job
-from fedgpu.core.constants import Mode, RunState
+from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials
 from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
-from fedgpu.server import resume
-from fedgpu.server.admin_service import AdminService, nodes_doc, rounds_doc, status_doc
-from fedgpu.server.auth import TokenAuth
-from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server import docs
+from fedgpu.server.admin_service import AdminService
+from fedgpu.server.auth import Auth
 from fedgpu.server.federation_service import FederationService
+from fedgpu.server.job_events import JobLogHandler
+from fedgpu.server.jobs import JobManager
+from fedgpu.server.jobstore import JobStore
 from fedgpu.server.registry import Registry
-from fedgpu.server.ring import RingPlan
-from fedgpu.server.rounds import Orchestrator
 
 if TYPE_CHECKING:
     from fedgpu.server.dashboard import DashboardServer
@@ -39,15 +42,18 @@ DEFAULT_MAX_UPDATE_BYTES = 4 << 30
 
 @dataclass
 class ServerConfig:
-    job: Job
+    # A job file queued at start (once per state directory); None: wait for submitted jobs.
+    job_file: Path | None = None
     host: str = "0.0.0.0"
     port: int = 50051
     token: str | None = None
+    operator_token: str | None = None
     insecure: bool = False
     state_dir: Path | None = None
     chunk_size: int = codec.DEFAULT_CHUNK_SIZE
     max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
     heartbeat_interval_s: int = 5
+    # Stop serving once every queued job has ended (`fedgpu run`).
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
     tls: TlsFiles | None = None
@@ -59,20 +65,8 @@ class ServerConfig:
     ui_host: str = "127.0.0.1"
 
 
-def _initial_weights(job: Job) -> dict | None:
-    if job.initial_weights is None:
-        return None
-    path = Path(job.initial_weights)
-    try:
-        tensors, _ = codec.decode(path.read_bytes())
-    except FileNotFoundError:
-        raise ConfigError(f"initial_weights {path} does not exist") from None
-    except codec.CodecError as exc:
-        raise ConfigError(f"initial_weights {path} is not a safetensors file: {exc}") from None
-    return dict(tensors)
-
-
-async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
+def _check(cfg: ServerConfig) -> bool:
+    """Refuse configurations that would leave the federation open; True under mutual TLS."""
     mutual = cfg.tls is not None and cfg.tls.ca is not None
     if not cfg.insecure and not cfg.token and not mutual:
         raise ConfigError(
@@ -80,42 +74,58 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
             "--tls-key, --tls-ca) so only your nodes can join; pass --insecure to run without "
             "any authentication"
         )
-    if cfg.ui_port and not cfg.token:
-        # TEMPORARY: --token is the operator credential until jobs add --operator-token.
-        raise ConfigError("--ui-port needs the operator token, which is --token (FEDGPU_TOKEN) "
-                          "for now: the dashboard never serves its data without a credential")
+    if cfg.operator_token and cfg.operator_token == cfg.token:
+        raise ConfigError("--operator-token must differ from --token: nodes hold the token, "
+                          "and a node must not be able to submit or stop jobs")
+    if cfg.ui_port and not cfg.operator_token:
+        raise ConfigError("--ui-port needs --operator-token (FEDGPU_OPERATOR_TOKEN): the "
+                          "dashboard never serves its data without the operator credential")
     if cfg.insecure:
         log.warning("INSECURE MODE: no token%s — anyone who reaches port %d can join "
-                    "this federation and read its model",
+                    "this federation, read its model and submit jobs",
                     "" if cfg.tls else ", no TLS", cfg.port)
     elif cfg.tls is None:
         log.warning("no TLS: the token and the model cross the network in plaintext; use "
                     "--tls-cert/--tls-key/--tls-ca outside a trusted network")
+    if not cfg.insecure and not cfg.operator_token and not mutual:
+        log.warning("no --operator-token: nobody can submit jobs or ask for the status; "
+                    "set FEDGPU_OPERATOR_TOKEN (or use mutual TLS with an operator "
+                    "certificate from 'fedgpu certs operator')")
+    return mutual
+
+
+async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
+    mutual = _check(cfg)
     credentials = server_credentials(cfg.tls) if cfg.tls is not None else None
     check_chunk_size(cfg.chunk_size)
+    with contextlib.ExitStack() as stack:
+        state_dir = cfg.state_dir
+        if state_dir is None:
+            state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="fedgpu-state-")))
+            log.warning("no --state-dir: jobs, their history and models live in %s and are "
+                        "lost when the aggregator stops", state_dir)
+        store = JobStore(state_dir)
+        stack.callback(store.close)
+        return await _serve(cfg, mutual, credentials, store, state_dir, ready)
+
+
+async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCredentials | None,
+                 store: JobStore, state_dir: Path, ready: asyncio.Event | None) -> int:
     registry = Registry(cfg.heartbeat_interval_s)
-    initial = _initial_weights(cfg.job)
-    checkpointer = Checkpointer(cfg.state_dir) if cfg.state_dir else None
-    saved = checkpointer.load() if checkpointer is not None else None
-    if saved is not None:
-        assert cfg.state_dir is not None
-        resume.check(cfg.job, saved[0], saved[1], initial, cfg.state_dir)
-    # Ring mode (D-PSGD) coordinates instead of aggregating; see server/ring.py.
-    orch = Orchestrator(
-        cfg.job,
-        registry,
-        chunk_size=cfg.chunk_size,
-        checkpointer=checkpointer,
-        initial_weights=initial,
-        plan=RingPlan(cfg.job) if cfg.job.mode == Mode.RING else None,
-    )
-    if saved is not None:
-        orch.restore(*saved)
-    auth = TokenAuth(None if cfg.insecure else cfg.token, client_certs=mutual)
+    jobs = JobManager(store, registry, state_dir, cfg.chunk_size)
+    events = JobLogHandler(jobs)
+    logging.getLogger("fedgpu.server").addHandler(events)
+    if cfg.job_file is not None:
+        jobs.submit_at_start(cfg.job_file)
+    federation_id = secrets.token_hex(6)
+    auth = Auth(None if cfg.insecure else cfg.token,
+                None if cfg.insecure else cfg.operator_token,
+                client_certs=mutual, insecure=cfg.insecure)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_FederationServicer_to_server(
-        FederationService(registry, orch, auth, cfg.max_update_bytes), server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(orch, registry, auth), server)
+        FederationService(registry, jobs, auth, cfg.max_update_bytes, federation_id), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -133,19 +143,19 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         raise FedgpuError(f"cannot listen on {address}: {exc}; is the port in use?") from None
     if bound == 0:
         raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
+    closers = []
     if cfg.metrics_port:
         from fedgpu.server.metrics import serve_metrics
 
-        metrics = await serve_metrics(orch, registry, cfg.host, cfg.metrics_port)
+        closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
     if cfg.ui_port:
-        dashboard = await _serve_dashboard(cfg, orch, registry)
+        closers.append(await _serve_dashboard(cfg, jobs))
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("aggregator %s listening on %s (%s); job: task=%s rounds=%d min_nodes=%d",
-             orch.run_id, address,
+    log.info("aggregator %s listening on %s (%s); %d job(s) queued", federation_id, address,
              "mutual TLS" if mutual else "TLS" if cfg.tls else "plaintext",
-             cfg.job.task, cfg.job.rounds, cfg.job.min_nodes)
+             len(store.pending()))
     if ready is not None:
         ready.set()
 
@@ -160,59 +170,63 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    run_task = asyncio.create_task(orch.run())
+    run_task = asyncio.create_task(jobs.run_forever())
     stop_wait = asyncio.create_task(stop.wait())
-    done_wait = asyncio.create_task(orch.finished.wait())
-    while True:
-        await asyncio.wait({stop_wait, done_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():
-            log.info("shutting down on signal")
-            break
-        if done_wait.done() and cfg.exit_when_done:
-            # Give polling nodes a moment to hear "shutdown" before the port closes.
-            await _drain(registry, timeout=8.0)
-            break
-        if done_wait.done():
-            done_wait = asyncio.create_task(asyncio.Event().wait())
+    waits = {stop_wait}
+    if cfg.exit_when_done:
+        waits.add(asyncio.create_task(_queue_done(jobs)))
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    jobs.exiting.set()
+    if stop.is_set():
+        log.info("shutting down on signal")
+    else:
+        # Give polling nodes a moment to hear "shutdown" before the port closes.
+        for node in registry.all():
+            node.wakeup.set()
+        await _drain(registry, timeout=8.0)
     run_task.cancel()
-    for t in (stop_wait, done_wait):
+    for t in waits:
         t.cancel()
-    # Checkpoints are written synchronously between rounds, so by the time the signal handler
-    # ran none was half-written; waiting for the cancelled run only lets it record "stopped".
-    await asyncio.gather(run_task, return_exceptions=True)
-    if cfg.metrics_port:
-        await metrics.close()
-    if cfg.ui_port:
-        await dashboard.close()
+    # Checkpoints are written between rounds, so by the time the signal handler ran none
+    # was half-written; waiting for the cancelled job only lets it record where it was.
+    await asyncio.gather(run_task, *waits, return_exceptions=True)
+    logging.getLogger("fedgpu.server").removeHandler(events)
+    for closer in closers:
+        await closer.close()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=3)
     if stop.is_set():
-        log.info("stopped cleanly after round %d; restart with the same --state-dir to resume",
-                 orch.global_round)
+        log.info("stopped cleanly; restart with the same --state-dir to resume the queue")
         return 0
-    return 0 if orch.state == RunState.FINISHED else 1
+    last = store.jobs(limit=1)
+    return 0 if last and last[0].state == JobState.FINISHED else 1
 
 
-async def _serve_dashboard(cfg: ServerConfig, orch: Orchestrator, registry: Registry
-                           ) -> DashboardServer:
+async def _queue_done(jobs: JobManager) -> None:
+    """Until every job queued so far has ended (at least one must have run)."""
+    while True:
+        await jobs.idle.wait()
+        if jobs.store.jobs(limit=1):
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServer:
     from fedgpu.server.dashboard import DashboardServer, DashboardSources
     from fedgpu.server.dashboard_auth import token_check
 
-    # TEMPORARY until jobs land: the aggregator's --token stands in for the operator
-    # credential (checked in serve()). The jobs work swaps in --operator-token
-    # (FEDGPU_OPERATOR_TOKEN) here, and `jobs=` gets the producer of `fedgpu job list --json`.
-    assert cfg.token
+    assert cfg.operator_token
     if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("the dashboard listens on %s over plain HTTP: whoever reaches it there "
                     "can try the operator token, which crosses that network in clear text; "
                     "publish it on localhost only (as compose does) or keep --ui-host "
                     "127.0.0.1 and use an SSH tunnel", cfg.ui_host)
     dashboard = DashboardServer(DashboardSources(
-        status=lambda: status_doc(orch, registry),
-        nodes=lambda: nodes_doc(registry),
-        rounds=lambda: rounds_doc(orch),
-        is_operator=token_check(cfg.token),
-        jobs=None,
+        status=lambda: docs.status_of(jobs),
+        nodes=lambda: docs.nodes_doc(jobs.registry),
+        rounds=lambda: docs.rounds_of(jobs),
+        is_operator=token_check(cfg.operator_token),
+        jobs=lambda: docs.jobs_doc(jobs),
     ))
     await dashboard.start(cfg.ui_host, cfg.ui_port)
     return dashboard

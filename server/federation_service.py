@@ -1,4 +1,5 @@
-"""The `fedgpu.v1.Federation` service: thin gRPC glue over the registry and orchestrator."""
+"""The `fedgpu.v1.Federation` service: thin gRPC glue over the registry and the running
+job's round engine. Nodes register once with the federation and stay across jobs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from google.protobuf.json_format import MessageToDict
 
 from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.server.auth import TokenAuth
+from fedgpu.server.auth import Auth
+from fedgpu.server.jobs import JobManager
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
@@ -43,18 +45,25 @@ class FederationService(pb_grpc.FederationServicer):
     def __init__(
         self,
         registry: Registry,
-        orchestrator: Orchestrator,
-        auth: TokenAuth,
+        jobs: JobManager,
+        auth: Auth,
         max_update_bytes: int,
+        federation_id: str,
         max_concurrent_uploads: int = 4,
     ) -> None:
         self.registry = registry
-        self.orch = orchestrator
+        self.jobs = jobs
         self.auth = auth
+        self.federation_id = federation_id
         self.max_update_bytes = max_update_bytes
         # Each upload in flight holds one model-sized buffer: this bounds aggregator memory
         # to O(model x concurrency), never O(model x nodes).
         self._uploads = asyncio.Semaphore(max_concurrent_uploads)
+
+    @property
+    def orch(self) -> Orchestrator:
+        """The running job's engine (an idle one between jobs)."""
+        return self.jobs.orch
 
     async def _node(self, node_id: str, context: grpc.aio.ServicerContext) -> Node:
         node = self.registry.get(node_id)
@@ -73,19 +82,14 @@ class FederationService(pb_grpc.FederationServicer):
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> pb.RegisterReply:
-        await self.auth.check(context)
+        # An operator's credential is refused here: operators never train.
+        await self.auth.node(context)
         name = request.node_name.strip()
         if not name or len(name) > 128:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "node_name must be 1-128 characters")
-        task = self.orch.job.task
-        if request.tasks and task not in request.tasks:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this federation runs task {task!r}, which is not installed on node {name!r} "
-                f"(installed: {', '.join(request.tasks)}); install the package that provides "
-                "it (entry-point group fedgpu.tasks) or fix the job's task name",
-            )
+        # A node without some job's task still joins: it is left out of that job, and
+        # `fedgpu job status` says why.
         await self.auth.bind(context, name, "registration")
         node = self.registry.register(
             name=name,
@@ -101,15 +105,15 @@ class FederationService(pb_grpc.FederationServicer):
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
             node_id=node.node_id,
-            run_id=self.orch.run_id,
+            run_id=self.federation_id,
             heartbeat_interval_s=self.registry.heartbeat_interval_s,
             max_update_bytes=self.max_update_bytes,
-            chunk_size=self.orch.chunk_size,
+            chunk_size=self.jobs.chunk_size,
         )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> pb.HeartbeatReply:
-        await self.auth.check(context)
+        await self.auth.node(context)
         node = self.registry.get(request.node_id)
         if node is None:
             return pb.HeartbeatReply(known=False)
@@ -118,15 +122,15 @@ class FederationService(pb_grpc.FederationServicer):
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
-        return pb.HeartbeatReply(known=True, shutdown=self.orch.finished.is_set())
+        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set())
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:
-        await self.auth.check(context)
+        await self.auth.node(context)
         node = await self._node(request.node_id, context)
         wait_s = min(max(request.wait_s, 0), MAX_POLL_S)
         task = self.orch.task_for(node)
-        if task is None and not self.orch.finished.is_set() and wait_s:
+        if task is None and not self.jobs.exiting.is_set() and wait_s:
             node.wakeup.clear()
             try:
                 await asyncio.wait_for(node.wakeup.wait(), timeout=wait_s)
@@ -135,10 +139,10 @@ class FederationService(pb_grpc.FederationServicer):
             self.registry.touch(node.node_id)
             task = self.orch.task_for(node)
         if task is None:
-            if self.orch.finished.is_set():
+            if self.jobs.exiting.is_set():
                 node.state = "shutdown"
                 yield pb.TaskChunk(header=pb.TaskHeader(
-                    kind=pb.TASK_KIND_SHUTDOWN, message=f"run {self.orch.state}"))
+                    kind=pb.TASK_KIND_SHUTDOWN, message="the aggregator is shutting down"))
             else:
                 yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE))
             return
@@ -148,7 +152,9 @@ class FederationService(pb_grpc.FederationServicer):
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
-        await self.auth.check(context)
+        await self.auth.node(context)
+        # One engine for the whole stream, even if the job ends while it uploads.
+        orch = self.orch
         try:
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
@@ -159,14 +165,14 @@ class FederationService(pb_grpc.FederationServicer):
         header = first.header
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
-            self.orch.reject(None, header, UpdateRejected(
+            orch.reject(None, header, UpdateRejected(
                 Reject.UNKNOWN_NODE, f"unknown node id {header.node_id!r}"))
         node = await self._node(header.node_id, context)
         rnd = None
         try:
-            rnd = self.orch.check_update(node, header)
+            rnd = orch.check_update(node, header)
             if header.failed:
-                self.orch.record_failure(node, header, rnd)
+                orch.record_failure(node, header, rnd)
                 return pb.PushReply(accepted=True, message="failure recorded")
             tensors = None
             size = header.payload_size
@@ -179,11 +185,11 @@ class FederationService(pb_grpc.FederationServicer):
                     t0 = time.perf_counter()
                     buf = await self._receive(header, request_iterator)
                     rnd.upload_s[node.node_id] = round(time.perf_counter() - t0, 4)
-                    spec = self.orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
+                    spec = orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
                     tensors = await asyncio.to_thread(decode_and_check, buf, spec)
-            await self.orch.accept(node, header, rnd, tensors, size)
+            await orch.accept(node, header, rnd, tensors, size)
         except UpdateRejected as exc:
-            self.orch.reject(node, header, exc, rnd)
+            orch.reject(node, header, exc, rnd)
             code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
         return pb.PushReply(accepted=True, message=f"update for round {header.round} accepted")

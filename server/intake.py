@@ -105,7 +105,8 @@ class Intake:
         node.rounds_failed += 1
         node.last_error = header.error
         node.pending = None
-        log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error)
+        log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error,
+                    extra={"node": node.name})
         rnd.settle(node.node_id, SlotState.FAILED, time.time())
 
     async def accept(

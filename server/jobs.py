@@ -18,7 +18,6 @@ import logging
 import secrets
 import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,14 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job
-from fedgpu.core.constants import JobState
+from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.server import resume
 from fedgpu.server.checkpoint import Checkpointer
 from fedgpu.server.jobstore import JobRow, JobStore
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.ring import RingPlan
+from fedgpu.server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server.jobs")
 
@@ -49,7 +50,7 @@ class JobError(FedgpuError):
 class ActiveJob:
     row: JobRow
     job: Job
-    orch: Any  # Orchestrator or RingOrchestrator
+    orch: Orchestrator
     task: asyncio.Task[None]
     stop_requested: bool = False
 
@@ -66,7 +67,8 @@ class StoreCheckpointer(Checkpointer):
     def save(self, weights: Any, state: Any, tensors: Any = None) -> None:
         super().save(weights, state, tensors)
         history = list(state.get("history") or [])
-        self.store.save_history(self.job_id, history, state.get("initial_eval"))
+        self.store.save_history(self.job_id, history, state.get("initial_eval"),
+                                state.get("rejections"))
         latest = next((h["eval"] for h in reversed(history) if h.get("eval")), None) or {}
         self.store.update(self.job_id, rounds_done=int(state.get("global_round", 0)),
                           accuracy=latest.get("accuracy"), loss=latest.get("loss"),
@@ -89,16 +91,31 @@ def eligibility(job: Job, node: Node, alive: bool) -> str | None:
 
 class JobManager:
     def __init__(self, store: JobStore, registry: Registry, state_dir: Path,
-                 make_orchestrator: Callable[..., Any], chunk_size: int) -> None:
+                 chunk_size: int) -> None:
         self.store = store
         self.registry = registry
         self.state_dir = state_dir
-        self.make_orchestrator = make_orchestrator
         self.chunk_size = chunk_size
         self.active: ActiveJob | None = None
+        # The job that ended last in this process: its engine still answers status queries.
+        self.last: ActiveJob | None = None
         self._wake = asyncio.Event()
         # Set when the queue is empty and nothing runs (`--exit-when-done` waits on it).
         self.idle = asyncio.Event()
+        # Set when the aggregator is going away: nodes are told to shut down.
+        self.exiting = asyncio.Event()
+        self._idle_engine: Orchestrator | None = None
+
+    @property
+    def orch(self) -> Orchestrator:
+        """The engine updates and task pulls go to: the running job's, else an idle one that
+        hands out no task and refuses every update as answering no open round."""
+        if self.active is not None:
+            return self.active.orch
+        if self._idle_engine is None:
+            self._idle_engine = Orchestrator(Job(task="(no job)"), self.registry,
+                                             chunk_size=self.chunk_size)
+        return self._idle_engine
 
     # ---- submitting ------------------------------------------------------------------
 
@@ -198,13 +215,19 @@ class JobManager:
         try:
             await task
         except asyncio.CancelledError:
-            if not self.active.stop_requested:
+            if not self.active.stop_requested or not task.done():
                 # The aggregator itself is stopping: the job stays running in the
                 # database and resumes at the next start.
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
                 self.active = None
                 raise
         active, self.active = self.active, None
-        state = {"finished": JobState.FINISHED, "failed": JobState.FAILED}.get(
+        self.last = active
+        for node in self.registry.all():
+            # Nodes drop whatever the ended job had handed them (a stopped job's open round).
+            node.pending = None
+        state = {RunState.FINISHED: JobState.FINISHED, RunState.FAILED: JobState.FAILED}.get(
             orch.state, JobState.STOPPED)
         if active.stop_requested:
             state = JobState.STOPPED
@@ -224,8 +247,9 @@ class JobManager:
         saved = checkpointer.load()
         if saved is not None:
             resume.check(job, saved[0], saved[1], initial, directory)
-        orch = self.make_orchestrator(job, self.registry, chunk_size=self.chunk_size,
-                                      checkpointer=checkpointer, initial_weights=initial)
+        orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
+                            checkpointer=checkpointer, initial_weights=initial,
+                            plan=RingPlan(job) if job.mode == Mode.RING else None)
         if saved is not None:
             orch.restore(*saved)
             self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
@@ -243,7 +267,7 @@ class JobManager:
             if row.state is JobState.QUEUED and active is not None:
                 return JobState.QUEUED, f"after job {active.row.job_id}"
             return row.state, row.reason
-        if active.orch.state == "waiting":
+        if active.orch.state == RunState.WAITING:
             return JobState.WAITING, self.waiting_reason(active.job)
         return JobState.RUNNING, None
 

@@ -1,8 +1,10 @@
 """The aggregator's durable state: jobs, their events and round history, in SQLite.
 
 One database file in the state directory (`fedgpu.db`), WAL mode so readers (admin queries,
-the dashboard) never wait for the writer, `synchronous=FULL` so a committed state change
-survives a power cut, not only a crash of the process. Migrations are the numbered files in
+the dashboard) never wait for the writer. `synchronous=NORMAL`: a committed change survives
+the aggregator being killed at any moment (SIGKILL, OOM); after a power cut the last few
+events may be lost, never the database. A round's weights are fsynced by the checkpointer,
+whose state.json stays the commit point the job resumes from. Migrations are the numbered files in
 migrations/ applied in order; `PRAGMA user_version` records the last one applied, so an older
 aggregator refuses a database a newer one has changed.
 
@@ -116,7 +118,7 @@ class JobStore:
             self._db = sqlite3.connect(self.path, isolation_level=None,
                                        check_same_thread=False, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as exc:
@@ -259,7 +261,8 @@ class JobStore:
     # ---- round history ---------------------------------------------------------------
 
     def save_history(self, job_id: str, history: Sequence[dict[str, Any]],
-                     initial_eval: dict[str, Any] | None) -> None:
+                     initial_eval: dict[str, Any] | None,
+                     rejections: dict[str, int] | None = None) -> None:
         """Replace the job's round history (late evaluations change older records)."""
         rows = [(job_id, i, int(rec["round"]), str(rec["status"]), json.dumps(rec))
                 for i, rec in enumerate(history)]
@@ -268,9 +271,10 @@ class JobStore:
             try:
                 db.execute("DELETE FROM job_rounds WHERE job_id = ?", (job_id,))
                 db.executemany("INSERT INTO job_rounds VALUES (?, ?, ?, ?, ?)", rows)
-                db.execute("INSERT INTO job_meta (job_id, initial_eval) VALUES (?, ?) "
-                           "ON CONFLICT(job_id) DO UPDATE SET initial_eval = excluded."
-                           "initial_eval", (job_id, json.dumps(initial_eval)))
+                db.execute("INSERT INTO job_meta (job_id, initial_eval, rejections) VALUES "
+                           "(?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET initial_eval = "
+                           "excluded.initial_eval, rejections = excluded.rejections",
+                           (job_id, json.dumps(initial_eval), json.dumps(rejections or {})))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -283,3 +287,9 @@ class JobStore:
             meta = db.execute("SELECT initial_eval FROM job_meta WHERE job_id = ?",
                               (job_id,)).fetchone()
         return [json.loads(r[0]) for r in rows], (json.loads(meta[0]) if meta else None)
+
+    def rejections(self, job_id: str) -> dict[str, int]:
+        with self._tx() as db:
+            meta = db.execute("SELECT rejections FROM job_meta WHERE job_id = ?",
+                              (job_id,)).fetchone()
+        return json.loads(meta[0]) if meta and meta[0] else {}

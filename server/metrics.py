@@ -20,8 +20,8 @@ import fedgpu
 from fedgpu.core.constants import RUN_STATES, RoundStatus
 from fedgpu.core.errors import FedgpuError
 from fedgpu.proto import pb
+from fedgpu.server.jobs import JobManager
 from fedgpu.server.records import RoundRecord
-from fedgpu.server.registry import Registry
 from fedgpu.server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server.metrics")
@@ -34,16 +34,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class _Totals:
     """Running sums over the round history; a record's counted fields never change once
-    it is appended, so only new records are added up on each scrape."""
+    it is appended, so only new records are added up on each scrape. They restart with each
+    job (a counter reset, which Prometheus' rate() handles)."""
 
     def __init__(self) -> None:
+        self.run_id: str | None = None
         self.seen = 0
         self.sums = {"finished": 0, "retried": 0, "updates": 0, "failures": 0, "bytes": 0,
                      "aggregation_s": 0.0, "duration_s": 0.0}
 
-    def update(self, history: list[RoundRecord]) -> dict[str, float]:
-        if len(history) < self.seen:  # a resumed run replaced the history
+    def update(self, run_id: str, history: list[RoundRecord]) -> dict[str, float]:
+        if len(history) < self.seen or run_id != self.run_id:  # another job, or a resume
             self.__init__()  # type: ignore[misc]
+            self.run_id = run_id
         for rec in history[self.seen:]:
             s = self.sums
             s["finished" if rec.status == RoundStatus.FINISHED else "retried"] += 1
@@ -57,14 +60,21 @@ class _Totals:
 
 
 class FederationCollector:
-    def __init__(self, orch: Orchestrator, registry: Registry) -> None:
-        self.orch = orch
-        self.registry = registry
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+        self.registry = jobs.registry
         self.totals = _Totals()
 
     def collect(self) -> Iterator[Metric]:
-        orch, job = self.orch, self.orch.job
-        sums = self.totals.update(orch.history.records)
+        held = self.jobs.active or self.jobs.last
+        if held is not None:
+            yield from self._run(held.orch)
+        yield from self._nodes()
+
+    def _run(self, orch: Orchestrator) -> Iterator[Metric]:
+        """The current job's run (or the one that ended last)."""
+        job = orch.job
+        sums = self.totals.update(orch.run_id, orch.history.records)
         # The open round's accepted updates and bytes count as soon as they arrive.
         cur = orch.current
         open_updates = (len(cur.updates) if cur is not None and cur.kind == pb.TASK_KIND_TRAIN
@@ -120,7 +130,6 @@ class FederationCollector:
             if value is not None:
                 yield GaugeMetricFamily(f"fedgpu_eval_{metric}", f"Latest federated evaluation "
                                         f"{metric} of the global model.", value=value)
-        yield from self._nodes()
 
     def _nodes(self) -> Iterator[Metric]:
         snap = self.registry.snapshot()
@@ -155,9 +164,9 @@ class FederationCollector:
         yield from (up, seen, done, gpu, mem, rss)
 
 
-def make_registry(orch: Orchestrator, registry: Registry) -> CollectorRegistry:
+def make_registry(jobs: JobManager) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FederationCollector(orch, registry))  # type: ignore[arg-type]
+    reg.register(FederationCollector(jobs))  # type: ignore[arg-type]
     # The aggregator process itself: resident memory, CPU seconds, open files.
     ProcessCollector(registry=reg)
     return reg
@@ -205,9 +214,9 @@ class MetricsServer:
             await self.server.wait_closed()
 
 
-async def serve_metrics(orch: Orchestrator, registry: Registry, host: str,
+async def serve_metrics(jobs: JobManager, host: str,
                         port: int) -> MetricsServer:
-    server = MetricsServer(make_registry(orch, registry))
+    server = MetricsServer(make_registry(jobs))
     await server.start(host, port)
     return server
 

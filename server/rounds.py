@@ -299,6 +299,8 @@ class Orchestrator(Intake):
 
     def task_for(self, node: Node) -> Task | None:
         task = node.pending
-        if task is None or self.current is None or task.round != self.current.number:
+        rnd = self.current
+        # The task must be this engine's own: a task left from a stopped job is never served.
+        if task is None or rnd is None or rnd.task_ids.get(node.node_id) != task.task_id:
             return None
         return task

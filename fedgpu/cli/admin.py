@@ -16,6 +16,8 @@ from fedgpu.core import admin_client
 from fedgpu.core.tls import TlsFiles, from_options
 
 Token = OperatorToken
+JobOpt = Annotated[str, typer.Option(
+    "--job", help="A job's id ('fedgpu job list'); default: the running job, else the last.")]
 
 
 def status(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
@@ -24,8 +26,9 @@ def status(address: Address = "localhost:50051", token: Token = None, as_json: A
                "--watch", help="Then follow the run round by round until it ends (Ctrl-C "
                "stops); with --json, one status document per line on every change.")] = False,
            interval: Annotated[float, typer.Option(
-               min=0.2, help="Seconds between polls with --watch.")] = 2.0) -> None:
-    """The run: state, round, nodes, latest global accuracy."""
+               min=0.2, help="Seconds between polls with --watch.")] = 2.0,
+           job: JobOpt = "") -> None:
+    """The current job's run: state, round, nodes, latest global accuracy."""
     if watch:
         from fedgpu.cli.watch import watch_status
         from fedgpu.core.lifetime import restore_ctrl_c
@@ -34,15 +37,15 @@ def status(address: Address = "localhost:50051", token: Token = None, as_json: A
         restore_ctrl_c()
 
         return watch_status(address, token, from_options(tls_cert, tls_key, tls_ca), as_json,
-                            interval, _show_status)
+                            interval, _show_status, job)
     _answer(address, token, "GetStatus", from_options(tls_cert, tls_key, tls_ca), as_json,
-            _show_status)
+            _show_status, job_id=job)
 
 
 def _answer(address: str, token: str | None, method: str, tls: TlsFiles | None, as_json: bool,
-            show: Callable[[dict[str, Any]], None]) -> None:
+            show: Callable[[dict[str, Any]], None], **fields: Any) -> None:
     """Ask the aggregator once; print its JSON as is, or `show` it for people."""
-    doc = admin_client.query(address, token, method, tls=tls)
+    doc = admin_client.query(address, token, method, tls=tls, **fields)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -52,7 +55,8 @@ def _answer(address: str, token: str | None, method: str, tls: TlsFiles | None, 
 def _show_status(doc: dict[str, Any]) -> None:
     cur = doc["current_round"]
     lines = [
-        f"run {doc['run_id']}  state {doc['state']}  task {doc['task']}  "
+        f"job {doc.get('job_id') or '-'}  run {doc['run_id']}  state {doc['state']}  "
+        f"task {doc['task']}  "
         f"strategy {doc['strategy']}",
         f"round {doc['round']}/{doc['rounds']}  nodes {doc['nodes']['alive']} alive of "
         f"{doc['nodes']['registered']}  accuracy {fmt_value(doc['accuracy'])}  "
@@ -93,10 +97,11 @@ def _show_nodes(doc: dict[str, Any]) -> None:
 
 
 def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
-           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None) -> None:
+           tls_cert: TlsCert = None, tls_key: TlsKey = None, tls_ca: TlsCa = None,
+           job: JobOpt = "") -> None:
     """Per-round metrics: training loss, federated evaluation, nodes reporting."""
     _answer(address, token, "ListRounds", from_options(tls_cert, tls_key, tls_ca), as_json,
-            _show_rounds)
+            _show_rounds, job_id=job)
 
 
 def _show_rounds(doc: dict[str, Any]) -> None:

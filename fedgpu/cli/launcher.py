@@ -136,6 +136,8 @@ class LocalRun:
         self.procs: list[Proc] = []
         self.address = ""
         self.token = secrets.token_urlsafe(16)
+        # The aggregator's operator token: what `fedgpu run` itself asks the status with.
+        self.operator_token = secrets.token_urlsafe(16)
         self.last_rounds: dict[str, Any] | None = None
         self.last_status: dict[str, Any] | None = None
 
@@ -148,6 +150,7 @@ class LocalRun:
         # The token travels in the environment, not argv, so `ps` does not show it.
         env["FEDGPU_TOKEN"] = self.token
         env["PYTHONUNBUFFERED"] = "1"
+        env.pop("FEDGPU_OPERATOR_TOKEN", None)
         env.update(extra or {})
         return env
 
@@ -187,7 +190,8 @@ class LocalRun:
             *py, "server", "start", "--job", str(job), "--host", "127.0.0.1",
             "--port", str(port), "--state-dir", str(self.run_dir / "state"),
             "--exit-when-done",
-        ], self.run_dir / "logs" / "aggregator.log", self._env())
+        ], self.run_dir / "logs" / "aggregator.log",
+            self._env({"FEDGPU_OPERATOR_TOKEN": self.operator_token}))
         self.procs.append(server)
         self._wait_healthy(server)
         for i, data in enumerate(dirs, start=1):
@@ -232,8 +236,10 @@ class LocalRun:
             if time.monotonic() > deadline:
                 raise FedgpuError(f"the run did not finish within {self.cfg.timeout_s:.0f}s")
             try:
-                self.last_status = admin_client.query(self.address, self.token, "GetStatus", 5)
-                self.last_rounds = admin_client.query(self.address, self.token, "ListRounds", 5)
+                self.last_status = admin_client.query(self.address, self.operator_token,
+                                                      "GetStatus", 5)
+                self.last_rounds = admin_client.query(self.address, self.operator_token,
+                                                      "ListRounds", 5)
             except FedgpuError:
                 time.sleep(0.3)
                 continue

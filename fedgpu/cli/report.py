@@ -51,18 +51,27 @@ def load_json_file(path: Path) -> RunHistory:
     return from_rounds_doc(doc, str(path))
 
 
-def load_state_dir(directory: Path) -> RunHistory:
+def load_state_dir(directory: Path, job: str = "") -> RunHistory:
+    """A job's history from its checkpoint: `directory` is one job's (it holds state.json)
+    or the aggregator's --state-dir, whose jobs/ID/ holds each job's (`job`, else the job
+    checkpointed last)."""
     state = directory / "state.json"
-    if not state.exists():
-        raise ConfigError(f"{directory} holds no state.json: give the aggregator's --state-dir "
-                          "(a run of `fedgpu run` keeps it in runs/<time>/state)")
+    if not state.exists() or job:
+        found = sorted((directory / "jobs").glob(f"{job or '*'}/state.json"),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise ConfigError(
+                f"{directory} holds no checkpoint{f' of job {job}' if job else ''}: give the "
+                "aggregator's --state-dir (a run of `fedgpu run` keeps it in runs/<time>/state)")
+        state = found[-1]
     return load_json_file(state)
 
 
-def load_aggregator(address: str, token: str | None, tls: Any = None) -> RunHistory:
+def load_aggregator(address: str, token: str | None, tls: Any = None,
+                    job: str = "") -> RunHistory:
     from fedgpu.core import admin_client
 
-    doc = admin_client.query(address, token, "ListRounds", tls=tls)
+    doc = admin_client.query(address, token, "ListRounds", tls=tls, job_id=job)
     return from_rounds_doc(doc, f"aggregator {address}")
 
 

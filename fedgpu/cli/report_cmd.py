@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+from fedgpu.cli.tls_options import OperatorToken, TlsCa, TlsCert, TlsKey
 from fedgpu.core.errors import ConfigError
 
 
@@ -15,10 +15,13 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Directory for the PNGs and summary.md.")],
     address: Annotated[str | None, typer.Option(
         "--address", help="A running aggregator's HOST:PORT (asks its Admin service).")] = None,
-    token: Annotated[str | None, typer.Option(
-        envvar="FEDGPU_TOKEN", help="The aggregator's token (with --address).")] = None,
+    token: OperatorToken = None,
     state_dir: Annotated[Path | None, typer.Option(
-        "--state-dir", help="A finished or running aggregator's checkpoint directory.")] = None,
+        "--state-dir", help="A finished or running aggregator's --state-dir (or one job's "
+        "directory in it, jobs/ID).")] = None,
+    job: Annotated[str, typer.Option(
+        "--job", help="Which job (with --address or --state-dir); default: the running job, "
+        "else the latest.")] = "",
     rounds_json: Annotated[Path | None, typer.Option(
         "--rounds-json", help="A `fedgpu rounds --json` document, e.g. runs/<time>/rounds.json."
     )] = None,
@@ -38,9 +41,10 @@ def report(
     if address is not None:
         from fedgpu.core.tls import from_options
 
-        hist = rep.load_aggregator(address, token, from_options(tls_cert, tls_key, tls_ca))
+        hist = rep.load_aggregator(address, token, from_options(tls_cert, tls_key, tls_ca),
+                                   job)
     elif state_dir is not None:
-        hist = rep.load_state_dir(state_dir)
+        hist = rep.load_state_dir(state_dir, job)
     else:
         assert rounds_json is not None
         hist = rep.load_json_file(rounds_json)

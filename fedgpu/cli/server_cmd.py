@@ -18,28 +18,38 @@ server_app = typer.Typer(help="The aggregator.", no_args_is_help=True)
 
 @server_app.command("start")
 def start(
-    job: Annotated[Path, typer.Option("--job", envvar="FEDGPU_JOB", help="Job file (TOML).")],
+    job: Annotated[Path | None, typer.Option(
+        "--job", envvar="FEDGPU_JOB",
+        help="Also queue this job file at start (once per state directory); without it the "
+        "federation waits for 'fedgpu job submit'.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(envvar="FEDGPU_PORT", help="gRPC port.")] = 50051,
     token: Annotated[str | None, typer.Option(
-        envvar="FEDGPU_TOKEN", help="Shared token nodes and operators must present.")] = None,
+        envvar="FEDGPU_TOKEN", help="Shared token nodes must present.")] = None,
+    operator_token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_OPERATOR_TOKEN",
+        help="Token operators present (job submit/stop, status, the dashboard); must differ "
+        "from --token. Under mutual TLS an operator certificate also serves.")] = None,
     insecure: Annotated[bool, typer.Option(
         "--insecure", help="Run without any authentication (logged as a warning).")] = False,
     state_dir: Annotated[Path | None, typer.Option(
-        envvar="FEDGPU_STATE_DIR", help="Where round checkpoints are written.")] = None,
+        envvar="FEDGPU_STATE_DIR",
+        help="Where the job database and each job's checkpoints live; without it they live "
+        "in a temporary directory and are lost when the aggregator stops.")] = None,
     chunk_size: Annotated[int, typer.Option(
         help="Bytes per weight chunk on the wire.")] = DEFAULT_CHUNK_SIZE,
     max_update_mib: Annotated[int, typer.Option(
         help="Largest update accepted from a node, in MiB.")] = 4096,
     heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
     exit_when_done: Annotated[bool, typer.Option(
-        "--exit-when-done", help="Stop serving once the job has finished.")] = False,
+        "--exit-when-done", help="Stop serving once every queued job has ended.")] = False,
     metrics_port: Annotated[int, typer.Option(
         envvar="FEDGPU_METRICS_PORT",
         help="Serve Prometheus metrics on http://HOST:PORT/metrics; 0 = off.")] = 0,
     ui_port: Annotated[int, typer.Option(
         envvar="FEDGPU_UI_PORT", min=0, max=65535,
-        help="Serve the web dashboard on http://UI_HOST:PORT/ (needs --token); 0 = off.")] = 0,
+        help="Serve the web dashboard on http://UI_HOST:PORT/ (needs --operator-token); "
+        "0 = off.")] = 0,
     ui_host: Annotated[str, typer.Option(
         envvar="FEDGPU_UI_HOST",
         help="Address the dashboard listens on; loopback unless you mean otherwise (it is "
@@ -49,16 +59,19 @@ def start(
     tls_ca: TlsCa = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Start the aggregator and run the job."""
+    """Start the aggregator: the federation nodes join, and the jobs it runs one by one."""
     from fedgpu.core import tls
     from fedgpu.server.app import ServerConfig, serve
 
     logs.setup(log_level)
+    if job is not None:
+        load_job(job)  # a bad job file fails here, with its key named, before anything runs
     cfg = ServerConfig(
-        job=load_job(job),
+        job_file=job,
         host=host,
         port=port,
         token=token,
+        operator_token=operator_token,
         insecure=insecure,
         state_dir=state_dir,
         chunk_size=chunk_size,

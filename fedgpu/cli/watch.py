@@ -35,12 +35,13 @@ def eval_line(rec: dict[str, Any]) -> str:
 
 
 def watch_status(address: str, token: str | None, tls: Any, as_json: bool,
-                 interval: float, show: Callable[[dict[str, Any]], None]) -> None:
+                 interval: float, show: Callable[[dict[str, Any]], None],
+                 job_id: str = "") -> None:
     """Prints the status once, then each round as it closes (its federated evaluation when
     it arrives) and every change of state; returns when the run has ended. The exit code is
     0 for a finished run and 1 for a failed or stopped one."""
     def query(method: str) -> dict[str, Any]:
-        return admin_client.query(address, token, method, tls=tls)
+        return admin_client.query(address, token, method, tls=tls, job_id=job_id)
 
     status = query("GetStatus")  # unreachable at the start: the usual one-line error
     if as_json:

@@ -46,5 +46,6 @@ CREATE TABLE job_rounds (
 
 CREATE TABLE job_meta (
     job_id      TEXT PRIMARY KEY REFERENCES jobs(job_id),
-    initial_eval TEXT                            -- JSON, the evaluation before round 1
+    initial_eval TEXT,                           -- JSON, the evaluation before round 1
+    rejections   TEXT                            -- JSON, refused updates by reason
 );
