@@ -291,7 +291,25 @@ def gpus_check(snap: Any, severity: str | None) -> Check:
 # ---- aggregator and TLS ---------------------------------------------------------------
 
 
-def aggregator_check(address: str, token: str | None, tls: Any) -> Check:
+def _node_credential(address: str, token: str | None, tls: Any) -> str | None:
+    """None when the aggregator accepts this node's token / certificate, else why not: a
+    heartbeat for no node is what a node's credential may always send."""
+    import grpc
+
+    from fedgpu.core.transport import channel, token_metadata
+    from fedgpu.proto import pb, pb_grpc
+
+    with channel(address, tls) as ch:
+        try:
+            pb_grpc.FederationStub(ch).Heartbeat(pb.HeartbeatRequest(node_id=""),
+                                                 metadata=token_metadata(token), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.details() or exc.code().name
+    return None
+
+
+def aggregator_check(address: str, token: str | None, tls: Any,
+                     operator_token: str | None = None) -> Check:
     from fedgpu.core import admin_client
 
     name = "aggregator"
@@ -304,15 +322,24 @@ def aggregator_check(address: str, token: str | None, tls: Any) -> Check:
         return Check(name, FAIL, f"aggregator at {address} answers health {state}",
                      "read its log (fedgpu logs aggregator)")
     detail = f"aggregator at {address} is SERVING"
-    if token is None and not (tls is not None and tls.mutual):
-        return Check(name, OK, detail + " (no token given: run state not queried)")
+    if operator_token is None:
+        if token is None and not (tls is not None and tls.mutual):
+            return Check(name, OK, detail + " (no token given: credentials not checked)")
+        refused = _node_credential(address, token, tls)
+        if refused is not None:
+            return Check(name, WARN, f"{detail}, but it refuses this node's credential: "
+                         f"{refused}", "check --token / FEDGPU_TOKEN and the --tls-* client "
+                         "certificate")
+        return Check(name, OK, detail + "; it accepts this node's credential (the run's "
+                     "state needs the operator token)")
     try:
-        st = admin_client.query(address, token, "GetStatus", tls=tls, timeout=5)
+        st = admin_client.query(address, operator_token, "GetStatus", tls=tls, timeout=5)
     except FedgpuError as exc:
         return Check(name, WARN, f"{detail}, but the Admin service refused us: {exc}",
-                     "check --token / FEDGPU_TOKEN and the --tls-* client certificate")
-    detail += (f"; run {st['run_id']} {st['state']}, round {st['round']}/{st['rounds']}, "
-               f"{st['nodes']['alive']} node(s) alive")
+                     "check --operator-token / FEDGPU_OPERATOR_TOKEN and the --tls-* client "
+                     "certificate")
+    detail += (f"; job {st.get('job_id') or '-'} {st['state']}, round "
+               f"{st['round']}/{st['rounds']}, {st['nodes']['alive']} node(s) alive")
     if st["state"] == "failed":
         return Check(name, FAIL, f"{detail}: {st['error']}", "read fedgpu logs aggregator")
     return Check(name, OK, detail)
@@ -373,7 +400,8 @@ def cert_check(label: str, path: Path, ca_path: Path | None, key_path: Path | No
 
 
 def run_checks(profile: str | None = None, address: str | None = None,
-               token: str | None = None, tls: Any = None) -> list[Check]:
+               token: str | None = None, tls: Any = None,
+               operator_token: str | None = None) -> list[Check]:
     severity = gpu_severity(profile)
     engine, info = probe_engine()
     checks = [engine, probe_compose(), probe_nvidia_runtime(info, severity)]
@@ -386,7 +414,7 @@ def run_checks(profile: str | None = None, address: str | None = None,
                              sum(g.healthy for g in snap.gpus), severity))
     checks.append(gpus_check(snap, severity))
     if address is not None:
-        checks.append(aggregator_check(address, token, tls))
+        checks.append(aggregator_check(address, token, tls, operator_token))
     if tls is not None:
         if tls.cert is not None:
             checks.append(cert_check("cert", tls.cert, tls.ca, tls.key))

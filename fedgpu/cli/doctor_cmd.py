@@ -19,7 +19,11 @@ def doctor(
         "--address", help="Also check this aggregator (HOST:PORT) is reachable and healthy.")
     ] = None,
     token: Annotated[str | None, typer.Option(
-        envvar="FEDGPU_TOKEN", help="With --address: also ask the run's state.")] = None,
+        envvar="FEDGPU_TOKEN",
+        help="With --address: also check the aggregator accepts this node token.")] = None,
+    operator_token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_OPERATOR_TOKEN",
+        help="With --address: also ask the current job's state (operator hosts).")] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", help="The compose profile this host will run: cpu, gpu-offered, "
         "gpu-enforced or hetero. GPU checks fail for gpu-enforced/hetero, warn for "
@@ -32,7 +36,8 @@ def doctor(
     from fedgpu.core.tls import from_options
 
     doc.gpu_severity(profile)  # an unknown profile is a usage error before any probing
-    checks = doc.run_checks(profile, address, token, from_options(tls_cert, tls_key, tls_ca))
+    checks = doc.run_checks(profile, address, token, from_options(tls_cert, tls_key, tls_ca),
+                            operator_token)
     result = doc.document(checks)
     if as_json:
         typer.echo(json.dumps(result, indent=2))

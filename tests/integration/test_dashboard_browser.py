@@ -115,7 +115,7 @@ def test_the_page_shows_sites_gpus_and_rounds(ui_run: UiRun, tmp_path: Path) -> 
         # Not logged in: the login form, and no data on the page.
         wait_for(lambda: driver.current_url.endswith("/login"), 20, "the login form")
         assert "site-" not in driver.page_source
-        driver.find_element("id", "token").send_keys(ui_run.fed.token)
+        driver.find_element("id", "token").send_keys(ui_run.fed.operator_token)
         driver.find_element("css selector", "#login-form button").click()
         wait_for(lambda: driver.execute_script(
             "return window.fedgpuDash && window.fedgpuDash.refreshes"), 30, "the first refresh")
@@ -201,16 +201,21 @@ def _volatile(doc: Any) -> Any:
 def test_api_documents_are_the_clis(finished: UiRun, path: str, command: str) -> None:
     r = cli(command, "--address", finished.fed.address, "--json")
     assert r.returncode == 0, r.stderr
-    status, body = finished.get(path, token=finished.fed.token)
+    status, body = finished.get(path, token=finished.fed.operator_token)
     assert status == 200
     assert _volatile(json.loads(body)) == _volatile(json.loads(r.stdout))
     assert finished.get(path)[0] == 401
     assert finished.get(path, token="not-the-token")[0] == 401
 
 
-def test_api_jobs_is_404_until_jobs_exist(finished: UiRun) -> None:
-    status, body = finished.get("/api/jobs", token=finished.fed.token)
-    assert status == 404 and json.loads(body)["error"]
+def test_api_jobs_is_the_job_list(finished: UiRun) -> None:
+    r = cli("job", "list", "--address", finished.fed.address, "--json")
+    assert r.returncode == 0, r.stderr
+    status, body = finished.get("/api/jobs", token=finished.fed.operator_token)
+    assert status == 200
+    (job,) = json.loads(body)
+    assert job == json.loads(r.stdout)[0] and job["state"] == "finished"
+    assert finished.get("/api/jobs", token=finished.fed.token)[0] == 401
 
 
 def test_fedgpu_ui_prints_the_url(finished: UiRun) -> None:

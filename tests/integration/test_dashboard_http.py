@@ -251,9 +251,9 @@ def test_the_aggregator_refuses_a_dashboard_without_a_credential(tmp_path: Path)
     job = write_job(tmp_path / "job.toml")
     port = free_port()
     r = cli("server", "start", "--job", str(job), "--host", "127.0.0.1", "--port", str(port),
-            "--insecure", "--ui-port", str(free_port()), token=None)
+            "--insecure", "--ui-port", str(free_port()), token=None, operator_token=None)
     assert r.returncode == 2  # a configuration error
-    assert "--ui-port needs the operator token" in r.stderr and "Traceback" not in r.stderr
+    assert "--ui-port needs --operator-token" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_busy_ui_port_is_a_clear_error(tmp_path: Path) -> None:

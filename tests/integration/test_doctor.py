@@ -62,6 +62,7 @@ def env_for(fake_nvml: FakeNvml, tmp_path: Path):
         env = fake_nvml.env() if library else fake_nvml.env_without_library()
         env["PYTHONPATH"] = f"{fake_torch(tmp_path / 'torch-site', torch_cuda)}:{ROOT}"
         env.pop("FEDGPU_TOKEN", None)
+        env.pop("FEDGPU_OPERATOR_TOKEN", None)
         if not engine:
             env["DOCKER_HOST"] = f"unix://{tmp_path}/no-engine.sock"
         return env
@@ -199,8 +200,14 @@ def test_aggregator(env_for: Any, fake_nvml: FakeNvml, federation: Federation,
     assert check["status"] == "ok" and "SERVING" in check["detail"]
     env["FEDGPU_TOKEN"] = federation.token
     check = by_name(doctor(env, "--address", federation.address)[1])["aggregator"]
-    assert check["status"] == "ok" and "waiting, round 0/2" in check["detail"]
+    assert check["status"] == "ok" and "accepts this node's credential" in check["detail"]
     env["FEDGPU_TOKEN"] = "wrong"
+    check = by_name(doctor(env, "--address", federation.address)[1])["aggregator"]
+    assert check["status"] == "warn" and "wrong token" in check["detail"]
+    env["FEDGPU_OPERATOR_TOKEN"] = federation.operator_token
+    check = by_name(doctor(env, "--address", federation.address)[1])["aggregator"]
+    assert check["status"] == "ok" and "waiting, round 0/2" in check["detail"]
+    env["FEDGPU_OPERATOR_TOKEN"] = "wrong"
     check = by_name(doctor(env, "--address", federation.address)[1])["aggregator"]
     assert check["status"] == "warn" and "wrong token" in check["detail"]
 

@@ -135,9 +135,8 @@ def test_the_cpu_overlays_pods_run_a_federation(tmp_path: Path) -> None:
 
         # An operator with the operator's certificate sees the nodes under their sites' names
         # (mutual TLS admits a node only under its certificate's name, from its own Secret).
-        certs.issue_node(ca_dir, "operator")
-        op = ca_dir / "nodes" / "operator"
-        fed.tls = from_options(op / "node.crt", op / "node.key", op / "ca.crt")
+        issued = certs.issue_operator(ca_dir)
+        fed.tls = from_options(issued.cert, issued.key, issued.ca)
         deadline = time.monotonic() + 300
         names: list[str] = []
         last_error = ""

@@ -30,9 +30,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
     theirs = tmp_path_factory.mktemp("other-ca")
     certs.init_ca(theirs)
     out = {"server": TlsFiles(server.cert, server.key, server.ca)}
-    for name in ("node-a", "node-b", "operator"):
+    for name in ("node-a", "node-b"):
         i = certs.issue_node(ours, name)
         out[name] = TlsFiles(i.cert, i.key, i.ca)
+    op = certs.issue_operator(ours)
+    out["operator"] = TlsFiles(op.cert, op.key, op.ca)
+    # A node certificate that merely carries the name "operator": its role is node.
+    named = certs.issue_node(ours, "operator")
+    out["node-named-operator"] = TlsFiles(named.cert, named.key, named.ca)
     forged = certs.issue_node(theirs, "node-a")
     # A certificate for the right name from the wrong CA, next to our CA as trust anchor.
     out["foreign"] = TlsFiles(forged.cert, forged.key, out["node-a"].ca)
@@ -99,7 +104,8 @@ def test_mtls_admits_certified_nodes_and_refuses_the_rest(
     # and the run completes.
     good = node("good", *flags(pki["node-a"]))
     federation.wait_state(("finished",), timeout=120)
-    assert good.popen.wait(timeout=60) == 0, good.text()[-2000:]
+    # The federation stays up: the node stays registered for the next job.
+    assert good.popen.poll() is None, good.text()[-2000:]
 
     # The admin CLI works over mTLS with an operator certificate, and not without one.
     ok = cli("status", "--json", "--address", federation.address, *flags(pki["operator"]))
@@ -188,3 +194,48 @@ def test_refused_calls_do_not_keep_another_node_alive(federation: Federation, tm
     assert b["name"] == "node-b" and b["alive"] is False and b["state"] == "lost", b
     assert b["last_seen_s"] >= 9
     assert federation.query("GetStatus")["nodes"]["alive"] == 0
+
+
+def test_roles_come_from_the_certificate(federation: Federation, tmp_path: Path,
+                                         pki: dict[str, TlsFiles]) -> None:
+    """An operator certificate cannot register as a node; a node certificate (even one named
+    "operator") cannot operate, and may see only itself in ListNodes."""
+    from fedgpu.core import admin_client
+    from fedgpu.core.errors import FedgpuError
+    from fedgpu.proto import admin_pb2, admin_pb2_grpc
+
+    federation.tls = pki["operator"]
+    federation.start_server(None, *flags(pki["server"]))
+    md = token_metadata(federation.token)
+
+    def channel(files: TlsFiles) -> grpc.Channel:
+        return grpc.secure_channel(federation.address, channel_credentials(files))
+
+    with channel(pki["operator"]) as op, channel(pki["node-a"]) as a, \
+            channel(pki["node-b"]) as b, channel(pki["node-named-operator"]) as fake:
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.FederationStub(op).Register(
+                pb.RegisterRequest(node_name="operator", tasks=["digits"]),
+                metadata=token_metadata(federation.operator_token), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "operator credential cannot act as a node" in err.value.details()
+        for stub in (a, b):
+            name = "node-a" if stub is a else "node-b"
+            pb_grpc.FederationStub(stub).Register(
+                pb.RegisterRequest(node_name=name, tasks=["digits"]), metadata=md, timeout=10)
+        for ch in (a, fake):
+            admin = admin_pb2_grpc.AdminStub(ch)
+            for method, request in (("GetStatus", admin_pb2.GetStatusRequest()),
+                                    ("ListJobs", admin_pb2.ListJobsRequest())):
+                with pytest.raises(grpc.RpcError) as err:
+                    getattr(admin, method)(request, metadata=md, timeout=10)
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "needs the operator credential" in err.value.details()
+        mine = json.loads(admin_pb2_grpc.AdminStub(a).ListNodes(
+            admin_pb2.ListNodesRequest(), metadata=md, timeout=10).json)
+        assert [n["name"] for n in mine["nodes"]] == ["node-a"]
+    everyone = federation.query("ListNodes")
+    assert sorted(n["name"] for n in everyone["nodes"]) == ["node-a", "node-b"]
+    with pytest.raises(FedgpuError, match="operator credential"):
+        admin_client.query(federation.address, federation.token, "GetStatus",
+                           tls=pki["node-a"])
