@@ -34,7 +34,10 @@ def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:
     assert str(run_dir) in r.stdout
     rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
     assert len(rounds) == 5 and round(rounds[-1]["eval"]["accuracy"], 4) == acc
-    assert (run_dir / "state" / "global.safetensors").exists()
+    # The run is one job on the local federation: its checkpoints are in that job's directory.
+    assert (run_dir / "state" / "fedgpu.db").exists()
+    (model,) = (run_dir / "state" / "jobs").glob("*/global.safetensors")
+    assert model.stat().st_size > 0
     for name in ("aggregator", "node-1", "node-2", "node-3"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
     # Nothing of the run is left running.
