@@ -14,9 +14,11 @@ from fedgpu.server.auth import TokenAuth
 from fedgpu.server.plans import KIND_NAMES
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.uploads import Uploads
 
 
-def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
+def status_doc(orch: Orchestrator, registry: Registry, uploads: Uploads | None = None
+               ) -> dict[str, Any]:
     rnd = orch.current
     latest = orch.history.latest_eval()
     return {
@@ -41,6 +43,8 @@ def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
         "accuracy": None if latest is None else latest.accuracy,
         "loss": None if latest is None else latest.loss,
         "rejections": dict(orch.rejections),
+        # Update streams being received now: stalled ones, those timed out so far, memory.
+        "uploads": uploads.stats() if uploads is not None else None,
         "started_at": orch.started_at,
         "finished_at": orch.finished_at,
         "uptime_s": round(time.time() - orch.started_at, 1),
@@ -58,15 +62,18 @@ def nodes_doc(registry: Registry) -> dict[str, Any]:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, orch: Orchestrator, registry: Registry, auth: TokenAuth) -> None:
+    def __init__(self, orch: Orchestrator, registry: Registry, auth: TokenAuth,
+                 uploads: Uploads | None = None) -> None:
         self.orch = orch
         self.registry = registry
         self.auth = auth
+        self.uploads = uploads
 
     async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext
                         ) -> admin_pb2.JsonReply:
         await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(status_doc(self.orch, self.registry)))
+        doc = status_doc(self.orch, self.registry, self.uploads)
+        return admin_pb2.JsonReply(json=json.dumps(doc))
 
     async def ListRounds(self, request: Any, context: grpc.aio.ServicerContext
                          ) -> admin_pb2.JsonReply:

@@ -27,6 +27,7 @@ from fedgpu.server.federation_service import FederationService
 from fedgpu.server.registry import Registry
 from fedgpu.server.ring import RingPlan
 from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
 
 log = logging.getLogger("fedgpu.server")
 
@@ -43,6 +44,10 @@ class ServerConfig:
     state_dir: Path | None = None
     chunk_size: int = codec.DEFAULT_CHUNK_SIZE
     max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
+    # An upload that sends nothing for this long is refused; all uploads in flight share
+    # this much memory (see server/uploads.py).
+    upload_idle_s: float = DEFAULT_IDLE_S
+    upload_memory_bytes: int = DEFAULT_BUDGET_BYTES
     heartbeat_interval_s: int = 5
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
@@ -101,9 +106,11 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         orch.restore(*saved)
     auth = TokenAuth(None if cfg.insecure else cfg.token, client_certs=mutual)
     server = grpc.aio.server(options=SERVER_OPTIONS)
+    uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes, cfg.upload_idle_s)
     pb_grpc.add_FederationServicer_to_server(
-        FederationService(registry, orch, auth, cfg.max_update_bytes), server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(orch, registry, auth), server)
+        FederationService(registry, orch, auth, uploads), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(
+        AdminService(orch, registry, auth, uploads), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (

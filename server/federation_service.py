@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import TokenAuth
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
+from fedgpu.server.uploads import Uploads
 from fedgpu.server.validation import UpdateRejected, decode_and_check
 
 log = logging.getLogger("fedgpu.server.federation")
@@ -31,6 +31,7 @@ STATUS_OF: dict[Reject, grpc.StatusCode] = {
     Reject.NOT_SELECTED: grpc.StatusCode.PERMISSION_DENIED,
     Reject.WRONG_TASK: grpc.StatusCode.PERMISSION_DENIED,
     Reject.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reject.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -45,16 +46,15 @@ class FederationService(pb_grpc.FederationServicer):
         registry: Registry,
         orchestrator: Orchestrator,
         auth: TokenAuth,
-        max_update_bytes: int,
-        max_concurrent_uploads: int = 4,
+        uploads: Uploads,
     ) -> None:
         self.registry = registry
         self.orch = orchestrator
         self.auth = auth
-        self.max_update_bytes = max_update_bytes
-        # Each upload in flight holds one model-sized buffer: this bounds aggregator memory
-        # to O(model x concurrency), never O(model x nodes).
-        self._uploads = asyncio.Semaphore(max_concurrent_uploads)
+        # Receives payloads within a memory budget, with idle and round deadlines: aggregator
+        # memory stays O(budget), never O(model x nodes), and no silent sender holds it.
+        self.uploads = uploads
+        self.max_update_bytes = uploads.max_update_bytes
 
     async def _node(self, node_id: str, context: grpc.aio.ServicerContext) -> Node:
         node = self.registry.get(node_id)
@@ -149,10 +149,14 @@ class FederationService(pb_grpc.FederationServicer):
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         await self.auth.check(context)
+        stream = aiter(request_iterator)
         try:
-            first = await anext(aiter(request_iterator))
-        except StopAsyncIteration:
+            first = await self.uploads.next_message(stream, time.time() + self.uploads.idle_s)
+        except UpdateRejected as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no header: {exc.message}")
+        if first is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty update stream")
+        assert first is not None
         if not first.HasField("header"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "an update stream must start with its header")
@@ -163,41 +167,37 @@ class FederationService(pb_grpc.FederationServicer):
                 Reject.UNKNOWN_NODE, f"unknown node id {header.node_id!r}"))
         node = await self._node(header.node_id, context)
         rnd = None
+        claimed = False
         try:
             rnd = self.orch.check_update(node, header)
             if header.failed:
                 self.orch.record_failure(node, header, rnd)
                 return pb.PushReply(accepted=True, message="failure recorded")
-            tensors = None
-            size = header.payload_size
+            # From here on this stream holds the node's slot; others are duplicates.
+            self.orch.claim(node, rnd)
+            claimed = True
             if header.kind == pb.TASK_KIND_EVALUATE:
-                async for _ in request_iterator:
+                if await self.uploads.next_message(stream, rnd.deadline) is not None:
                     raise UpdateRejected(Reject.MALFORMED,
                                          "an evaluation result carries no weights")
+                await self.orch.accept(node, header, rnd, None, header.payload_size)
             else:
-                async with self._uploads:
-                    t0 = time.perf_counter()
-                    buf = await self._receive(header, request_iterator)
+                t0 = time.perf_counter()
+                async with self.uploads.receive(node.name, header, stream,
+                                                rnd.deadline) as payload:
                     rnd.upload_s[node.node_id] = round(time.perf_counter() - t0, 4)
                     spec = self.orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                    tensors = await asyncio.to_thread(decode_and_check, buf, spec)
-            await self.orch.accept(node, header, rnd, tensors, size)
+                    tensors = await asyncio.to_thread(decode_and_check, payload, spec)
+                    await self.orch.accept(node, header, rnd, tensors, header.payload_size)
+                    del tensors  # views of the payload, which is freed on the way out
         except UpdateRejected as exc:
-            self.orch.reject(node, header, exc, rnd)
+            self.orch.reject(node, header, exc, rnd, claimed=claimed)
             code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
+        except BaseException:
+            # Not a verdict on the update (the call was cancelled, the server is stopping):
+            # the slot goes back to its node, which may send the update again.
+            if claimed and rnd is not None:
+                self.orch.release(node, rnd)
+            raise
         return pb.PushReply(accepted=True, message=f"update for round {header.round} accepted")
-
-    async def _receive(self, header: pb.UpdateHeader,
-                       chunks: AsyncIterator[pb.UpdateChunk]) -> bytearray:
-        try:
-            asm = codec.Assembler(header.payload_size, header.payload_sha256,
-                                  self.max_update_bytes)
-            async for msg in chunks:
-                if msg.HasField("header"):
-                    raise UpdateRejected(Reject.MALFORMED, "a second header inside the stream")
-                asm.add(msg.data)
-            return asm.finish()
-        except codec.CodecError as exc:
-            # The codec says which defect it was (too_large, digest, truncated, malformed).
-            raise UpdateRejected(Reject(exc.reason), str(exc)) from None

@@ -70,8 +70,26 @@ class Intake:
                 raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
         return rnd
 
+    def claim(self, node: Node, rnd: RoundState) -> None:
+        """Take the node's slot for the stream now receiving its answer.
+
+        Called right after check_update, with no await between: on the event loop that makes
+        "is the slot free?" and "it is mine" one step, so of many concurrent streams of one
+        update exactly one goes on and the others are refused as duplicates at their header.
+        """
+        assert rnd.slots.get(node.node_id) == SlotState.ASSIGNED
+        rnd.slots[node.node_id] = SlotState.UPLOADING
+
+    def release(self, node: Node, rnd: RoundState) -> None:
+        """The claiming stream broke off (the sender went away): the node may send again."""
+        if not rnd.closed and rnd.slots.get(node.node_id) == SlotState.UPLOADING:
+            rnd.slots[node.node_id] = SlotState.ASSIGNED
+
     def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
-               rnd: RoundState | None = None) -> None:
+               rnd: RoundState | None = None, claimed: bool = False) -> None:
+        """Count and list a refusal. A refused answer to the node's own open task ends its
+        part in the attempt, unless another stream of that node holds the slot (`claimed`
+        says whether the refused stream is the one holding it)."""
         self.history.count_rejection(exc.reason)
         entry = Rejection(
             node_id=node.node_id if node else None,
@@ -80,13 +98,13 @@ class Intake:
             reason=exc.reason,
             message=exc.message,
         )
-        # A rejected answer to the node's own open task ends its part in this round.
         rnd = rnd or self.current
         if (rnd is not None and not rnd.closed and node is not None and header is not None
                 and rnd.task_ids.get(node.node_id) == header.task_id
                 and rnd.number == header.round):
             rnd.rejected.append(entry)
-            if rnd.slots.get(node.node_id) == SlotState.ASSIGNED:
+            state = rnd.slots.get(node.node_id)
+            if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
                 node.pending = None
                 rnd.settle(node.node_id, SlotState.REJECTED, time.time())
         elif header is not None:
@@ -112,11 +130,8 @@ class Intake:
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
         tensors: dict[str, np.ndarray] | None, payload_bytes: int,
     ) -> None:
-        if rnd.slots.get(node.node_id) == SlotState.ACCEPTED:
-            # Two streams for one task raced through check_update; the first one won.
-            raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
-                                 f"round {rnd.number} (accepted)")
-        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.ASSIGNED:
+        # The caller holds the slot (claim): anything else means the round closed meanwhile.
+        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.UPLOADING:
             raise UpdateRejected(Reject.LATE,
                                  f"round {rnd.number} closed while the update streamed")
         if header.kind == pb.TASK_KIND_INIT:

@@ -9,6 +9,9 @@ from fedgpu.proto import pb
 from fedgpu.server.records import Failure, Rejection, UpdateRecord
 from fedgpu.server.states import SlotState
 
+# A slot is open while its node's answer may still come (or is still arriving).
+_OPEN = frozenset({SlotState.ASSIGNED, SlotState.UPLOADING})
+
 
 class RunFailed(Exception):
     """The run cannot go on; the message says why and what to do."""
@@ -57,11 +60,11 @@ class RoundState:
         return self.count(SlotState.ACCEPTED)
 
     def outstanding(self) -> int:
-        return self.count(SlotState.ASSIGNED)
+        return sum(1 for s in self.slots.values() if s in _OPEN)
 
     def waiting_on(self) -> list[str]:
-        """Node ids still expected to answer."""
-        return [nid for nid, s in self.slots.items() if s == SlotState.ASSIGNED]
+        """Node ids still expected to answer (or whose answer is still arriving)."""
+        return [nid for nid, s in self.slots.items() if s in _OPEN]
 
     def in_state(self, state: SlotState) -> list[str]:
         return sorted(nid for nid, s in self.slots.items() if s == state)

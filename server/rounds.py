@@ -235,7 +235,7 @@ class Orchestrator(Intake):
         rnd.closed = True
         for node_id, state in rnd.slots.items():
             node = self.registry.get(node_id)
-            if state == SlotState.ASSIGNED:
+            if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
             if node is not None and node.pending is not None and node.pending.round == rnd.number:

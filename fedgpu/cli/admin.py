@@ -64,6 +64,11 @@ def _show_status(doc: dict[str, Any]) -> None:
                      f"{cur['deadline_in_s']}s")
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
+    up = doc.get("uploads") or {}
+    if up.get("in_flight") or up.get("timed_out"):
+        lines.append(f"uploads: {up['in_flight']} in flight ({up['stalled']} stalled, "
+                     f"{up['waiting_for_memory']} waiting for memory), {up['timed_out']} "
+                     "timed out")
     if doc["rejections"]:
         lines.append("rejected updates: " + ", ".join(
             f"{k}={v}" for k, v in doc["rejections"].items()))
