@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import grpc
 
 import fedgpu
+from fedgpu.core import jsondoc
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
+from fedgpu.server import paging
 from fedgpu.server.auth import TokenAuth
 from fedgpu.server.plans import KIND_NAMES
 from fedgpu.server.registry import Registry
@@ -53,12 +54,16 @@ def status_doc(orch: Orchestrator, registry: Registry, uploads: Uploads | None =
     }
 
 
-def rounds_doc(orch: Orchestrator) -> dict[str, Any]:
-    return orch.rounds_doc()
+def rounds_page(orch: Orchestrator, offset: int = 0) -> str:
+    """`fedgpu rounds --json`, from round record `offset` on, as much as fits one reply."""
+    doc = orch.rounds_doc()
+    return paging.page({k: v for k, v in doc.items() if k != "rounds"}, "rounds",
+                       doc["rounds"], offset)
 
 
-def nodes_doc(registry: Registry) -> dict[str, Any]:
-    return {"nodes": registry.snapshot()}
+def nodes_page(registry: Registry, offset: int = 0) -> str:
+    """`fedgpu nodes --json`, from node `offset` on (by name), as much as fits one reply."""
+    return paging.page({}, "nodes", registry.snapshot(), offset)
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -73,14 +78,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                         ) -> admin_pb2.JsonReply:
         await self.auth.check(context)
         doc = status_doc(self.orch, self.registry, self.uploads)
-        return admin_pb2.JsonReply(json=json.dumps(doc))
+        return admin_pb2.JsonReply(json=jsondoc.dumps(doc))
 
     async def ListRounds(self, request: Any, context: grpc.aio.ServicerContext
                          ) -> admin_pb2.JsonReply:
         await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(rounds_doc(self.orch)))
+        return admin_pb2.JsonReply(json=rounds_page(self.orch, request.offset))
 
     async def ListNodes(self, request: Any, context: grpc.aio.ServicerContext
                         ) -> admin_pb2.JsonReply:
         await self.auth.check(context)
-        return admin_pb2.JsonReply(json=json.dumps(nodes_doc(self.registry)))
+        return admin_pb2.JsonReply(json=nodes_page(self.registry, request.offset))

@@ -24,7 +24,7 @@ from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import TokenAuth
 from fedgpu.server.checkpoint import Checkpointer
 from fedgpu.server.federation_service import FederationService
-from fedgpu.server.registry import Registry
+from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
 from fedgpu.server.ring import RingPlan
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
@@ -48,6 +48,8 @@ class ServerConfig:
     # this much memory (see server/uploads.py).
     upload_idle_s: float = DEFAULT_IDLE_S
     upload_memory_bytes: int = DEFAULT_BUDGET_BYTES
+    # Nodes the registry holds; when full, the node lost the longest ago makes room.
+    max_nodes: int = DEFAULT_MAX_NODES
     heartbeat_interval_s: int = 5
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
@@ -86,7 +88,7 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
                     "--tls-cert/--tls-key/--tls-ca outside a trusted network")
     credentials = server_credentials(cfg.tls) if cfg.tls is not None else None
     check_chunk_size(cfg.chunk_size)
-    registry = Registry(cfg.heartbeat_interval_s)
+    registry = Registry(cfg.heartbeat_interval_s, max_nodes=cfg.max_nodes)
     initial = _initial_weights(cfg.job)
     checkpointer = Checkpointer(cfg.state_dir) if cfg.state_dir else None
     saved = checkpointer.load() if checkpointer is not None else None

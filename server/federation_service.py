@@ -12,12 +12,14 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from fedgpu.proto import pb, pb_grpc
+from fedgpu.server import wire_limits
 from fedgpu.server.auth import TokenAuth
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import Node, Registry, RegistryFull
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
 from fedgpu.server.uploads import Uploads
 from fedgpu.server.validation import UpdateRejected, decode_and_check
+from fedgpu.server.wire_limits import WireError, shown
 
 log = logging.getLogger("fedgpu.server.federation")
 
@@ -61,7 +63,8 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"unknown node id {node_id!r}: register again (the aggregator may have restarted)",
+                f"unknown node id {shown(node_id)}: register again (the aggregator may have "
+                "restarted)",
             )
         assert node is not None
         # A certificate's holder may use only the ids registered under its own name; only a
@@ -74,10 +77,11 @@ class FederationService(pb_grpc.FederationServicer):
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> pb.RegisterReply:
         await self.auth.check(context)
-        name = request.node_name.strip()
-        if not name or len(name) > 128:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "node_name must be 1-128 characters")
+        try:
+            name = wire_limits.check_registration(request)
+        except WireError as exc:
+            log.warning("refused registration from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {exc}")
         task = self.orch.job.task
         if request.tasks and task not in request.tasks:
             await context.abort(
@@ -87,16 +91,20 @@ class FederationService(pb_grpc.FederationServicer):
                 "it (entry-point group fedgpu.tasks) or fix the job's task name",
             )
         await self.auth.bind(context, name, "registration")
-        node = self.registry.register(
-            name=name,
-            peer=context.peer(),
-            version=request.version,
-            devices=_as_dict(request.devices),
-            decision=_as_dict(request.decision),
-            labels=dict(request.labels),
-            tasks=list(request.tasks),
-        )
+        try:
+            node = self.registry.register(
+                name=name,
+                peer=context.peer(),
+                version=request.version,
+                devices=_as_dict(request.devices),
+                decision=_as_dict(request.decision),
+                labels=dict(request.labels),
+                tasks=list(request.tasks),
+            )
+        except RegistryFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
+        node.stated_examples = max(request.num_examples, 0)
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -114,6 +122,10 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             return pb.HeartbeatReply(known=False)
         await self.auth.bind(context, node.name, "heartbeat")
+        try:
+            wire_limits.check_heartbeat(request)
+        except WireError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"heartbeat refused: {exc}")
         self.registry.touch(node.node_id)
         node.state = request.state or node.state
         if request.HasField("decision"):
@@ -164,11 +176,15 @@ class FederationService(pb_grpc.FederationServicer):
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
             self.orch.reject(None, header, UpdateRejected(
-                Reject.UNKNOWN_NODE, f"unknown node id {header.node_id!r}"))
+                Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
         node = await self._node(header.node_id, context)
         rnd = None
         claimed = False
         try:
+            try:
+                wire_limits.check_update_header(header)
+            except WireError as exc:
+                raise UpdateRejected(exc.reason, str(exc)) from None
             rnd = self.orch.check_update(node, header)
             if header.failed:
                 self.orch.record_failure(node, header, rnd)

@@ -17,13 +17,22 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb
-from fedgpu.server.records import EvalEntry, Failure, Rejection, Resources, UpdateRecord
+from fedgpu.server.records import (
+    EvalEntry,
+    Failure,
+    Rejection,
+    Resources,
+    UpdateRecord,
+    list_rejection,
+)
 from fedgpu.server.registry import Node
 from fedgpu.server.round_state import RoundState
 from fedgpu.server.states import Reject, SlotState
 from fedgpu.server.validation import UpdateRejected
+from fedgpu.server.wire_limits import shown
 
 if TYPE_CHECKING:
+    from fedgpu.core.config import Job
     from fedgpu.server.history import History
     from fedgpu.server.plans import Plan
     from fedgpu.server.strategies.base import Strategy
@@ -33,6 +42,7 @@ log = logging.getLogger("fedgpu.server.rounds")
 
 class Intake:
     # Owned by the engine (server/rounds.py).
+    job: Job
     current: RoundState | None
     current_plan: Plan
     history: History
@@ -58,17 +68,33 @@ class Intake:
             raise UpdateRejected(Reject.NOT_SELECTED, f"node {node.name} was not selected for "
                                  f"round {rnd.number}")
         if rnd.task_ids.get(node.node_id) != header.task_id:
-            raise UpdateRejected(Reject.WRONG_TASK, f"task id {header.task_id!r} was not given "
-                                 f"to {node.name} in round {rnd.number}")
+            raise UpdateRejected(Reject.WRONG_TASK, f"task id {shown(header.task_id)} was not "
+                                 f"given to {node.name} in round {rnd.number}")
         if state != SlotState.ASSIGNED:
             raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
                                  f"round {rnd.number} ({state})")
+        if len(header.iteration_loss) > self.current_plan.series_length():
+            raise UpdateRejected(Reject.MALFORMED, f"iteration_loss has "
+                                 f"{len(header.iteration_loss)} values; this round runs "
+                                 f"{self.current_plan.series_length()} iterations")
         if header.kind != rnd.kind:
             raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
         if header.kind == pb.TASK_KIND_TRAIN and not header.failed:
-            if header.num_examples <= 0:
-                raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+            self._check_examples(node, header.num_examples)
         return rnd
+
+    def _check_examples(self, node: Node, claimed: int) -> None:
+        # FedAvg weighs an update by this claim: unbounded, one node could outweigh all.
+        if claimed <= 0:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+        cap = self.job.max_examples_per_node
+        if cap is not None and claimed > cap:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples; "
+                                 f"this job counts at most {cap} per node "
+                                 "(max_examples_per_node)")
+        if node.stated_examples and claimed > node.stated_examples:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples "
+                                 f"but stated {node.stated_examples} (its training-set size)")
 
     def claim(self, node: Node, rnd: RoundState) -> None:
         """Take the node's slot for the stream now receiving its answer.
@@ -102,7 +128,7 @@ class Intake:
         if (rnd is not None and not rnd.closed and node is not None and header is not None
                 and rnd.task_ids.get(node.node_id) == header.task_id
                 and rnd.number == header.round):
-            rnd.rejected.append(entry)
+            list_rejection(rnd, entry)
             state = rnd.slots.get(node.node_id)
             if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
                 node.pending = None
@@ -111,7 +137,7 @@ class Intake:
             # Not an answer to an open task (late, stale, forged): still listed under the round
             # it names, so `fedgpu rounds --json` shows every refusal, not just a counter.
             if rnd is not None and not rnd.closed and rnd.number == header.round:
-                rnd.rejected.append(entry)
+                list_rejection(rnd, entry)
             else:
                 self.history.file_rejection(entry)
         log.warning("rejected update from %s: %s", entry.node or "an unknown node", exc.message)
@@ -168,6 +194,8 @@ class Intake:
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:
             node.rounds_completed += 1
+            # A node that stated no size at registration states it with its first update.
+            node.stated_examples = node.stated_examples or header.num_examples
         if header.eval_metrics:
             self.history.attach_eval(header.evaluated_round, EvalEntry(
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))

@@ -42,9 +42,12 @@ class RoundState:
     closed: bool = False
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    rejected_not_listed: int = 0
     failures: list[Failure] = field(default_factory=list)
     # Ring mode: the ranks each failed node says the ring lost (UpdateHeader.lost_ranks).
     lost_ranks: dict[str, list[int]] = field(default_factory=dict)
+    # Why an attempt with enough updates still failed (its result was not finite).
+    error: str | None = None
     # When the first participant failed or was refused (ring mode stops waiting soon after).
     first_failure_at: float | None = None
     bytes_received: int = 0

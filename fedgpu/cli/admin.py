@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
-from fedgpu.core import admin_client
+from fedgpu.core import admin_client, jsondoc
 from fedgpu.core.tls import TlsFiles, from_options
 
 Address = Annotated[str, typer.Option(
@@ -44,7 +43,7 @@ def _answer(address: str, token: str | None, method: str, tls: TlsFiles | None, 
     """Ask the aggregator once; print its JSON as is, or `show` it for people."""
     doc = admin_client.query(address, token, method, tls=tls)
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(jsondoc.dumps(doc, indent=2))
     else:
         show(doc)
 

@@ -39,6 +39,10 @@ def start(
         min=1, envvar="FEDGPU_UPLOAD_MEMORY_MIB",
         help="Memory all update uploads in flight may hold together, in MiB (one larger "
         "update is still received on its own).")] = 4096,
+    max_nodes: Annotated[int, typer.Option(
+        min=1, envvar="FEDGPU_MAX_NODES",
+        help="Most nodes registered at once; when full, the node lost the longest ago makes "
+        "room.")] = 10_000,
     heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
     exit_when_done: Annotated[bool, typer.Option(
         "--exit-when-done", help="Stop serving once the job has finished.")] = False,
@@ -66,6 +70,7 @@ def start(
         max_update_bytes=max_update_mib << 20,
         upload_idle_s=upload_idle_s,
         upload_memory_bytes=upload_memory_mib << 20,
+        max_nodes=max_nodes,
         heartbeat_interval_s=heartbeat_s,
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),

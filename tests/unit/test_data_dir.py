@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core.datasets import split_digits
-from fedgpu.node.data import DataDirError, check_data_dir, read_split
+from fedgpu.core.datasets import read_meta, split_digits
+from fedgpu.node.data import DataDirError, check_data_dir, read_split, train_examples
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +51,12 @@ def test_a_corrupt_file_is_caught_at_start_up(split: Path, tmp_path: Path) -> No
 def test_it_is_a_value_error_for_callers_that_catch_those(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         check_data_dir(tmp_path / "nope")
+
+
+def test_the_training_set_size_is_read_from_the_header(split: Path, tmp_path: Path) -> None:
+    # What the agent states at registration; the aggregator refuses claims above it.
+    for node in ("node-1", "node-2"):
+        assert train_examples(split / node) == read_meta(split / node)["num_train"] > 0
+    assert train_examples(tmp_path / "nope") == 0  # cannot tell: the first update states it
+    (tmp_path / "train.safetensors").write_bytes(b"garbage")
+    assert train_examples(tmp_path) == 0

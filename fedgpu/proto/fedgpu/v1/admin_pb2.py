@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"\x12\n\x10ListNodesRequest\"\x12\n\x10GetStatusRequest\"\x13\n\x11ListRoundsRequest\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xc9\x01\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"\"\n\x10ListNodesRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\x12\n\x10GetStatusRequest\"#\n\x11ListRoundsRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xc9\x01\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedgpu.proto.fedgpu.v1.admi
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LISTNODESREQUEST']._serialized_start=49
-  _globals['_LISTNODESREQUEST']._serialized_end=67
-  _globals['_GETSTATUSREQUEST']._serialized_start=69
-  _globals['_GETSTATUSREQUEST']._serialized_end=87
-  _globals['_LISTROUNDSREQUEST']._serialized_start=89
-  _globals['_LISTROUNDSREQUEST']._serialized_end=108
-  _globals['_JSONREPLY']._serialized_start=110
-  _globals['_JSONREPLY']._serialized_end=135
-  _globals['_ADMIN']._serialized_start=138
-  _globals['_ADMIN']._serialized_end=339
+  _globals['_LISTNODESREQUEST']._serialized_end=83
+  _globals['_GETSTATUSREQUEST']._serialized_start=85
+  _globals['_GETSTATUSREQUEST']._serialized_end=103
+  _globals['_LISTROUNDSREQUEST']._serialized_start=105
+  _globals['_LISTROUNDSREQUEST']._serialized_end=140
+  _globals['_JSONREPLY']._serialized_start=142
+  _globals['_JSONREPLY']._serialized_end=167
+  _globals['_ADMIN']._serialized_start=170
+  _globals['_ADMIN']._serialized_end=371
 # @@protoc_insertion_point(module_scope)
