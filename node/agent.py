@@ -23,7 +23,7 @@ import fedgpu
 from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import messages, nvml, policy, ring, workfiles
+from fedgpu.node import data, messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
@@ -109,6 +109,7 @@ class Agent:
             tasks=available_tasks(),
             ring_host=self.cfg.ring_host,
             ring_port=self.cfg.ring_port,
+            num_examples=data.train_examples(self.cfg.data_dir),
         )
 
     def _policy(self, deadline_s: float | None) -> RetryPolicy:

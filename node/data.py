@@ -10,11 +10,12 @@ import json
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedgpu.core import codec
-from fedgpu.core.datasets import DATA_FILES, NODE_DIR_PREFIX
+from fedgpu.core.datasets import DATA_FILES, NODE_DIR_PREFIX, TRAIN_FILE
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.imagefolders import SPLIT_DIRS
 
@@ -75,7 +76,22 @@ def read_split(data_dir: Path, filename: str) -> dict[str, np.ndarray]:
         raise _invalid(path, exc) from None
 
 
-def _check_header(path: Path) -> None:
+def train_examples(data_dir: Path) -> int:
+    """How many training examples the data directory holds (the leading dimension of `y` in
+    train.safetensors); 0 when that cannot be told. Stated at registration: the aggregator
+    refuses an update that claims to weigh more than this."""
+    try:
+        header = _check_header(Path(data_dir) / TRAIN_FILE)
+    except DataDirError:
+        return 0
+    info = header.get("y") or next((v for k, v in header.items() if k != "__metadata__"), None)
+    shape = info.get("shape") if isinstance(info, dict) else None
+    if isinstance(shape, list) and shape and type(shape[0]) is int and shape[0] >= 0:
+        return int(shape[0])
+    return 0
+
+
+def _check_header(path: Path) -> dict[str, Any]:
     # Only the header: a site's real data set may be large, and start-up should stay quick.
     try:
         with open(path, "rb") as f:
@@ -88,6 +104,7 @@ def _check_header(path: Path) -> None:
             header = json.loads(f.read(head_len))
             if not isinstance(header, dict):
                 raise ValueError("header is not a JSON object")
+            return header
     except (OSError, ValueError) as exc:
         raise _invalid(path, exc) from None
 

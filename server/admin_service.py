@@ -12,10 +12,11 @@ from typing import Any
 
 import grpc
 
+from fedgpu.core import jsondoc
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.server import docs
+from fedgpu.server import docs, paging
 from fedgpu.server.auth import Auth, Caller
 from fedgpu.server.jobs import JobError, JobManager
 
@@ -27,7 +28,7 @@ FOLLOW_POLL_S = 0.5
 
 def _reply(doc: Any) -> admin_pb2.JsonReply:
     # Strict JSON: a NaN in a metric must not make the document unreadable to parsers.
-    return admin_pb2.JsonReply(json=json.dumps(doc, allow_nan=False))
+    return admin_pb2.JsonReply(json=jsondoc.dumps(doc))
 
 
 def _who(caller: Caller) -> str:
@@ -71,17 +72,22 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                          context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
         try:
-            return _reply(docs.rounds_of(self.jobs, request.job_id))
+            doc = docs.rounds_of(self.jobs, request.job_id)
         except JobError as exc:
             await self._fail(context, exc)
             raise
+        # In pages that each fit one gRPC message; admin_client joins them.
+        head = {k: v for k, v in doc.items() if k != "rounds"}
+        return admin_pb2.JsonReply(json=paging.page(head, "rounds", doc["rounds"],
+                                                    request.offset))
 
     async def ListNodes(self, request: admin_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         caller = await self.auth.operator(context, nodes_may_ask=True)
         # A node's certificate learns about itself only, never about the other sites.
         only = None if caller.role == "operator" else caller.names
-        return _reply(docs.nodes_doc(self.jobs.registry, only))
+        nodes = docs.nodes_doc(self.jobs.registry, only)["nodes"]
+        return admin_pb2.JsonReply(json=paging.page({}, "nodes", nodes, request.offset))
 
     # ---- jobs ----------------------------------------------------------------------------
 

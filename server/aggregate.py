@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -35,11 +36,19 @@ def cast_back(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 class WeightedSum:
-    """Running sum of w_i * x_i and of w_i: a weighted mean in O(model) memory, any K."""
+    """Running weighted mean of x_i with weights w_i: O(model) memory, any K.
+
+    Kept as the mean so far, not as a sum: folding in updates scales what is there by
+    W_old / W_new and each new x_i by w_i / W_new, coefficients in [0, 1] that add up to 1.
+    The accumulator is a convex combination of the inputs, so no finite input (however large
+    its values or its example count) can overflow it; the sum of w_i * x_i could (1e24 with
+    1e15 examples is inf in float32). A rounding step past the dtype's largest value is
+    clamped back to it, which is where the exact mean lies.
+    """
 
     def __init__(self, like: Mapping[str, np.ndarray]) -> None:
         self._dtypes = {k: v.dtype for k, v in like.items()}
-        # Uninitialised on purpose: the first add writes w * x straight into it, which saves
+        # Uninitialised on purpose: the first add writes c * x straight into it, which saves
         # a pass over zeros the size of the model.
         self._acc = {k: np.empty(v.shape, acc_dtype(v.dtype)) for k, v in like.items()}
         self._scratch = {
@@ -52,16 +61,19 @@ class WeightedSum:
         self.add_many([(tensors, weight)])
 
     def add_many(self, updates: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> None:
-        """Fold in several updates in one sweep: the sum is read and written once per block
-        for all of them, so K updates held in memory cost K reads of x and one of the sum."""
+        """Fold in several updates in one sweep: the mean is read and written once per block
+        for all of them, so K updates held in memory cost K reads of x and one of the mean."""
         if not updates:
             return
         if not self._acc and self._dtypes:
             raise ValueError("this sum's mean() was already taken; start a new WeightedSum")
         for _, weight in updates:
-            if not weight > 0:
-                raise ValueError(f"weight must be positive, got {weight}")
+            if not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"weight must be positive and finite, got {weight}")
         weights = [float(w) for _, w in updates]
+        total = self.total_weight + math.fsum(weights)
+        keep = self.total_weight / total  # the share of what is already in the mean
+        coeffs = [w / total for w in weights]
         for name, acc in self._acc.items():
             if acc.size == 0:
                 continue
@@ -69,19 +81,24 @@ class WeightedSum:
             xs = [np.asarray(t[name]).reshape(-1) for t, _ in updates]
             scratch = self._scratch[acc.dtype]
             dt = acc.dtype
+            top = np.finfo(dt).max
             for start in range(0, flat.size, BLOCK):
                 stop = min(start + BLOCK, flat.size)
                 out = flat[start:stop]
                 tmp = scratch[: stop - start]
                 first = 0
                 if self.count == 0:
-                    np.multiply(xs[0][start:stop], weights[0], out=out, dtype=dt,
+                    np.multiply(xs[0][start:stop], coeffs[0], out=out, dtype=dt,
                                 casting="unsafe")
                     first = 1
-                for x, w in zip(xs[first:], weights[first:], strict=True):
-                    np.multiply(x[start:stop], w, out=tmp, dtype=dt, casting="unsafe")
+                else:
+                    np.multiply(out, keep, out=out)
+                for x, c in zip(xs[first:], coeffs[first:], strict=True):
+                    np.multiply(x[start:stop], c, out=tmp, dtype=dt, casting="unsafe")
                     np.add(out, tmp, out=out)
-        self.total_weight += sum(weights)
+                if self.count or len(xs) > 1:
+                    np.clip(out, -top, top, out=out)
+        self.total_weight = total
         self.count += len(updates)
 
     def mean(self) -> dict[str, np.ndarray]:
@@ -92,10 +109,8 @@ class WeightedSum:
             if acc.size == 0:
                 out[name] = np.zeros(acc.shape, self._dtypes[name])
                 continue
-            # In place: the sum is not needed after this, and a copy would double peak memory.
-            acc /= self.total_weight
             out[name] = cast_back(acc, self._dtypes[name])
-        # The mean may share the sum's buffers: this sum is used up.
+        # The mean may share the accumulator's buffers: this sum is used up.
         self._acc = {}
         return out
 
@@ -110,11 +125,14 @@ def weighted_mean(updates: list[tuple[Mapping[str, np.ndarray], float]]) -> dict
 
 
 def weighted_metric(values: list[tuple[float, float]]) -> float | None:
-    """Mean of (value, weight) pairs; None when there is nothing to average."""
+    """Mean of (value, weight) pairs; None when there is nothing to average, or when the mean
+    of finite values still overflows (documents hold no Infinity)."""
     total = sum(w for _, w in values)
     if total <= 0:
         return None
-    return sum(v * w for v, w in values) / total
+    # Weights normalised first: v * w alone overflows for large values and example counts.
+    mean = sum(v * (w / total) for v, w in values)
+    return mean if math.isfinite(mean) else None
 
 
 # ---- server optimisers on the pseudo-gradient (Reddi et al., "Adaptive Federated
@@ -202,7 +220,8 @@ def coordinate_median(block: np.ndarray) -> np.ndarray:
     block.partition(kth, axis=0)
     if k % 2:
         return block[mid].copy()
-    return (block[mid - 1] + block[mid]) / 2
+    # Halves first: the sum of two values near the dtype's largest overflows.
+    return block[mid - 1] / 2 + block[mid] / 2
 
 
 def trim_count(k: int, trim: float) -> int:
@@ -218,7 +237,15 @@ def trimmed_mean(block: np.ndarray, trim: float) -> np.ndarray:
     if k == 0:
         raise ValueError("no updates")
     t = trim_count(k, trim)
-    if t == 0:
-        return block.mean(axis=0)
-    block.partition([t - 1, k - t], axis=0)
-    return block[t : k - t].mean(axis=0)
+    if t:
+        block.partition([t - 1, k - t], axis=0)
+    return safe_mean(block[t : k - t])
+
+
+def safe_mean(block: np.ndarray) -> np.ndarray:
+    """Column means that cannot overflow for finite values: float32 and narrower are summed
+    in float64 (which K float32 values never overflow), float64 as a sum of x / K."""
+    if block.dtype.itemsize < 8:
+        return block.mean(axis=0, dtype=np.float64)
+    top = np.finfo(block.dtype).max
+    return np.clip((block / block.shape[0]).sum(axis=0), -top, top)

@@ -30,7 +30,8 @@ from fedgpu.server.federation_service import FederationService
 from fedgpu.server.job_events import JobLogHandler
 from fedgpu.server.jobs import JobManager
 from fedgpu.server.jobstore import JobStore
-from fedgpu.server.registry import Registry
+from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
+from fedgpu.server.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
 
 if TYPE_CHECKING:
     from fedgpu.server.dashboard import DashboardServer
@@ -52,6 +53,12 @@ class ServerConfig:
     state_dir: Path | None = None
     chunk_size: int = codec.DEFAULT_CHUNK_SIZE
     max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
+    # An upload that sends nothing for this long is refused; all uploads in flight share
+    # this much memory (see server/uploads.py).
+    upload_idle_s: float = DEFAULT_IDLE_S
+    upload_memory_bytes: int = DEFAULT_BUDGET_BYTES
+    # Nodes the registry holds; when full, the node lost the longest ago makes room.
+    max_nodes: int = DEFAULT_MAX_NODES
     heartbeat_interval_s: int = 5
     # Stop serving once every queued job has ended (`fedgpu run`).
     exit_when_done: bool = False
@@ -112,8 +119,10 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
 
 async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCredentials | None,
                  store: JobStore, state_dir: Path, ready: asyncio.Event | None) -> int:
-    registry = Registry(cfg.heartbeat_interval_s)
+    registry = Registry(cfg.heartbeat_interval_s, max_nodes=cfg.max_nodes)
     jobs = JobManager(store, registry, state_dir, cfg.chunk_size)
+    uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
+                                     cfg.upload_idle_s)
     events = JobLogHandler(jobs)
     logging.getLogger("fedgpu.server").addHandler(events)
     if cfg.job_file is not None:
@@ -124,7 +133,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                 client_certs=mutual, insecure=cfg.insecure)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_FederationServicer_to_server(
-        FederationService(registry, jobs, auth, cfg.max_update_bytes, federation_id), server)
+        FederationService(registry, jobs, auth, uploads, federation_id), server)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -73,7 +73,8 @@ class Checkpointer:
             _atomic_write(self.directory / STRATEGY_TENSORS,
                           codec.encode(tensors, round_meta, digest=False).segments)
         state = {**state, "weights_file": name, "weights_sha256": enc.sha256}
-        _atomic_write(self.directory / STATE, [json.dumps(state, indent=1).encode()])
+        text = json.dumps(state, indent=1, allow_nan=False)  # strict: tools read state.json
+        _atomic_write(self.directory / STATE, [text.encode()])
         link = self.directory / f".{WEIGHTS}.link"
         link.unlink(missing_ok=True)
         os.link(self.directory / name, link)

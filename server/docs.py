@@ -14,6 +14,7 @@ from fedgpu.server.jobstore import JobRow
 from fedgpu.server.plans import KIND_NAMES
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.uploads import Uploads
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -38,8 +39,8 @@ def _nodes_count(registry: Registry) -> dict[str, int]:
     return {"registered": len(registry.all()), "alive": len(registry.alive())}
 
 
-def status_doc(orch: Orchestrator, registry: Registry, job_id: str | None = None
-               ) -> dict[str, Any]:
+def status_doc(orch: Orchestrator, registry: Registry, job_id: str | None = None,
+               uploads: Uploads | None = None) -> dict[str, Any]:
     """A job's run as its engine sees it (the running job, or one ended in this process)."""
     latest = orch.history.latest_eval()
     return {
@@ -57,6 +58,8 @@ def status_doc(orch: Orchestrator, registry: Registry, job_id: str | None = None
         "accuracy": None if latest is None else latest.accuracy,
         "loss": None if latest is None else latest.loss,
         "rejections": dict(orch.rejections),
+        # Update streams being received now: stalled ones, those timed out so far, memory.
+        "uploads": uploads.stats() if uploads is not None else None,
         "started_at": orch.started_at,
         "finished_at": orch.finished_at,
         "uptime_s": round(time.time() - orch.started_at, 1),
@@ -84,6 +87,7 @@ def _stored_status(jobs: JobManager, row: JobRow) -> dict[str, Any]:
         "accuracy": row.accuracy,
         "loss": row.loss,
         "rejections": jobs.store.rejections(row.job_id),
+        "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
         "started_at": started,
         "finished_at": row.finished_at,
         "uptime_s": round((row.finished_at or time.time()) - started, 1),
@@ -105,19 +109,21 @@ def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
     if not job_id:
         held = jobs.active or jobs.last
         if held is not None:
-            return status_doc(held.orch, jobs.registry, held.row.job_id)
+            return status_doc(held.orch, jobs.registry, held.row.job_id, jobs.uploads)
         rows = jobs.store.jobs(limit=1)
         if not rows:
             return {"run_id": None, "job_id": None, "state": IDLE, "error": None,
                     "task": None, "mode": None, "strategy": None, "round": 0, "rounds": 0,
                     "current_round": None, "nodes": _nodes_count(jobs.registry),
-                    "accuracy": None, "loss": None, "rejections": {}, "started_at": None,
+                    "accuracy": None, "loss": None, "rejections": {},
+                    "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
+                    "started_at": None,
                     "finished_at": None, "uptime_s": 0.0, "job": None,
                     "version": fedgpu.__version__}
         job_id = rows[0].job_id
     engine = _engine(jobs, job_id)
     if engine is not None:
-        return status_doc(engine, jobs.registry, job_id)
+        return status_doc(engine, jobs.registry, job_id, jobs.uploads)
     return _stored_status(jobs, jobs.get(job_id))
 
 

@@ -12,14 +12,16 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
+from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs import JobManager
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import Node, Registry, RegistryFull
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
+from fedgpu.server.uploads import Uploads
 from fedgpu.server.validation import UpdateRejected, decode_and_check
+from fedgpu.server.wire_limits import WireError, shown
 
 log = logging.getLogger("fedgpu.server.federation")
 
@@ -33,6 +35,7 @@ STATUS_OF: dict[Reject, grpc.StatusCode] = {
     Reject.NOT_SELECTED: grpc.StatusCode.PERMISSION_DENIED,
     Reject.WRONG_TASK: grpc.StatusCode.PERMISSION_DENIED,
     Reject.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reject.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -47,18 +50,17 @@ class FederationService(pb_grpc.FederationServicer):
         registry: Registry,
         jobs: JobManager,
         auth: Auth,
-        max_update_bytes: int,
+        uploads: Uploads,
         federation_id: str,
-        max_concurrent_uploads: int = 4,
     ) -> None:
         self.registry = registry
         self.jobs = jobs
         self.auth = auth
         self.federation_id = federation_id
-        self.max_update_bytes = max_update_bytes
-        # Each upload in flight holds one model-sized buffer: this bounds aggregator memory
-        # to O(model x concurrency), never O(model x nodes).
-        self._uploads = asyncio.Semaphore(max_concurrent_uploads)
+        # Receives payloads within a memory budget, with idle and round deadlines: aggregator
+        # memory stays O(budget), never O(model x nodes), and no silent sender holds it.
+        self.uploads = uploads
+        self.max_update_bytes = uploads.max_update_bytes
 
     @property
     def orch(self) -> Orchestrator:
@@ -70,7 +72,8 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"unknown node id {node_id!r}: register again (the aggregator may have restarted)",
+                f"unknown node id {shown(node_id)}: register again (the aggregator may have "
+                "restarted)",
             )
         assert node is not None
         # A certificate's holder may use only the ids registered under its own name; only a
@@ -84,23 +87,28 @@ class FederationService(pb_grpc.FederationServicer):
                        ) -> pb.RegisterReply:
         # An operator's credential is refused here: operators never train.
         await self.auth.node(context)
-        name = request.node_name.strip()
-        if not name or len(name) > 128:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "node_name must be 1-128 characters")
+        try:
+            name = wire_limits.check_registration(request)
+        except WireError as exc:
+            log.warning("refused registration from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {exc}")
         # A node without some job's task still joins: it is left out of that job, and
         # `fedgpu job status` says why.
         await self.auth.bind(context, name, "registration")
-        node = self.registry.register(
-            name=name,
-            peer=context.peer(),
-            version=request.version,
-            devices=_as_dict(request.devices),
-            decision=_as_dict(request.decision),
-            labels=dict(request.labels),
-            tasks=list(request.tasks),
-        )
+        try:
+            node = self.registry.register(
+                name=name,
+                peer=context.peer(),
+                version=request.version,
+                devices=_as_dict(request.devices),
+                decision=_as_dict(request.decision),
+                labels=dict(request.labels),
+                tasks=list(request.tasks),
+            )
+        except RegistryFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
+        node.stated_examples = max(request.num_examples, 0)
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -118,6 +126,10 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             return pb.HeartbeatReply(known=False)
         await self.auth.bind(context, node.name, "heartbeat")
+        try:
+            wire_limits.check_heartbeat(request)
+        except WireError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"heartbeat refused: {exc}")
         self.registry.touch(node.node_id)
         node.state = request.state or node.state
         if request.HasField("decision"):
@@ -155,10 +167,14 @@ class FederationService(pb_grpc.FederationServicer):
         await self.auth.node(context)
         # One engine for the whole stream, even if the job ends while it uploads.
         orch = self.orch
+        stream = aiter(request_iterator)
         try:
-            first = await anext(aiter(request_iterator))
-        except StopAsyncIteration:
+            first = await self.uploads.next_message(stream, time.time() + self.uploads.idle_s)
+        except UpdateRejected as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no header: {exc.message}")
+        if first is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty update stream")
+        assert first is not None
         if not first.HasField("header"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "an update stream must start with its header")
@@ -166,44 +182,44 @@ class FederationService(pb_grpc.FederationServicer):
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
             orch.reject(None, header, UpdateRejected(
-                Reject.UNKNOWN_NODE, f"unknown node id {header.node_id!r}"))
+                Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
         node = await self._node(header.node_id, context)
         rnd = None
+        claimed = False
         try:
+            try:
+                wire_limits.check_update_header(header)
+            except WireError as exc:
+                raise UpdateRejected(exc.reason, str(exc)) from None
             rnd = orch.check_update(node, header)
             if header.failed:
                 orch.record_failure(node, header, rnd)
                 return pb.PushReply(accepted=True, message="failure recorded")
-            tensors = None
-            size = header.payload_size
+            # From here on this stream holds the node's slot; others are duplicates.
+            orch.claim(node, rnd)
+            claimed = True
             if header.kind == pb.TASK_KIND_EVALUATE:
-                async for _ in request_iterator:
+                if await self.uploads.next_message(stream, rnd.deadline) is not None:
                     raise UpdateRejected(Reject.MALFORMED,
                                          "an evaluation result carries no weights")
+                await orch.accept(node, header, rnd, None, header.payload_size)
             else:
-                async with self._uploads:
-                    t0 = time.perf_counter()
-                    buf = await self._receive(header, request_iterator)
+                t0 = time.perf_counter()
+                async with self.uploads.receive(node.name, header, stream,
+                                                rnd.deadline) as payload:
                     rnd.upload_s[node.node_id] = round(time.perf_counter() - t0, 4)
                     spec = orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                    tensors = await asyncio.to_thread(decode_and_check, buf, spec)
-            await orch.accept(node, header, rnd, tensors, size)
+                    tensors = await asyncio.to_thread(decode_and_check, payload, spec)
+                    await orch.accept(node, header, rnd, tensors, header.payload_size)
+                    del tensors  # views of the payload, which is freed on the way out
         except UpdateRejected as exc:
-            orch.reject(node, header, exc, rnd)
+            orch.reject(node, header, exc, rnd, claimed=claimed)
             code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
+        except BaseException:
+            # Not a verdict on the update (the call was cancelled, the server is stopping):
+            # the slot goes back to its node, which may send the update again.
+            if claimed and rnd is not None:
+                orch.release(node, rnd)
+            raise
         return pb.PushReply(accepted=True, message=f"update for round {header.round} accepted")
-
-    async def _receive(self, header: pb.UpdateHeader,
-                       chunks: AsyncIterator[pb.UpdateChunk]) -> bytearray:
-        try:
-            asm = codec.Assembler(header.payload_size, header.payload_sha256,
-                                  self.max_update_bytes)
-            async for msg in chunks:
-                if msg.HasField("header"):
-                    raise UpdateRejected(Reject.MALFORMED, "a second header inside the stream")
-                asm.add(msg.data)
-            return asm.finish()
-        except codec.CodecError as exc:
-            # The codec says which defect it was (too_large, digest, truncated, malformed).
-            raise UpdateRejected(Reject(exc.reason), str(exc)) from None

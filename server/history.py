@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedgpu.core.constants import RoundStatus
-from fedgpu.server.records import EvalEntry, EvalSummary, Rejection, RoundRecord
+from fedgpu.server.records import (
+    EvalEntry,
+    EvalSummary,
+    Rejection,
+    RoundRecord,
+    list_rejection,
+)
 
 
 class History:
@@ -32,7 +38,7 @@ class History:
         """A refusal that answers no open task is listed under the closed round it names."""
         rec = self.last_of(entry.round) if entry.round is not None else None
         if rec is not None:
-            rec.rejected.append(entry)
+            list_rejection(rec, entry)
 
     def attach_eval(self, evaluated_round: int, entry: EvalEntry) -> None:
         """A node's evaluation of the global model of `evaluated_round` (0: the start)."""

@@ -17,13 +17,22 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb
-from fedgpu.server.records import EvalEntry, Failure, Rejection, Resources, UpdateRecord
+from fedgpu.server.records import (
+    EvalEntry,
+    Failure,
+    Rejection,
+    Resources,
+    UpdateRecord,
+    list_rejection,
+)
 from fedgpu.server.registry import Node
 from fedgpu.server.round_state import RoundState
 from fedgpu.server.states import Reject, SlotState
 from fedgpu.server.validation import UpdateRejected
+from fedgpu.server.wire_limits import shown
 
 if TYPE_CHECKING:
+    from fedgpu.core.config import Job
     from fedgpu.server.history import History
     from fedgpu.server.plans import Plan
     from fedgpu.server.strategies.base import Strategy
@@ -33,6 +42,7 @@ log = logging.getLogger("fedgpu.server.rounds")
 
 class Intake:
     # Owned by the engine (server/rounds.py).
+    job: Job
     current: RoundState | None
     current_plan: Plan
     history: History
@@ -58,20 +68,54 @@ class Intake:
             raise UpdateRejected(Reject.NOT_SELECTED, f"node {node.name} was not selected for "
                                  f"round {rnd.number}")
         if rnd.task_ids.get(node.node_id) != header.task_id:
-            raise UpdateRejected(Reject.WRONG_TASK, f"task id {header.task_id!r} was not given "
-                                 f"to {node.name} in round {rnd.number}")
+            raise UpdateRejected(Reject.WRONG_TASK, f"task id {shown(header.task_id)} was not "
+                                 f"given to {node.name} in round {rnd.number}")
         if state != SlotState.ASSIGNED:
             raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
                                  f"round {rnd.number} ({state})")
+        if len(header.iteration_loss) > self.current_plan.series_length():
+            raise UpdateRejected(Reject.MALFORMED, f"iteration_loss has "
+                                 f"{len(header.iteration_loss)} values; this round runs "
+                                 f"{self.current_plan.series_length()} iterations")
         if header.kind != rnd.kind:
             raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
         if header.kind == pb.TASK_KIND_TRAIN and not header.failed:
-            if header.num_examples <= 0:
-                raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+            self._check_examples(node, header.num_examples)
         return rnd
 
+    def _check_examples(self, node: Node, claimed: int) -> None:
+        # FedAvg weighs an update by this claim: unbounded, one node could outweigh all.
+        if claimed <= 0:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+        cap = self.job.max_examples_per_node
+        if cap is not None and claimed > cap:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples; "
+                                 f"this job counts at most {cap} per node "
+                                 "(max_examples_per_node)")
+        if node.stated_examples and claimed > node.stated_examples:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples "
+                                 f"but stated {node.stated_examples} (its training-set size)")
+
+    def claim(self, node: Node, rnd: RoundState) -> None:
+        """Take the node's slot for the stream now receiving its answer.
+
+        Called right after check_update, with no await between: on the event loop that makes
+        "is the slot free?" and "it is mine" one step, so of many concurrent streams of one
+        update exactly one goes on and the others are refused as duplicates at their header.
+        """
+        assert rnd.slots.get(node.node_id) == SlotState.ASSIGNED
+        rnd.slots[node.node_id] = SlotState.UPLOADING
+
+    def release(self, node: Node, rnd: RoundState) -> None:
+        """The claiming stream broke off (the sender went away): the node may send again."""
+        if not rnd.closed and rnd.slots.get(node.node_id) == SlotState.UPLOADING:
+            rnd.slots[node.node_id] = SlotState.ASSIGNED
+
     def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
-               rnd: RoundState | None = None) -> None:
+               rnd: RoundState | None = None, claimed: bool = False) -> None:
+        """Count and list a refusal. A refused answer to the node's own open task ends its
+        part in the attempt, unless another stream of that node holds the slot (`claimed`
+        says whether the refused stream is the one holding it)."""
         self.history.count_rejection(exc.reason)
         entry = Rejection(
             node_id=node.node_id if node else None,
@@ -80,20 +124,20 @@ class Intake:
             reason=exc.reason,
             message=exc.message,
         )
-        # A rejected answer to the node's own open task ends its part in this round.
         rnd = rnd or self.current
         if (rnd is not None and not rnd.closed and node is not None and header is not None
                 and rnd.task_ids.get(node.node_id) == header.task_id
                 and rnd.number == header.round):
-            rnd.rejected.append(entry)
-            if rnd.slots.get(node.node_id) == SlotState.ASSIGNED:
+            list_rejection(rnd, entry)
+            state = rnd.slots.get(node.node_id)
+            if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
                 node.pending = None
                 rnd.settle(node.node_id, SlotState.REJECTED, time.time())
         elif header is not None:
             # Not an answer to an open task (late, stale, forged): still listed under the round
             # it names, so `fedgpu rounds --json` shows every refusal, not just a counter.
             if rnd is not None and not rnd.closed and rnd.number == header.round:
-                rnd.rejected.append(entry)
+                list_rejection(rnd, entry)
             else:
                 self.history.file_rejection(entry)
         log.warning("rejected update from %s: %s", entry.node or "an unknown node", exc.message)
@@ -113,11 +157,8 @@ class Intake:
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
         tensors: dict[str, np.ndarray] | None, payload_bytes: int,
     ) -> None:
-        if rnd.slots.get(node.node_id) == SlotState.ACCEPTED:
-            # Two streams for one task raced through check_update; the first one won.
-            raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
-                                 f"round {rnd.number} (accepted)")
-        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.ASSIGNED:
+        # The caller holds the slot (claim): anything else means the round closed meanwhile.
+        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.UPLOADING:
             raise UpdateRejected(Reject.LATE,
                                  f"round {rnd.number} closed while the update streamed")
         if header.kind == pb.TASK_KIND_INIT:
@@ -154,6 +195,8 @@ class Intake:
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:
             node.rounds_completed += 1
+            # A node that stated no size at registration states it with its first update.
+            node.stated_examples = node.stated_examples or header.num_examples
         if header.eval_metrics:
             self.history.attach_eval(header.evaluated_round, EvalEntry(
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))

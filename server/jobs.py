@@ -105,6 +105,8 @@ class JobManager:
         # Set when the aggregator is going away: nodes are told to shut down.
         self.exiting = asyncio.Event()
         self._idle_engine: Orchestrator | None = None
+        # The upload receiver (server/uploads.py): its figures are part of the status.
+        self.uploads: Any = None
 
     @property
     def orch(self) -> Orchestrator:

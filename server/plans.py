@@ -95,6 +95,10 @@ class Plan(ABC):
     def succeeded(self, rnd: RoundState) -> bool:
         return rnd.accepted() >= rnd.required
 
+    def series_length(self) -> int:
+        """How many per-iteration losses an update of this round may carry."""
+        return 0
+
     def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:  # noqa: B027
         """Add what this mode keeps of an accepted update's header (nothing by default)."""
 
@@ -102,16 +106,16 @@ class Plan(ABC):
                ok: bool) -> str:
         """After an attempt closed (and was recorded): annotate the record, log, and say what
         went wrong when it did not succeed."""
-        error = (f"round {rnd.number} attempt {rnd.attempt} closed with {rnd.accepted()} of "
-                 f"{rnd.required} required updates")
+        error = rnd.error or (f"round {rnd.number} attempt {rnd.attempt} closed with "
+                              f"{rnd.accepted()} of {rnd.required} required updates")
         if not ok:
             log.warning("%s; retrying", error)
         return error
 
     def give_up(self, number: int, error: str) -> str:
         """The RunFailed message once every attempt failed."""
-        return (f"round {number} did not get {self.job.min_nodes} updates in "
-                f"{self.attempts()} attempts")
+        return (f"round {number} did not get {self.job.min_nodes} usable updates in "
+                f"{self.attempts()} attempts (last: {error})")
 
     def checkpoint_extra(self) -> dict[str, Any]:
         return {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from fedgpu.proto import pb
 from fedgpu.server.aggregate import weighted_metric
@@ -132,6 +132,23 @@ class Rejection:
                    d.get("message", ""))
 
 
+# Refusals listed per round; more are only counted: anyone holding the token could otherwise
+# grow a round's record (and state.json) without bound by sending refused updates.
+MAX_LISTED_REJECTIONS = 100
+
+
+class _HasRejections(Protocol):
+    rejected: list[Rejection]
+    rejected_not_listed: int
+
+
+def list_rejection(owner: _HasRejections, entry: Rejection) -> None:
+    if len(owner.rejected) < MAX_LISTED_REJECTIONS:
+        owner.rejected.append(entry)
+    else:
+        owner.rejected_not_listed += 1
+
+
 @dataclass
 class Failure:
     """A node's report that the round failed on its side."""
@@ -240,8 +257,12 @@ class RoundRecord:
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    # Refusals beyond the first MAX_LISTED_REJECTIONS naming this round: counted, not listed.
+    rejected_not_listed: int = 0
     # The federated evaluation of the model this round produced (arrives with the next round).
     eval: EvalSummary | None = None
+    # Why a round with enough updates was still retried (its result was not finite).
+    error: str | None = None
     ring: RingInfo | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -264,6 +285,10 @@ class RoundRecord:
             "failures": [f.to_dict() for f in self.failures],
             "eval": None if self.eval is None else self.eval.to_dict(),
         }
+        if self.rejected_not_listed:
+            d["rejected_not_listed"] = self.rejected_not_listed
+        if self.error is not None:
+            d["error"] = self.error
         if self.ring is not None:
             d["ring"] = self.ring.to_dict()
         return {**d, **self.extra}
@@ -280,6 +305,8 @@ class RoundRecord:
             updates=[UpdateRecord.from_dict(u) for u in d.get("updates") or []],
             rejected=[Rejection.from_dict(r) for r in d.get("rejected") or []],
             failures=[Failure.from_dict(f) for f in d.get("failures") or []],
-            eval=EvalSummary.from_dict(d.get("eval")), ring=RingInfo.from_dict(d.get("ring")),
+            rejected_not_listed=d.get("rejected_not_listed", 0),
+            eval=EvalSummary.from_dict(d.get("eval")), error=d.get("error"),
+            ring=RingInfo.from_dict(d.get("ring")),
             extra=_extra(cls, d),
         )

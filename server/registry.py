@@ -36,14 +36,30 @@ class Node:
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
     ring_port: int = 0
+    # Training examples the node stated (at registration, or with its first training
+    # update); 0 while unstated. Updates may not claim more.
+    stated_examples: int = 0
+
+
+DEFAULT_MAX_NODES = 10_000
+
+
+class RegistryFull(Exception):
+    """No room for another node: every one registered is alive."""
 
 
 class Registry:
-    def __init__(self, heartbeat_interval_s: int = 5, clock: Callable[[], float] = time.time):
+    def __init__(self, heartbeat_interval_s: int = 5, clock: Callable[[], float] = time.time,
+                 max_nodes: int = DEFAULT_MAX_NODES) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._clock = clock
+        self.max_nodes = max_nodes
         self._nodes: dict[str, Node] = {}
         self.changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        """Node records held (replaced ones are dropped, not kept)."""
+        return len(self._nodes)
 
     def register(
         self,
@@ -57,11 +73,14 @@ class Registry:
     ) -> Node:
         now = self._clock()
         # A node that comes back under its name (restart, reconnect) replaces its old self:
-        # the old id can no longer push or pull.
-        for old in self._nodes.values():
-            if old.name == name and not old.gone:
-                old.gone = True
-                old.wakeup.set()
+        # the old id can no longer push or pull, and its record goes (a name re-registered
+        # in a loop must not grow the registry).
+        for old in [n for n in self._nodes.values() if n.name == name]:
+            old.gone = True
+            old.wakeup.set()
+            del self._nodes[old.node_id]
+        if len(self._nodes) >= self.max_nodes:
+            self._evict_one(now, name)
         node_id = f"{name}-{secrets.token_hex(4)}"
         node = Node(
             node_id=node_id,
@@ -78,6 +97,19 @@ class Registry:
         self._nodes[node_id] = node
         self._notify()
         return node
+
+    def _evict_one(self, now: float, name: str) -> None:
+        # Room for a newcomer: the node lost the longest ago goes; with all of them alive the
+        # registry is full for real.
+        lost = [n for n in self._nodes.values() if not self.is_alive(n, now)]
+        if not lost:
+            raise RegistryFull(f"cannot register {name!r}: {len(self._nodes)} nodes are "
+                               f"registered and alive, the most this aggregator takes "
+                               "(--max-nodes)")
+        oldest = min(lost, key=lambda n: n.last_seen)
+        oldest.gone = True
+        oldest.wakeup.set()
+        del self._nodes[oldest.node_id]
 
     def _notify(self) -> None:
         self.changed.set()
@@ -128,6 +160,7 @@ class Registry:
                 "last_resources": n.last_resources,
                 "labels": n.labels,
                 "tasks": n.tasks,
+                "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
             }
             for n in self.all()

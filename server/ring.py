@@ -13,6 +13,7 @@ back for federated evaluation, exactly as star mode evaluates its global model.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +59,7 @@ class RingAverage(Strategy):
 
     def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
         del num_examples
+        n = self._n + 1
         for name, arr in tensors.items():
             x = np.asarray(arr, dtype=np.float64)
             if np.issubdtype(self._dtypes.get(name, x.dtype), np.floating):
@@ -66,16 +68,19 @@ class RingAverage(Strategy):
             if acc is None:
                 self._sum[name] = x.copy()
             else:
-                acc += x
-        self._n += 1
+                # A running mean, not a sum: no finite copies can overflow it.
+                acc *= (n - 1) / n
+                acc += x / n
+        self._n = n
 
     def finish(self) -> dict[str, np.ndarray]:
         n = max(self._n, 1)
-        mean = {k: v / n for k, v in self._sum.items()}
+        mean = self._sum
         sq_mean = sum(float(np.vdot(v, v)) for k, v in mean.items()
                       if np.issubdtype(self._dtypes.get(k, v.dtype), np.floating))
         # Cancellation can leave a tiny negative where the copies agree exactly.
-        self.consensus_distance = max(self._sq / n - sq_mean, 0.0)
+        distance = max(self._sq / n - sq_mean, 0.0)
+        self.consensus_distance = distance if math.isfinite(distance) else None
         return {k: v.astype(self._dtypes.get(k, v.dtype)) for k, v in mean.items()}
 
 
@@ -157,6 +162,9 @@ class RingPlan(TrainPlan):
         return bool(waiting) and not any(n is not None and registry.is_alive(n)
                                          for n in waiting)
 
+    def series_length(self) -> int:
+        return int(self._opened.get("iterations", 0))
+
     def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:
         update.iteration_loss = [round(v, 6) for v in header.iteration_loss]
 
@@ -165,13 +173,14 @@ class RingPlan(TrainPlan):
         assert record is not None and self.run is not None
         a = self._opened
         first, count = a["first_iteration"], a["iterations"]
-        error = None if ok else block_error(rnd, chosen)
+        error = None if ok else (rnd.error or block_error(rnd, chosen))
         record.ring = _ring_info(rnd, chosen, first, count, self.job.local_steps, a["restart"],
                                  self.strategy.consensus_distance if ok else None, error)
         if ok:
             self._restart = False
-            log.info("ring block %d (iterations %d..%d): consensus distance %.6g",
-                     rnd.number, first, first + count - 1, self.strategy.consensus_distance)
+            distance = self.strategy.consensus_distance
+            log.info("ring block %d (iterations %d..%d): consensus distance %s", rnd.number,
+                     first, first + count - 1, "n/a" if distance is None else f"{distance:.6g}")
             return ""
         self._restart = True
         assert error is not None

@@ -9,6 +9,9 @@ from fedgpu.proto import pb
 from fedgpu.server.records import Failure, Rejection, UpdateRecord
 from fedgpu.server.states import SlotState
 
+# A slot is open while its node's answer may still come (or is still arriving).
+_OPEN = frozenset({SlotState.ASSIGNED, SlotState.UPLOADING})
+
 
 class RunFailed(Exception):
     """The run cannot go on; the message says why and what to do."""
@@ -39,9 +42,12 @@ class RoundState:
     closed: bool = False
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    rejected_not_listed: int = 0
     failures: list[Failure] = field(default_factory=list)
     # Ring mode: the ranks each failed node says the ring lost (UpdateHeader.lost_ranks).
     lost_ranks: dict[str, list[int]] = field(default_factory=dict)
+    # Why an attempt with enough updates still failed (its result was not finite).
+    error: str | None = None
     # When the first participant failed or was refused (ring mode stops waiting soon after).
     first_failure_at: float | None = None
     bytes_received: int = 0
@@ -57,11 +63,11 @@ class RoundState:
         return self.count(SlotState.ACCEPTED)
 
     def outstanding(self) -> int:
-        return self.count(SlotState.ASSIGNED)
+        return sum(1 for s in self.slots.values() if s in _OPEN)
 
     def waiting_on(self) -> list[str]:
-        """Node ids still expected to answer."""
-        return [nid for nid, s in self.slots.items() if s == SlotState.ASSIGNED]
+        """Node ids still expected to answer (or whose answer is still arriving)."""
+        return [nid for nid, s in self.slots.items() if s in _OPEN]
 
     def in_state(self, state: SlotState) -> list[str]:
         return sorted(nid for nid, s in self.slots.items() if s == state)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, jsondoc
 from fedgpu.core.config import Job
 from fedgpu.core.constants import RoundStatus, RunState
 from fedgpu.proto import pb
@@ -28,6 +28,7 @@ from fedgpu.server.records import RoundRecord
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.round_state import RoundState, RunFailed, Task
 from fedgpu.server.states import SlotState
+from fedgpu.server.validation import first_non_finite
 
 log = logging.getLogger("fedgpu.server.rounds")
 
@@ -150,10 +151,8 @@ class Orchestrator(Intake):
             ok = plan.succeeded(rnd)
             new = None
             if ok and plan.aggregates:
-                async with self._agg_lock:
-                    t0 = time.perf_counter()
-                    new = await asyncio.to_thread(self.strategy.finish)
-                    rnd.aggregation_s += time.perf_counter() - t0
+                new = await self._aggregate(rnd)
+                ok = new is not None
             self._close(rnd)
             # Recorded before the checkpoint is written, so the round is in its history.
             record = (self._record(rnd, RoundStatus.FINISHED if ok else RoundStatus.RETRIED)
@@ -164,6 +163,23 @@ class Orchestrator(Intake):
                     await self.commit(new, number)
                 return
         raise RunFailed(plan.give_up(number, error))
+
+    async def _aggregate(self, rnd: RoundState) -> dict[str, np.ndarray] | None:
+        """The round's new global model; None (and rnd.error) when it is not finite, so that
+        a poisoned model is never committed, checkpointed or sent to the nodes."""
+        async with self._agg_lock:
+            t0 = time.perf_counter()
+            new = await asyncio.to_thread(self.strategy.finish)
+            bad = await asyncio.to_thread(first_non_finite, new)
+            rnd.aggregation_s += time.perf_counter() - t0
+        problem = (f"tensor {bad!r} of the aggregate holds NaN or Inf" if bad is not None
+                   else self.strategy.pending_problem())
+        if problem is not None:
+            rnd.error = (f"round {rnd.number} attempt {rnd.attempt}: {problem}; the round is "
+                         "retried from the previous model")
+            return None
+        self.strategy.commit()
+        return new
 
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
@@ -235,7 +251,7 @@ class Orchestrator(Intake):
         rnd.closed = True
         for node_id, state in rnd.slots.items():
             node = self.registry.get(node_id)
-            if state == SlotState.ASSIGNED:
+            if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
             if node is not None and node.pending is not None and node.pending.round == rnd.number:
@@ -260,6 +276,8 @@ class Orchestrator(Intake):
             updates=rnd.updates,
             rejected=rnd.rejected,
             failures=rnd.failures,
+            rejected_not_listed=rnd.rejected_not_listed,
+            error=rnd.error,
         )
         self.history.append(record)
         return record
@@ -274,7 +292,8 @@ class Orchestrator(Intake):
             # heartbeats and long polls go on. The state is copied here, on the loop, because
             # late evaluations keep landing in the history meanwhile; the weights and the
             # optimiser arrays change only in the next round's finish, after this returns.
-            state = json.loads(json.dumps(self.checkpoint_state()))
+            # Strict JSON: state.json is read by `fedgpu report` and other tools.
+            state = json.loads(jsondoc.dumps(self.checkpoint_state()))
             await asyncio.to_thread(self.checkpointer.save, weights, state,
                                     tensors=self.strategy.tensor_state())
 

@@ -10,6 +10,7 @@ class SlotState(StrEnum):
     """One selected node's part in one round attempt."""
 
     ASSIGNED = "assigned"   # task handed out, no answer yet
+    UPLOADING = "uploading"  # one stream of its answer claimed the slot and is being received
     ACCEPTED = "accepted"   # its update is in the aggregate
     FAILED = "failed"       # it reported that the round failed on its side
     REJECTED = "rejected"   # its answer was refused; its part in the attempt is over
@@ -36,3 +37,4 @@ class Reject(StrEnum):
     SHAPE = "shape"
     DTYPE = "dtype"
     NON_FINITE = "non_finite"
+    TIMEOUT = "timeout"      # the upload stalled or outlived its round's deadline

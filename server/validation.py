@@ -62,6 +62,13 @@ def check_spec(
 
 
 def check_finite(tensors: Mapping[str, np.ndarray]) -> None:
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise UpdateRejected(Reject.NON_FINITE, f"tensor {bad!r} contains NaN or Inf values")
+
+
+def first_non_finite(tensors: Mapping[str, np.ndarray]) -> str | None:
+    """The name of the first tensor holding NaN or Inf; None when all are finite."""
     for name, arr in tensors.items():
         if arr.dtype.kind in "iub" or arr.size == 0:
             continue
@@ -73,5 +80,5 @@ def check_finite(tensors: Mapping[str, np.ndarray]) -> None:
             if part.dtype.itemsize < 4:
                 part = part.astype(np.float32)
             if not np.isfinite(part).all():
-                raise UpdateRejected(Reject.NON_FINITE,
-                                     f"tensor {name!r} contains NaN or Inf values")
+                return name
+    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import Address, AsJson, OperatorToken, TlsCa, TlsCert, TlsKey
-from fedgpu.core import admin_client
+from fedgpu.core import admin_client, jsondoc
 from fedgpu.core.tls import TlsFiles, from_options
 
 Token = OperatorToken
@@ -47,7 +46,7 @@ def _answer(address: str, token: str | None, method: str, tls: TlsFiles | None, 
     """Ask the aggregator once; print its JSON as is, or `show` it for people."""
     doc = admin_client.query(address, token, method, tls=tls, **fields)
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(jsondoc.dumps(doc, indent=2))
     else:
         show(doc)
 
@@ -68,6 +67,11 @@ def _show_status(doc: dict[str, Any]) -> None:
                      f"{cur['deadline_in_s']}s")
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
+    up = doc.get("uploads") or {}
+    if up.get("in_flight") or up.get("timed_out"):
+        lines.append(f"uploads: {up['in_flight']} in flight ({up['stalled']} stalled, "
+                     f"{up['waiting_for_memory']} waiting for memory), {up['timed_out']} "
+                     "timed out")
     if doc["rejections"]:
         lines.append("rejected updates: " + ", ".join(
             f"{k}={v}" for k, v in doc["rejections"].items()))

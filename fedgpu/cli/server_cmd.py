@@ -40,6 +40,18 @@ def start(
         help="Bytes per weight chunk on the wire.")] = DEFAULT_CHUNK_SIZE,
     max_update_mib: Annotated[int, typer.Option(
         help="Largest update accepted from a node, in MiB.")] = 4096,
+    upload_idle_s: Annotated[float, typer.Option(
+        min=1, envvar="FEDGPU_UPLOAD_IDLE_S",
+        help="Refuse an update stream that sends nothing for this many seconds (every upload "
+        "also ends at its round's deadline).")] = 60.0,
+    upload_memory_mib: Annotated[int, typer.Option(
+        min=1, envvar="FEDGPU_UPLOAD_MEMORY_MIB",
+        help="Memory all update uploads in flight may hold together, in MiB (one larger "
+        "update is still received on its own).")] = 4096,
+    max_nodes: Annotated[int, typer.Option(
+        min=1, envvar="FEDGPU_MAX_NODES",
+        help="Most nodes registered at once; when full, the node lost the longest ago makes "
+        "room.")] = 10_000,
     heartbeat_s: Annotated[int, typer.Option(help="Heartbeat interval given to nodes.")] = 5,
     exit_when_done: Annotated[bool, typer.Option(
         "--exit-when-done", help="Stop serving once every queued job has ended.")] = False,
@@ -76,6 +88,9 @@ def start(
         state_dir=state_dir,
         chunk_size=chunk_size,
         max_update_bytes=max_update_mib << 20,
+        upload_idle_s=upload_idle_s,
+        upload_memory_bytes=upload_memory_mib << 20,
+        max_nodes=max_nodes,
         heartbeat_interval_s=heartbeat_s,
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),

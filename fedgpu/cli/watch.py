@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -10,7 +9,7 @@ from typing import Any
 
 import typer
 
-from fedgpu.core import admin_client
+from fedgpu.core import admin_client, jsondoc
 from fedgpu.core.constants import RUN_ENDED as ENDED
 from fedgpu.core.errors import FedgpuError
 
@@ -45,7 +44,7 @@ def watch_status(address: str, token: str | None, tls: Any, as_json: bool,
 
     status = query("GetStatus")  # unreachable at the start: the usual one-line error
     if as_json:
-        typer.echo(json.dumps(status))
+        typer.echo(jsondoc.dumps(status))
     else:
         show(status)
     printed: set[tuple[int, int]] = set()
@@ -94,7 +93,7 @@ def watch_status(address: str, token: str | None, tls: Any, as_json: bool,
                            + (f": {status['error']}" if status.get("error") else ""))
             state = status["state"]
         if as_json and changed:
-            typer.echo(json.dumps(status))
+            typer.echo(jsondoc.dumps(status))
     if not as_json:
         typer.echo(f"run {status['run_id']} {state}: round {status['round']}/{status['rounds']}"
                    f", accuracy {_num(status['accuracy'])}")

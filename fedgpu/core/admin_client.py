@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fedgpu.core import tls as tlsmod
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.jsondoc import COUNT_KEY
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import channel, token_metadata
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
@@ -47,17 +48,37 @@ def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> F
     return FedgpuError(f"aggregator at {address} answered {code.name}: {exc.details()}")
 
 
+# The list documents come in pages (each fits a gRPC message); query() joins them.
+_PAGED = {"ListNodes": "nodes", "ListRounds": "rounds"}
+
+
 def query(address: str, token: str | None, method: str, timeout: float = 10,
           tls: TlsFiles | None = None, **fields: Any) -> Any:
-    """One unary Admin call; `fields` fill its request (e.g. job_id)."""
+    """The method's whole document (every page of a list); `fields` fill its request (e.g.
+    job_id)."""
     with channel(address, tls) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
-        try:
-            reply = getattr(stub, method)(
-                _REQUESTS[method](**fields), metadata=token_metadata(token), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise _explain(address, exc, tls) from None
-    return json.loads(reply.json)
+
+        def ask(**more: int) -> Any:
+            try:
+                reply = getattr(stub, method)(
+                    _REQUESTS[method](**fields, **more), metadata=token_metadata(token),
+                    timeout=timeout)
+            except grpc.RpcError as exc:
+                raise _explain(address, exc, tls) from None
+            return json.loads(reply.json)
+
+        doc = ask()
+        key = _PAGED.get(method)
+        while key is not None and isinstance(doc, dict) and doc.get("next_offset") is not None:
+            more = ask(offset=int(doc.pop("next_offset")))
+            doc[key].extend(more[key])
+            doc["next_offset"] = more.get("next_offset")
+            if more.get(COUNT_KEY):
+                doc[COUNT_KEY] = doc.get(COUNT_KEY, 0) + more[COUNT_KEY]
+        if isinstance(doc, dict):
+            doc.pop("next_offset", None)
+    return doc
 
 
 def submit_job(address: str, token: str | None, job_toml: str, filename: str,

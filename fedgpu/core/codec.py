@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -237,7 +238,13 @@ def spec(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, .
 
 
 class Assembler:
-    """Collects one streamed payload into a single preallocated buffer, hashing as it goes."""
+    """Collects one streamed payload into a single buffer, hashing as it goes.
+
+    The buffer is an anonymous memory map of the announced size: address space only, whose
+    pages the kernel provides as the bytes arrive. A sender that announces 4 GiB and then
+    stalls costs nothing (a zero-filled bytearray would commit all of it at once), and a
+    completed payload is still one contiguous buffer that decode() views without a copy.
+    """
 
     def __init__(self, size: int, sha256: str, limit: int) -> None:
         if size < 0:
@@ -246,7 +253,7 @@ class Assembler:
             raise PayloadTooLarge(f"payload of {size} bytes exceeds the limit of {limit} bytes")
         self.size = size
         self.expected = sha256.lower()
-        self._buf = bytearray(size)
+        self._buf: mmap.mmap | bytearray = mmap.mmap(-1, size) if size else bytearray()
         self._pos = 0
         self._digest = hashlib.sha256()
 
@@ -262,11 +269,12 @@ class Assembler:
         self._digest.update(chunk)
         self._pos = end
 
-    def finish(self) -> bytearray:
+    def finish(self) -> memoryview:
+        """The whole payload, writable (decode() then returns writable arrays)."""
         if self._pos != self.size:
             raise Truncated(f"stream truncated: got {self._pos} of {self.size} bytes")
         actual = self._digest.hexdigest()
         if actual != self.expected:
             raise DigestMismatch(f"sha256 mismatch: payload hashes to {actual}, header says "
-                             f"{self.expected or '(none)'}")
-        return self._buf
+                                 f"{self.expected or '(none)'}")
+        return memoryview(self._buf)

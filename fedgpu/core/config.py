@@ -38,6 +38,9 @@ class Job:
     # Retries of a round that closed at its deadline with fewer than min_nodes updates.
     round_retries: int = 3
     initial_weights: str | None = None
+    # FedAvg weighs each update by the examples its node claims; no claim above this counts
+    # (an update claiming more is refused). None: only each node's own stated size bounds it.
+    max_examples_per_node: int | None = None
     # Ring mode (D-PSGD): `rounds` blocks share `iterations` gradient steps per node; nodes
     # gossip every `local_steps` steps with the weights of `mixing` ("uniform" ring or an
     # explicit min_nodes x min_nodes doubly stochastic matrix); every rendezvous and exchange
@@ -114,6 +117,11 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     initial = raw.get("initial_weights")
     if initial is not None and not isinstance(initial, str):
         raise _fail(source, "initial_weights", "a path to a .safetensors file", initial)
+    max_examples = raw.get("max_examples_per_node")
+    if max_examples is not None and (
+        isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1
+    ):
+        raise _fail(source, "max_examples_per_node", "a positive integer", max_examples)
     ring = _ring_fields(raw, source, mode, rounds, min_nodes, fraction)
     return Job(
         task=task,
@@ -132,6 +140,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         evaluate=evaluate,
         round_retries=retries,
         initial_weights=initial,
+        max_examples_per_node=max_examples,
         **ring,
     )
 

@@ -49,7 +49,16 @@ class Strategy(ABC):
 
     @abstractmethod
     def finish(self) -> Weights:
-        """The new global model from what was added this round."""
+        """The new global model from what was added this round: a proposal. State that
+        carries over to later rounds changes only in commit()."""
+
+    def pending_problem(self) -> str | None:
+        """What is wrong with the state finish() proposed (e.g. a non-finite moment), if
+        anything; the round is then retried and that state dropped."""
+        return None
+
+    def commit(self) -> None:  # noqa: B027 - stateless strategies have nothing to keep
+        """The round's result was accepted: keep the state finish() proposed."""
 
     def state(self) -> dict[str, Any]:
         """JSON-able optimiser state to checkpoint (none for plain averaging)."""

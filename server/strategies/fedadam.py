@@ -33,6 +33,7 @@ class FedAdam(ServerOptimizer):
     def v(self) -> dict[str, np.ndarray]:
         return self.arrays["v"]
 
-    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights) -> Weights:
-        return adam_step(global_weights, mean, self.m, self.v, self.eta, self.beta1, self.beta2,
-                         self.tau)
+    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights,
+             arrays: dict[str, dict[str, np.ndarray]]) -> Weights:
+        return adam_step(global_weights, mean, arrays["m"], arrays["v"], self.eta, self.beta1,
+                         self.beta2, self.tau)

@@ -26,5 +26,7 @@ class FedAvgM(ServerOptimizer):
     def velocity(self) -> dict[str, np.ndarray]:
         return self.arrays["velocity"]
 
-    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights) -> Weights:
-        return momentum_step(global_weights, mean, self.velocity, self.server_lr, self.momentum)
+    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights,
+             arrays: dict[str, dict[str, np.ndarray]]) -> Weights:
+        return momentum_step(global_weights, mean, arrays["velocity"], self.server_lr,
+                             self.momentum)

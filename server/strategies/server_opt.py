@@ -22,21 +22,44 @@ class ServerOptimizer(FedAvg):
         self.arrays: dict[str, dict[str, np.ndarray]] = {s: {} for s in self.slots}
         self.steps = 0
         self._global: Mapping[str, np.ndarray] | None = None
+        self._pending: dict[str, dict[str, np.ndarray]] | None = None
 
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
         super().begin_round(global_weights)
         self._global = global_weights
+        self._pending = None
 
     def finish(self) -> Weights:
         assert self._global is not None, "begin_round first"
-        new = self.step(self._global, super().finish())
-        self.steps += 1
+        # The step works on copies: a round whose result is refused (not finite) is retried
+        # from the moments as they were, not from ones that already took its step.
+        pending = {slot: {k: a.copy() for k, a in named.items()}
+                   for slot, named in self.arrays.items()}
+        # Overflow is looked for afterwards (pending_problem and the engine's finite check);
+        # numpy's warnings about it would only be noise in the log.
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = self.step(self._global, super().finish(), pending)
+        self._pending = pending
         self._global = None
         return new
 
+    def pending_problem(self) -> str | None:
+        for slot, named in (self._pending or {}).items():
+            for name, arr in named.items():
+                if not np.isfinite(arr).all():
+                    return f"optimiser state {slot}/{name} is not finite"
+        return None
+
+    def commit(self) -> None:
+        if self._pending is not None:
+            self.arrays, self._pending = self._pending, None
+            self.steps += 1
+
     @abstractmethod
-    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights) -> Weights:
-        """The new global model from the old one and this round's weighted mean."""
+    def step(self, global_weights: Mapping[str, np.ndarray], mean: Weights,
+             arrays: dict[str, dict[str, np.ndarray]]) -> Weights:
+        """The new global model from the old one and this round's weighted mean, updating
+        the optimiser `arrays` (a copy of the committed ones) in place."""
 
     def state(self) -> dict[str, Any]:
         return {"steps": self.steps}

@@ -55,6 +55,14 @@ def test_two_nodes_finish_and_admin_json(federation: Federation, tmp_path: Path,
     assert by_name["node-b"]["gpu_decision"]["mode"] == "offer"
     assert all(n["rounds_completed"] == 2 for n in nodes["nodes"])
     assert all(n["last_resources"]["device"] == "cpu" for n in nodes["nodes"])
+    # Each agent stated its training-set size from its data directory at registration, and
+    # its updates claimed exactly that.
+    from fedgpu.core.datasets import read_meta
+
+    for name, data in (("node-a", digits_split[0]), ("node-b", digits_split[1])):
+        assert by_name[name]["stated_examples"] == read_meta(data)["num_train"]
+        assert {u["num_examples"] for r in rounds["rounds"] for u in r["updates"]
+                if u["node"] == name} == {read_meta(data)["num_train"]}
 
     # Human tables work against the same server.
     table = cli("rounds", "--address", federation.address)

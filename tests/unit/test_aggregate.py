@@ -111,3 +111,52 @@ def test_fedavg_strategy_rounds() -> None:
 def test_weighted_metric() -> None:
     assert weighted_metric([(1.0, 1), (0.0, 3)]) == 0.25
     assert weighted_metric([]) is None
+
+
+def test_no_finite_update_overflows_the_weighted_mean() -> None:
+    # The case: 1e24 with 1e15 examples is 1e39 as a weighted sum, inf in float32.
+    big = {"w": np.full(5, 1e24, np.float32)}
+    small = {"w": np.full(5, 1.0, np.float32)}
+    out = weighted_mean([(small, 1.0), (big, 1e15), (small, 3.0)])["w"]
+    want = (1e24 * 1e15 + 4.0) / (1e15 + 4.0)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    # At the very top of float32, with any weights, the mean stays there.
+    top = np.finfo(np.float32).max
+    edge = {"w": np.array([top, -top, top], np.float32)}
+    acc = WeightedSum(edge)
+    for w in (1.0, 1e18, 3.0, 1e-3):
+        acc.add(edge, w)
+    np.testing.assert_array_equal(acc.mean()["w"], edge["w"])
+    with pytest.raises(ValueError, match="positive and finite"):
+        WeightedSum(edge).add(edge, float("inf"))
+
+
+def test_robust_statistics_of_huge_values_stay_finite() -> None:
+    from fedgpu.server.aggregate import coordinate_median, trimmed_mean
+
+    top = np.finfo(np.float32).max
+    block = np.array([[top], [top], [top], [top]], np.float32)
+    assert np.isfinite(coordinate_median(block.copy())).all()
+    assert coordinate_median(block.copy())[0] == top
+    assert np.isfinite(trimmed_mean(block.copy(), 0.0)).all()
+    wide = np.array([[1e308], [1e308], [1e308]])
+    np.testing.assert_allclose(trimmed_mean(wide, 0.0), [1e308])
+
+
+def test_server_optimiser_state_changes_only_when_the_round_is_kept() -> None:
+    s = make_strategy("fedadam", {"eta": 0.1})
+    g = {"w": np.zeros(3, np.float32)}
+    s.begin_round(g)
+    s.add({"w": np.ones(3, np.float32)}, 1)
+    s.finish()
+    s.commit()
+    kept = {k: v.copy() for k, v in s.tensor_state().items()}
+    # A round whose deltas square to inf in float32: the proposal is flagged and dropped.
+    s.begin_round(g)
+    s.add({"w": np.full(3, 1e20, np.float32)}, 1)
+    s.finish()
+    assert s.pending_problem() == "optimiser state v/w is not finite"
+    s.begin_round(g)  # the retry starts from the kept moments
+    assert all(np.array_equal(kept[k], v) for k, v in s.tensor_state().items())
+    assert s.state() == {"steps": 1}

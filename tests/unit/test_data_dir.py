@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core.datasets import split_digits
-from fedgpu.node.data import DataDirError, check_data_dir, read_split
+from fedgpu.core.datasets import read_meta, split_digits
+from fedgpu.node.data import DataDirError, check_data_dir, read_split, train_examples
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +61,12 @@ def test_an_image_folder_passes(tmp_path: Path) -> None:
     (node / "test").rename(node / "held-out")
     with pytest.raises(DataDirError, match="an image task needs train/ and test/ folders"):
         check_data_dir(node)
+
+
+def test_the_training_set_size_is_read_from_the_header(split: Path, tmp_path: Path) -> None:
+    # What the agent states at registration; the aggregator refuses claims above it.
+    for node in ("node-1", "node-2"):
+        assert train_examples(split / node) == read_meta(split / node)["num_train"] > 0
+    assert train_examples(tmp_path / "nope") == 0  # cannot tell: the first update states it
+    (tmp_path / "train.safetensors").write_bytes(b"garbage")
+    assert train_examples(tmp_path) == 0

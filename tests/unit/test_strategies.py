@@ -30,7 +30,9 @@ def run_round(strategy, global_w, updates):  # type: ignore[no-untyped-def]
     strategy.begin_round(global_w)
     for tensors, n in updates:
         strategy.add(tensors, n)
-    return strategy.finish()
+    new = strategy.finish()
+    strategy.commit()  # what the round engine does once the result is accepted
+    return new
 
 
 def weighted(updates, name):  # type: ignore[no-untyped-def]

@@ -6,8 +6,10 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -16,10 +18,12 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListRoundsRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("offset", "job_id")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    offset: int
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, offset: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class SubmitJobHeader(_message.Message):
     __slots__ = ("job_toml", "filename", "bundle_size", "bundle_sha256")

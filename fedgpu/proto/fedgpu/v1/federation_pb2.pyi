@@ -81,7 +81,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class RegisterRequest(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     RING_HOST_FIELD_NUMBER: _ClassVar[int]
     RING_PORT_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     devices: DeviceInventory
@@ -105,7 +106,8 @@ class RegisterRequest(_message.Message):
     tasks: _containers.RepeatedScalarFieldContainer[str]
     ring_host: str
     ring_port: int
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ...) -> None: ...
+    num_examples: int
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
