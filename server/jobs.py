@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import secrets
 import time
 import tomllib
@@ -76,7 +77,10 @@ class StoreCheckpointer(Checkpointer):
 
 
 def job_from_row(row: JobRow) -> Job:
-    return parse_job(tomllib.loads(row.job_toml), f"job {row.job_id}")
+    # The file as submitted, parsed by this version; a job adopted from an old state
+    # directory has no file, only the job as that version parsed it.
+    raw = tomllib.loads(row.job_toml) if row.job_toml else dict(row.job)
+    return parse_job(raw, f"job {row.job_id}")
 
 
 def eligibility(job: Job, node: Node, alive: bool) -> str | None:
@@ -146,6 +150,55 @@ class JobManager:
         log.info("job %s queued (%s, task %s)", job_id, row.name, job.task)
         self._wake.set()
         return row
+
+    def adopt_legacy(self, start_file: Path | None) -> JobRow | None:
+        """A state directory from before jobs (one run: state.json and its weights at the
+        top) becomes this aggregator's first job, moved into its own job directory, so an
+        upgraded aggregator resumes the run it was in. When `server start --job` names a file
+        for the same model, the job is that file's (and that file is not queued again)."""
+        legacy = self.state_dir / "state.json"
+        if not legacy.exists() or self.store.jobs(limit=1):
+            return None
+        saved = Checkpointer(self.state_dir).load()
+        assert saved is not None
+        weights, state = saved
+        job = parse_job(dict(state.get("job") or {}), f"{legacy}")
+        text, source, digest = "", "migrated", ""
+        if start_file is not None:
+            candidate = start_file.read_text()
+            wanted = parse_job(tomllib.loads(candidate), str(start_file))
+            if all(getattr(wanted, k) == getattr(job, k) for k in resume.MUST_MATCH):
+                text, source, job = candidate, "server-start", wanted
+                digest = hashlib.sha256(candidate.encode()).hexdigest()
+        job_id = secrets.token_hex(6)
+        directory = self.state_dir / JOBS_DIR / job_id
+        directory.mkdir(parents=True)
+        moved = [self.state_dir / str(state.get("weights_file") or "global.safetensors"),
+                 self.state_dir / "strategy.safetensors", legacy]
+        for path in moved:  # state.json last: it is the commit point of the checkpoint
+            if path.exists():
+                os.replace(path, directory / path.name)
+        for leftover in self.state_dir.glob("global*.safetensors"):
+            leftover.unlink()
+        # The stable name of the latest model, as the checkpointer keeps it.
+        os.link(directory / moved[0].name, directory / "global.safetensors")
+        self.store.add_job(
+            job_id=job_id, name=job.name or job.task, task=job.task, job_toml=text,
+            job=job.to_dict(), source=source, source_sha256=digest,
+            submitted_by="the state directory of an earlier version", rounds=job.rounds,
+            state_dir=f"{JOBS_DIR}/{job_id}")
+        self.store.update(job_id, run_id=str(state.get("run_id")),
+                          rounds_done=int(state.get("global_round", 0)))
+        if state.get("completed"):
+            self.store.update(job_id, state=JobState.FINISHED, finished_at=time.time())
+        self.store.save_history(job_id, list(state.get("history") or []),
+                                state.get("initial_eval"), state.get("rejections"))
+        self.store.add_event(job_id, f"adopted run {state.get('run_id')} (round "
+                             f"{state.get('global_round')}) from {legacy}")
+        log.info("state directory %s held run %s from before jobs: it is job %s now",
+                 self.state_dir, state.get("run_id"), job_id)
+        del weights  # loaded only to check the checkpoint is whole before moving it
+        return self.store.get(job_id)
 
     def submit_at_start(self, path: Path) -> JobRow:
         """`server start --job FILE`: queue it, unless this very file was queued by an earlier

@@ -61,5 +61,10 @@ def test_old_state_dir_resumes_and_trains_on(federation: Federation, tmp_path: P
     assert second["eval"]["nodes"] == 4
     assert rounds[2]["round"] == 3 and rounds[2]["status"] == "finished"
     assert sorted(u["node"] for u in rounds[2]["updates"]) == ["site-1", "site-2"]
-    saved = json.loads((state_dir / "state.json").read_text())
+    # The old run became the aggregator's first job, its checkpoint moved into the job's
+    # directory; the job file given at start was not queued a second time.
+    (job_row,) = federation.query("ListJobs")
+    assert job_row["state"] == "finished" and job_row["rounds_done"] == 3
+    saved = json.loads((state_dir / "jobs" / job_row["job_id"] / "state.json").read_text())
+    assert not (state_dir / "state.json").exists()
     assert saved["global_round"] == 3 and saved["history"][0] == old["history"][0]
