@@ -114,10 +114,13 @@ class JobManager:
 
     @property
     def orch(self) -> Orchestrator:
-        """The engine updates and task pulls go to: the running job's, else an idle one that
-        hands out no task and refuses every update as answering no open round."""
+        """The engine updates and task pulls go to: the running job's; between jobs the one
+        that ended last (it hands out nothing, and files late answers under its rounds); else
+        an idle one that refuses every update as answering no open round."""
         if self.active is not None:
             return self.active.orch
+        if self.last is not None:
+            return self.last.orch
         if self._idle_engine is None:
             self._idle_engine = Orchestrator(Job(task="(no job)"), self.registry,
                                              chunk_size=self.chunk_size)

@@ -32,7 +32,8 @@ def sim(
         help="Write registration/push/pull timings here as JSON.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Run simulated nodes (real wire protocol, synthetic updates, no torch) until the run ends."""
+    """Run simulated nodes (real wire protocol, synthetic updates, no torch) until the
+    aggregator shuts down, or until SIGTERM / Ctrl-C."""
     import grpc
 
     from fedgpu.cli.simnode import SimConfig, run_sim

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import math
+import signal
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -283,7 +284,20 @@ async def run_sim(cfg: SimConfig) -> SimStats:
         log.info("%d simulated nodes registered in %.1fs", len(nodes), stats.register_seconds)
         _write_stats(cfg, stats)
         beats = [asyncio.create_task(n.heartbeats()) for n in nodes]
-        await asyncio.gather(*(n.serve() for n in nodes))
+        # Until the aggregator says it shuts down, or we are told to stop (SIGTERM/SIGINT):
+        # a federation that stays up keeps its nodes between jobs.
+        serving = asyncio.ensure_future(asyncio.gather(*(n.serve() for n in nodes)))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
+            stopping.cancel()
+            serving.result()  # the nodes ended on their own: their error, if any, is ours
+        serving.cancel()
+        await asyncio.gather(serving, stopping, return_exceptions=True)
     finally:
         for t in beats:
             t.cancel()

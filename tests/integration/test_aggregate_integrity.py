@@ -14,7 +14,7 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.federation import Federation, write_job
+from tests.fixtures.federation import Federation, job_dir, write_job
 from tests.fixtures.wire import Probe, update
 
 GLOBAL = {"w": np.zeros(64, np.float32)}
@@ -54,7 +54,7 @@ def rounds_of(fed: Federation, sends: list[list[tuple[float, int]]]) -> list[Any
 
 
 def saved(state: Path) -> dict[str, np.ndarray]:
-    tensors, _ = codec.decode((state / "global.safetensors").read_bytes())
+    tensors, _ = codec.decode((job_dir(state) / "global.safetensors").read_bytes())
     return tensors
 
 
@@ -84,4 +84,4 @@ def test_a_round_whose_result_is_not_finite_is_retried_from_the_previous_model(
     assert second["status"] == "finished" and "error" not in second
     # From the starting zeros and an untouched velocity: 0 + 2 * (1 - 0) = 2, exactly.
     np.testing.assert_array_equal(saved(state)["w"], np.full(64, 2.0, np.float32))
-    assert json.loads((state / "state.json").read_text())["strategy"] == {"steps": 1}
+    assert json.loads((job_dir(state) / "state.json").read_text())["strategy"] == {"steps": 1}

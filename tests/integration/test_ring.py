@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.federation import Federation, write_job
+from tests.fixtures.federation import Federation, job_dir, write_job
 
 log = logging.getLogger("test.ring")
 HP = {"lr": 0.05, "momentum": 0.9, "batch_size": 32}
@@ -87,7 +87,7 @@ def test_ring_converges_and_matches_star(split4: list[Path], tmp_path: Path) -> 
     # The copies drift apart while gradients differ least at the start; gossip pulls them in.
     assert distances[-1] < distances[0]
     assert ring_acc >= 0.90
-    assert (tmp_path / "ring-state" / "global.safetensors").exists()
+    assert (job_dir(tmp_path / "ring-state") / "global.safetensors").exists()
 
 
 def _ring_worker_of(agent_pid: int) -> int | None:

@@ -27,6 +27,9 @@ def _run(federation: Federation, tmp_path: Path, nodes: int, per_process: int, *
             "--poll-s", "5", "--stats", str(stats)]), stats))
     status = federation.wait_state(("finished", "failed"), timeout=120)
     rounds = federation.query("ListRounds")
+    # The federation stays up after its job: the simulated nodes stop when told to.
+    for proc, _ in sims:
+        proc.popen.send_signal(signal.SIGTERM)
     for proc, _ in sims:
         assert proc.popen.wait(timeout=60) == 0, proc.text()[-3000:]
     server.popen.send_signal(signal.SIGTERM)

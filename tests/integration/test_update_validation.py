@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fedgpu.core import admin_client, codec
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.federation import Federation, write_job
+from tests.fixtures.federation import Federation, job_dir, write_job
 
 GLOBAL = {"b": np.zeros(3, np.float32), "w": np.arange(12, dtype=np.float32).reshape(4, 3)}
 LIMIT_MIB = 1
@@ -66,7 +66,8 @@ class Wire:
         return None
 
     def global_digest(self) -> str:
-        return hashlib.sha256((self.state_dir / "global.safetensors").read_bytes()).hexdigest()
+        model = job_dir(self.state_dir) / "global.safetensors"
+        return hashlib.sha256(model.read_bytes()).hexdigest()
 
     def rejections(self) -> dict[str, int]:
         return self.fed.query("GetStatus")["rejections"]
@@ -179,7 +180,7 @@ def test_bad_update_is_refused_and_changes_nothing(
     if reason != "unknown_node":
         assert f"update rejected ({reason})" in err.details()
     assert wire.global_digest() == before_digest
-    assert json.loads((wire.state_dir / "state.json").read_text())["global_round"] == 0
+    assert json.loads((job_dir(wire.state_dir) / "state.json").read_text())["global_round"] == 0
     assert wire.rejections().get(reason, 0) == before_count + 1
     # Whether the open task survives: refusals of forged ids keep it, bad payloads end it.
     assert (wire.next_task().task_id != task.task_id) is ends_attempt
@@ -221,7 +222,7 @@ def test_refusals_are_listed_and_only_the_valid_update_counts(wire: Wire) -> Non
                      list(codec.iter_chunks(enc, 4096))) is None
     wire.fed.wait_state(("finished",), timeout=60)
     assert wire.global_digest() != before
-    saved, _ = codec.decode((wire.state_dir / "global.safetensors").read_bytes())
+    saved, _ = codec.decode((job_dir(wire.state_dir) / "global.safetensors").read_bytes())
     for name in GOOD:  # one update, weighted mean of one: exactly it, bit for bit
         assert np.array_equal(saved[name], GOOD[name]), name
 
@@ -271,7 +272,7 @@ def test_duplicate_and_late_updates(federation: Federation, tmp_path: Path) -> N
         late = push(a, ta, ua, 10)
         assert late is not None and late.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "update rejected (late): round 1 already closed" in late.details()
-    saved, _ = codec.decode((tmp_path / "state" / "global.safetensors").read_bytes())
+    saved, _ = codec.decode((job_dir(tmp_path / "state") / "global.safetensors").read_bytes())
     # (10 * 1 + 30 * 4) / 40: the duplicate (x100) never reached the average.
     assert np.allclose(saved["w"], 3.25, rtol=0, atol=1e-6)
     rnd = federation.query("ListRounds")["rounds"][0]

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.federation import Federation, cli, write_job
+from tests.fixtures.federation import Federation, cli, job_dir, write_job
 from tests.fixtures.wire import Probe, fake_payload, rss_mib, update
 
 GLOBAL = {"b": np.zeros(8, np.float32), "w": np.zeros(1 << 18, np.float32)}  # 1 MiB
@@ -82,7 +82,7 @@ def test_one_update_on_many_concurrent_streams_counts_once(federation: Federatio
     for r in history:
         assert r["nodes_reporting"] == 1 and r["num_examples"] == 5
         assert [u["node"] for u in r["updates"]] == ["probe-000"]
-    saved, _ = codec.decode((tmp_path / "state" / "global.safetensors").read_bytes())
+    saved, _ = codec.decode((job_dir(tmp_path / "state") / "global.safetensors").read_bytes())
     assert np.array_equal(saved["w"], valid(float(rounds))["w"])
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.federation import Federation, cli, write_job
+from tests.fixtures.federation import Federation, cli, job_dir, write_job
 from tests.fixtures.wire import Probe, update
 
 GLOBAL = {"w": np.zeros(16, np.float32)}
@@ -118,7 +118,7 @@ def test_failure_text_is_truncated_and_metrics_must_be_finite(
     assert len(failure["error"]) < 4200
     assert failure["error"].endswith(f"[truncated: {9 << 20} characters in all]")
     assert [(x["reason"], x["node"]) for x in rec["rejected"]] == [("non_finite", "b")] * 2
-    assert (tmp_path / "state" / "state.json").stat().st_size < 200_000
+    assert (job_dir(tmp_path / "state") / "state.json").stat().st_size < 200_000
 
 
 def test_huge_finite_metrics_stay_finite_in_the_documents(federation: Federation,
