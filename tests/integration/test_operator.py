@@ -193,7 +193,7 @@ def test_report_refuses_bad_sources(tmp_path: Path) -> None:
             "--rounds-json", str(tmp_path / "r.json"))
     assert r.returncode == 2 and "--state-dir and --rounds-json" in r.stderr
     r = cli("report", "--out", str(tmp_path / "x"), "--state-dir", str(tmp_path))
-    assert r.returncode == 2 and "no state.json" in r.stderr
+    assert r.returncode == 2 and "holds no checkpoint" in r.stderr
     (tmp_path / "empty.json").write_text(json.dumps({"run_id": "abc", "rounds": []}))
     r = cli("report", "--out", str(tmp_path / "x"), "--rounds-json", str(tmp_path / "empty.json"))
     assert r.returncode == 1 and "no finished round" in r.stderr
@@ -296,7 +296,7 @@ def test_watch_follows_the_run_to_its_end(finished_run: FinishedRun) -> None:
     w, rounds = finished_run.watch, finished_run.rounds
     assert w.returncode == 0, w.stderr
     lines = w.stdout.splitlines()
-    assert lines[0].startswith(f"run {rounds['run_id']}  state waiting")
+    assert f"run {rounds['run_id']}  state waiting" in lines[0]
     finished = [ln for ln in lines if re.match(r"round \d/3 finished", ln)]
     assert [ln.split()[1] for ln in finished] == ["1/3", "2/3", "3/3"]
     for rec in rounds["rounds"]:
