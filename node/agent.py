@@ -1,4 +1,4 @@
-"""The node agent: dial out, register, long-poll for tasks, run each in a fresh subprocess.
+"""The node agent: dial out, register, long-poll for tasks, run each in a process of its own.
 
 It survives the aggregator going away: register, pull and report go through one retry rule
 (node/retry.py: exponential backoff with jitter, a deadline per call site), and a node the
@@ -25,9 +25,10 @@ from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import messages, nvml, policy, ring
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
+from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
-from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
+from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, run_task, simulated_gpus
 from fedgpu.node.status import write_status
 from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
@@ -53,8 +54,13 @@ class AgentConfig:
     # The largest task payload (global model) this node takes; the aggregator's own
     # per-update limit, sent at registration, applies too (the smaller wins).
     max_payload_bytes: int = 4 << 30
-    # Start each round's training process ahead of time (torch imported, CUDA untouched).
+    # Fork each round's training process from a worker factory that imported torch ahead of
+    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.worker` per round.
     prestart: bool = True
+    # The socket of a factory this host's agents share; None: the agent starts its own.
+    worker_factory: Path | None = None
+    # Where round workers write their log (a file descriptor); None: where the agent does.
+    worker_output: int | None = None
     tls: tls.TlsFiles | None = None
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
@@ -67,7 +73,8 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, factory: FactoryClient | None = None) -> None:
+        """`factory`: a client shared with other agents of this process (node/fleet.py)."""
         self.cfg = cfg
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -78,7 +85,8 @@ class Agent:
         self._stop = threading.Event()
         self._reregister = threading.Event()
         self._sampler = MemorySampler()
-        self._standby = Standby() if cfg.prestart else None
+        self._factory = factory if cfg.prestart else None
+        self._owns_factory = False
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -168,30 +176,48 @@ class Agent:
         self._sampler.__enter__()
         try:
             self.register(deadline_s=self.cfg.connect_timeout_s)
-            if self._standby is not None:
-                self._prepare_standby()
-            beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+            if self.cfg.prestart and self._factory is None:
+                self._start_factory()
+            # Named for the node: an agent may share its process with others (node/fleet.py).
+            beat = threading.Thread(target=self._heartbeats, name=f"{self.cfg.name}:heartbeat",
+                                    daemon=True)
             beat.start()
             return self._loop()
         except Stopped:
             return 0
+        except Exception:
+            if self._stop.is_set():
+                return 0  # stopped from another thread: the client was closed under us
+            raise
         finally:
             self._stop.set()
-            if self._standby is not None:
-                self._standby.close()
+            if self._owns_factory and self._factory is not None:
+                self._factory.close()
             self._sampler.__exit__(None, None, None)
             self.client.close()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _prepare_standby(self) -> None:
-        assert self._standby is not None
+    def shutdown(self) -> None:
+        """Stop from another thread: ends a long poll at once (a running round is ended by
+        whoever owns the factory or the process)."""
+        self._stop.set()
+        self.client.close()
+
+    def _start_factory(self) -> None:
+        # Its torch import runs while the agent waits for its first task.
+        if self.cfg.worker_factory is not None:
+            self._factory = FactoryClient(self.cfg.worker_factory)
+            log.info("round workers come from the worker factory at %s", self.cfg.worker_factory)
+            return
         try:
-            self._standby.prepare()
+            self._factory = FactoryClient.start_own()
         except OSError as exc:
-            # Rounds still run, each in a fresh worker; the next round tries the standby again.
-            log.warning("cannot pre-start a round worker: %s", exc)
+            # Rounds still run, each in a freshly spawned worker.
+            log.warning("cannot start a worker factory: %s", exc)
+            return
+        self._owns_factory = True
 
     def _lost(self, exc: BaseException, delay: float) -> None:
         if isinstance(exc, PayloadError):
@@ -280,7 +306,9 @@ class Agent:
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
-                        standby=self._standby,
+                        factory=self._factory,
+                        node_name=self.cfg.name,
+                        output=self.cfg.worker_output,
                         **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error
@@ -303,7 +331,7 @@ class Agent:
             update.decision.CopyFrom(messages.decision(self.decision))
         weights = None
         if outcome is not None:
-            update.resources.CopyFrom(_resources(outcome.resources))
+            update.resources.CopyFrom(messages.resources(outcome.resources))
         if outcome is None or not outcome.ok:
             update.failed = True
             update.error = error or "unknown failure"
@@ -370,25 +398,6 @@ class Agent:
             "heartbeat_interval_s": self.heartbeat_s,
             "gpu_decision": self.decision.to_dict() if self.decision else None,
         })
-
-
-def _resources(r: dict[str, Any]) -> pb.RoundResources:
-    def num(key: str) -> int:
-        v = r.get(key)
-        return -1 if v is None else int(v)
-
-    return pb.RoundResources(
-        device=r.get("device", ""),
-        gpu_uuid=r.get("gpu_uuid", "") or "",
-        nvml_used_before_mib=num("nvml_used_before_mib"),
-        nvml_used_peak_mib=num("nvml_used_peak_mib"),
-        nvml_used_after_mib=num("nvml_used_after_mib"),
-        torch_peak_allocated_mib=num("torch_peak_allocated_mib"),
-        torch_peak_reserved_mib=num("torch_peak_reserved_mib"),
-        rss_peak_mib=num("rss_peak_mib"),
-        train_seconds=float(r.get("train_seconds") or 0.0),
-        round_seconds=float(r.get("round_seconds") or 0.0),
-    )
 
 
 def _floats(d: Any) -> dict[str, float]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fedgpu.node.nvml import NvmlSnapshot
 from fedgpu.node.policy import Decision
 from fedgpu.proto import pb
@@ -46,4 +49,25 @@ def decision(d: Decision) -> pb.GpuDecision:
         memory_fraction=d.memory_fraction or 0.0,
         reason=d.reason,
         warnings=list(d.warnings),
+    )
+
+
+def resources(r: Mapping[str, Any]) -> pb.RoundResources:
+    """A round's measured resources (node/round.py RoundOutcome.resources); -1: not measured."""
+    def num(key: str) -> int:
+        v = r.get(key)
+        return -1 if v is None else int(v)
+
+    return pb.RoundResources(
+        device=r.get("device", ""),
+        gpu_uuid=r.get("gpu_uuid", "") or "",
+        nvml_used_before_mib=num("nvml_used_before_mib"),
+        nvml_used_peak_mib=num("nvml_used_peak_mib"),
+        nvml_used_after_mib=num("nvml_used_after_mib"),
+        torch_peak_allocated_mib=num("torch_peak_allocated_mib"),
+        torch_peak_reserved_mib=num("torch_peak_reserved_mib"),
+        rss_peak_mib=num("rss_peak_mib"),
+        train_seconds=float(r.get("train_seconds") or 0.0),
+        round_seconds=float(r.get("round_seconds") or 0.0),
+        queued_seconds=float(r.get("queued_seconds") or 0.0),
     )
