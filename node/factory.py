@@ -289,6 +289,8 @@ class Factory:
 
     def _fork(self, req: Request) -> None:
         assert req.spawn is not None
+        # Before the first worker of a task: it, and every later one, inherits the warm state.
+        self._warm_up(req.spawn.warm)
         unsafe = self._unsafe()
         if unsafe:
             log.error("not forking: %s; the agent spawns a fresh worker instead", unsafe)
@@ -319,7 +321,6 @@ class Factory:
         log.info("worker %d for %s started%s; %d running, %d waiting", pid,
                  req.spawn.node or "a node", f" after {queued:.2f}s in the queue" if queued > 0.01
                  else "", self.slots.running(), self.slots.queued())
-        self._warm_up(req.spawn.warm)
 
     def _unsafe(self) -> str | None:
         names = thread_names()

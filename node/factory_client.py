@@ -30,6 +30,10 @@ log = logging.getLogger("fedgpu.node.factory")
 SOCKET_NAME = "factory.sock"
 # A factory imports torch before it listens: seconds on a CPU build, more with CUDA's.
 READY_TIMEOUT_S = 180.0
+# How long a round waits for a host's shared factory that is not (or no longer) listening —
+# starting, or being restarted — before it spawns its own worker. Once it waited in vain,
+# later rounds try the factory once and spawn at once until it answers again.
+SHARED_WAIT_S = 30.0
 
 
 class FactoryUnavailable(Exception):
@@ -147,6 +151,7 @@ class FactoryClient:
         self.path = Path(path)
         self._own = own
         self._closed = False
+        self._down = False
         self._live: set[Any] = set()
         self._lock = threading.Lock()
 
@@ -209,22 +214,23 @@ class FactoryClient:
                              on_close=self._forget)
 
     def _connect(self) -> socket.socket:
-        deadline = time.monotonic() + (READY_TIMEOUT_S if self._own is not None else 0)
+        wait = READY_TIMEOUT_S if self._own is not None else (0 if self._down else SHARED_WAIT_S)
+        deadline = time.monotonic() + wait
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(str(self.path))
+                self._down = False
                 return sock
             except OSError as exc:
                 sock.close()
-                if self._own is None:
-                    raise FactoryUnavailable(
-                        f"cannot reach the worker factory at {self.path}: {exc}") from None
-                # Our own factory: (re)started if it died, then waited for while it imports.
-                self._own.start()
-                if time.monotonic() > deadline:
-                    raise FactoryUnavailable(f"the worker factory did not get ready in "
-                                             f"{READY_TIMEOUT_S:.0f}s: {exc}") from None
+                if self._own is not None:
+                    # Our own factory: (re)started if it died, then waited for while it imports.
+                    self._own.start()
+                if time.monotonic() >= deadline or self._closed:
+                    self._down = True
+                    raise FactoryUnavailable(f"cannot reach the worker factory at {self.path} "
+                                             f"(waited {wait:.0f}s): {exc}") from None
                 time.sleep(0.1)
 
     def _forget(self, obj: Any) -> None:
