@@ -545,6 +545,7 @@ def _resources(r: pb.RoundResources) -> dict[str, Any]:
         "rss_peak_mib": _opt(r.rss_peak_mib),
         "train_seconds": round(r.train_seconds, 3),
         "round_seconds": round(r.round_seconds, 3),
+        "queued_seconds": round(r.queued_seconds, 3),
     }
 
 
