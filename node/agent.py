@@ -28,7 +28,7 @@ from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, 
 from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
-from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, run_task, simulated_gpus
+from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Worker, run_task, simulated_gpus
 from fedgpu.node.status import write_status
 from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
@@ -87,6 +87,7 @@ class Agent:
         self._sampler = MemorySampler()
         self._factory = factory if cfg.prestart else None
         self._owns_factory = False
+        self._worker: Worker | None = None
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -200,9 +201,11 @@ class Agent:
         self._stop.set()
 
     def shutdown(self) -> None:
-        """Stop from another thread: ends a long poll at once (a running round is ended by
-        whoever owns the factory or the process)."""
+        """Stop from another thread: a running round's worker is killed, a long poll ends."""
         self._stop.set()
+        worker = self._worker
+        if worker is not None:
+            worker.kill()
         self.client.close()
 
     def _start_factory(self) -> None:
@@ -218,6 +221,9 @@ class Agent:
             log.warning("cannot start a worker factory: %s", exc)
             return
         self._owns_factory = True
+
+    def _track(self, worker: Worker | None) -> None:
+        self._worker = worker
 
     def _lost(self, exc: BaseException, delay: float) -> None:
         if isinstance(exc, PayloadError):
@@ -309,6 +315,7 @@ class Agent:
                         factory=self._factory,
                         node_name=self.cfg.name,
                         output=self.cfg.worker_output,
+                        track=self._track,
                         **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error
@@ -320,29 +327,15 @@ class Agent:
 
     def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
         assert self.node_id is not None
-        update = pb.UpdateHeader(
-            node_id=self.node_id,
-            task_id=task.task_id,
-            round=task.round,
-            kind=task.kind,
-            evaluated_round=task.evaluated_round,
-        )
-        if self.decision is not None:
-            update.decision.CopyFrom(messages.decision(self.decision))
+        ok = outcome is not None and outcome.ok
+        update = messages.update_header(
+            task, self.node_id, self.decision, outcome.resources if outcome else None,
+            outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
         weights = None
-        if outcome is not None:
-            update.resources.CopyFrom(messages.resources(outcome.resources))
-        if outcome is None or not outcome.ok:
-            update.failed = True
-            update.error = error or "unknown failure"
+        if not ok:
             log.error("round %d failed: %s", task.round, update.error)
         else:
-            res = outcome.result
-            update.num_examples = int(res.get("num_examples", 0))
-            update.num_eval_examples = int(res.get("num_eval_examples", 0))
-            update.train_metrics.update(_floats(res.get("train_metrics")))
-            update.eval_metrics.update(_floats(res.get("eval_metrics")))
-            update.iteration_loss.extend(float(v) for v in res.get("iteration_loss") or [])
+            assert outcome is not None
             weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
@@ -398,12 +391,6 @@ class Agent:
             "heartbeat_interval_s": self.heartbeat_s,
             "gpu_decision": self.decision.to_dict() if self.decision else None,
         })
-
-
-def _floats(d: Any) -> dict[str, float]:
-    if not isinstance(d, dict):
-        return {}
-    return {str(k): float(v) for k, v in d.items() if isinstance(v, int | float)}
 
 
 def _fmt(m: Any) -> str:

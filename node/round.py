@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ log = logging.getLogger("fedgpu.node.round")
 # train on: this switch keeps the whole GPU path and trains on the CPU. Never for production.
 SIMULATED_GPUS_ENV = "FEDGPU_SIMULATED_GPUS"
 WORKER_MODULE = "fedgpu.node.worker"
+# A round's process: spawned by the agent, or forked by the worker factory.
+Worker = subprocess.Popen[bytes] | FactoryWorker
 
 
 def simulated_gpus() -> bool:
@@ -76,9 +79,11 @@ def run_task(
     factory: FactoryClient | None = None,
     node_name: str = "",
     output: int | None = None,
+    track: Callable[[Worker | None], None] | None = None,
 ) -> RoundOutcome:
     """Run one task in a process of its own. `output`: where that process writes its log (a
-    file descriptor; None: where the agent writes)."""
+    file descriptor; None: where the agent writes); `track` is told the worker while it runs
+    (so another thread can kill it when the agent stops)."""
     started = time.monotonic()
     workdir: Path | None = None
     queued = 0.0
@@ -93,7 +98,7 @@ def run_task(
         env = child_env(subprocess_env(decision, os.environ))
         uuid = decision.gpu_uuid if decision.device == "cuda" else None
         measure = uuid is not None and sampler is not None and sampler.active
-        proc: subprocess.Popen[bytes] | FactoryWorker | None = None
+        proc: Worker | None = None
         # Ring blocks always spawn their own worker (every rank must run at once: no slots).
         if factory is not None and worker_module == WORKER_MODULE:
             proc = _from_factory(factory, workdir, env, decision, node_name, torch_threads,
@@ -118,6 +123,8 @@ def run_task(
                             resources={"device": decision.device,
                                        "round_seconds": time.monotonic() - started})
     assert workdir is not None
+    if track is not None:
+        track(proc)
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
@@ -135,6 +142,8 @@ def run_task(
         proc.wait()
         raise
     finally:
+        if track is not None:
+            track(None)
         if isinstance(proc, FactoryWorker):
             proc.close()
     after = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures import fault_tasks
 from tests.fixtures.federation import FEDGPU, ROOT, Federation, base_env, write_job
-from tests.fixtures.processes import cmdline_has, descendants, describe, kill_all, wait_gone
+from tests.fixtures.processes import descendants, describe, is_factory, kill_all, wait_gone
 from tests.integration.test_faults import wait_for
 
 pytestmark = pytest.mark.timeout(420)
@@ -190,7 +190,7 @@ def test_killing_the_factory_mid_round_fails_that_round_and_the_run_goes_on(
                  and "started" in log.read_text(), 240)
         tree = descendants(p.pid)
         seen.extend(tree)
-        factory = next(x for x in tree if cmdline_has(x, FACTORY))
+        factory = next(x for x in tree if is_factory(x))
         workers = [x for x in factory.children() if x.pid in _worker_pids(log.read_text())]
         assert workers, "no worker was training"
         factory.kill()
