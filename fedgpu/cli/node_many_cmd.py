@@ -45,7 +45,7 @@ def start_many(
         help="Cap each round's training process to this share of its GPU, in (0, 1]; also "
              "how many of them share a card at once (slots).")] = None,
     prestart: Annotated[bool, typer.Option(
-        "--prestart/--no-prestart",
+        "--prestart/--no-prestart", envvar="FEDGPU_PRESTART",
         help="Fork round workers from a worker factory (torch imported once, CUDA untouched); "
              "--no-prestart spawns a fresh process per round.")] = True,
     worker_factory: Annotated[Path | None, typer.Option(
