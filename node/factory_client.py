@@ -91,7 +91,7 @@ class FactoryWorker:
         if self.returncode is not None:
             return
         try:
-            self._sock.settimeout(5)
+            # Possibly from another thread while `wait` reads: a few bytes, no timeout change.
             wire.send(self._sock, {"op": wire.Op.KILL})
         except OSError:
             pass
@@ -116,7 +116,12 @@ class LocalFactory:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start it (again, if it died); returns at once, it gets ready in the background."""
+        """Start it (again, if it died); returns at once, it gets ready in the background.
+
+        Linux signals a child when the *thread* that started it ends: the first start comes
+        from the thread that runs the agent (or the process, for many agents), which lives as
+        long as they do.
+        """
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
                 return
