@@ -335,6 +335,9 @@ def _many(r: dict[str, Any]) -> list[str]:
         "subreaper, so daemons that detach stay counted). RSS summed counts pages shared by "
         "several processes in each (a forked worker's torch pages; Ray's object store); PSS "
         "splits them between their sharers.",
+        "- A sample every second can miss a round worker (one lives 0.1-1 s here); at most "
+        f"{f['cpus']} train at once (the slots), each ~340 MiB of RSS of which all but a few "
+        "tens of MiB are pages shared with the factory.",
         "- Accuracy: the final global model on all 100 clients' held-out splits together "
         "(360 examples), scored by the same code for both.",
         "",
@@ -349,6 +352,7 @@ def _many(r: dict[str, Any]) -> list[str]:
         before = big.get("federated_accuracy_before_round_1")
         after = (big.get("federated_accuracy_after") or [None])[-1]
         better = before is not None and after is not None and after > before
+        before, after = (None if x is None else round(x, 4) for x in (before, after))
         out += [
             "",
             f"`fedgpu run --nodes {big['clients']} --rounds {big['rounds']} --fraction "
