@@ -45,9 +45,10 @@ from fedgpu.node.slots import Need, Slots, default_cpu_slots
 
 log = logging.getLogger("fedgpu.factory")
 
-# Read when the libraries load, so set before numpy and torch are imported: their thread pools
-# would otherwise start threads here, and a fork with other threads alive is not safe.
-SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Read when numpy's OpenBLAS loads, so set before numpy is imported: its thread pool would
+# otherwise start threads here, and a fork with other threads alive is not safe. (torch's own
+# pools start threads only when used with more than one; the factory runs them on one.)
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1"}
 MAX_CONNECTIONS = 1024
 MAX_ENV_ENTRIES = 4096
 _PR_SET_NAME = 15
@@ -189,9 +190,10 @@ class Factory:
     # ---- the loop ------------------------------------------------------------------------
 
     def serve(self) -> None:
-        log.info("worker factory ready on %s (pid %d, %d CPU slot(s), torch %d thread(s) per "
-                 "worker unless the node says otherwise)", self.path, os.getpid(),
-                 self.slots.cpu_slots, self.default_threads)
+        log.info("worker factory ready on %s (pid %d, %d CPU slot(s); unless its node says "
+                 "otherwise a CPU worker trains on %d torch thread(s), a GPU worker on %d)",
+                 self.path, os.getpid(), self.slots.cpu_slots,
+                 max(1, self.default_threads // self.slots.cpu_slots), self.default_threads)
         try:
             while True:
                 # Without pidfds a child's exit is found by polling waitpid.
@@ -202,8 +204,7 @@ class Factory:
                         self._exited(key.data[1])
                     else:
                         self._readable(key.data)
-                if not self.pidfds:
-                    self._poll_children()
+                self._poll_children()
         finally:
             self.close()
 
@@ -307,6 +308,12 @@ class Factory:
             pid = os.fork()
             if pid == 0:
                 self._become_worker(req)  # never returns
+        except OSError as exc:
+            # Out of processes or memory: this round spawns its own worker (or fails there).
+            log.error("cannot fork a worker for %s: %s", req.spawn.node or "a node", exc)
+            self._reply(req, {"event": wire.Event.REFUSED, "error": f"cannot fork: {exc}"})
+            self.slots.release(req)
+            return
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         self.forked += 1
@@ -315,12 +322,28 @@ class Factory:
             os.close(fd)
         req.fds = []
         if self.pidfds:
-            req.pidfd = os.pidfd_open(pid)
-            self.sel.register(req.pidfd, selectors.EVENT_READ, ("exit", req))
+            try:
+                req.pidfd = os.pidfd_open(pid)
+            except OSError:  # a kernel before 5.3: poll waitpid instead, from now on
+                self.pidfds = False
+            else:
+                self.sel.register(req.pidfd, selectors.EVENT_READ, ("exit", req))
         self._reply(req, {"event": wire.Event.STARTED, "pid": pid, "queued_s": round(queued, 4)})
         log.info("worker %d for %s started%s; %d running, %d waiting", pid,
                  req.spawn.node or "a node", f" after {queued:.2f}s in the queue" if queued > 0.01
                  else "", self.slots.running(), self.slots.queued())
+
+    def _threads(self, spawn: Spawn) -> int:
+        """Torch threads of a worker whose node did not say: a CPU round shares the cores with
+        the other CPU slots' rounds; a GPU round gets what a lone worker would."""
+        if spawn.torch_threads:
+            return spawn.torch_threads
+        asked = spawn.env.get("OMP_NUM_THREADS", "")
+        if asked.isdigit() and int(asked) > 0:
+            return int(asked)  # what torch would have read at the start of a spawned worker
+        if spawn.need.resource() == "cpu":
+            return max(1, self.default_threads // self.slots.cpu_slots)
+        return self.default_threads
 
     def _unsafe(self) -> str | None:
         names = thread_names()
@@ -354,7 +377,7 @@ class Factory:
             for fd in own:
                 if fd > 2:
                     os.close(fd)
-            code = run_worker(req.spawn, factory, self.default_threads)  # type: ignore[arg-type]
+            code = run_worker(req.spawn, factory, self._threads(req.spawn))  # type: ignore[arg-type]
         except BaseException:  # noqa: B036 - whatever happens, the child must not return
             import traceback
 
@@ -400,7 +423,7 @@ class Factory:
         self._finish(req, os.waitstatus_to_exitcode(status))
 
     def _poll_children(self) -> None:
-        for req in [r for r in self.requests if r.pid is not None]:
+        for req in [r for r in self.requests if r.pid is not None and r.pidfd is None]:
             assert req.pid is not None
             done, status = os.waitpid(req.pid, os.WNOHANG)
             if done:
@@ -462,7 +485,7 @@ class Factory:
                 pass
 
 
-def run_worker(spawn: Spawn, factory_pid: int, default_threads: int) -> int:
+def run_worker(spawn: Spawn, factory_pid: int, threads: int) -> int:
     """The forked child's round, as `python -m fedgpu.node.worker WORKDIR` would run it."""
     os.environ.clear()
     os.environ.update(spawn.env)
@@ -474,7 +497,7 @@ def run_worker(spawn: Spawn, factory_pid: int, default_threads: int) -> int:
     import torch
 
     # A fresh intra-op pool in the child; the factory itself ran on one thread.
-    torch.set_num_threads(spawn.torch_threads or default_threads)
+    torch.set_num_threads(threads)
     tag = f" [{spawn.node}]" if spawn.node else ""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s %(name)s{tag}: %(message)s")
