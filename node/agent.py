@@ -23,7 +23,7 @@ import fedgpu
 from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import messages, nvml, policy, ring
+from fedgpu.node import messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
@@ -333,6 +333,9 @@ class Agent:
             outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
         weights = None
         if not ok:
+            if outcome is not None:
+                # Ring mode: the ranks the worker lost, so the aggregator can name them.
+                update.lost_ranks.extend(workfiles.lost_ranks(outcome.workdir))
             log.error("round %d failed: %s", task.round, update.error)
         else:
             assert outcome is not None

@@ -290,7 +290,7 @@ def run(workdir: Path) -> int:
         out = run_block(spec, ring, workdir)
     except gossip.PeerLost as exc:
         # The message names the lost rank; a traceback of ours would only distract from it.
-        return _fail(workdir, "exception", str(exc))
+        return _fail(workdir, "exception", str(exc), lost_ranks=exc.lost)
     except Exception as exc:
         failure = runner.classify(exc)
         return _fail(workdir, failure.kind, failure.message, exc, failure.exit_code)

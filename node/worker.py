@@ -67,6 +67,7 @@ def _fail(
     message: str,
     exc: BaseException | None = None,
     code: int | None = None,
+    lost_ranks: list[int] | None = None,
 ) -> int:
     if kind == "bad_input":
         log.error("bad input: %s", message)
@@ -74,7 +75,10 @@ def _fail(
         # The agent gets error.json's one line; the traceback is for whoever reads the logs.
         log.error("%s: %s", kind, message, exc_info=exc)
     try:
-        write_json(workdir / ERROR_FILE, {"error": message, "kind": kind})
+        doc: dict[str, object] = {"error": message, "kind": kind}
+        if lost_ranks:
+            doc["lost_ranks"] = lost_ranks
+        write_json(workdir / ERROR_FILE, doc)
     except OSError as err:
         log.error("cannot write %s: %s", workdir / ERROR_FILE, err)
     if code is not None:

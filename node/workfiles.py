@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from fedgpu.core.constants import TASK_KINDS
 
@@ -66,6 +66,18 @@ class ResultFile(TypedDict):
 class ErrorFile(TypedDict):
     error: str
     kind: ErrorKind
+    # Ring blocks: the ranks the worker found gone (absent when it failed on its own).
+    lost_ranks: NotRequired[list[int]]
+
+
+def lost_ranks(workdir: Path | None) -> list[int]:
+    """The ranks a failed ring worker named in its error.json; [] for anything else."""
+    try:
+        doc = json.loads((Path(workdir) / ERROR_FILE).read_text()) if workdir else {}
+    except (OSError, ValueError):
+        return []
+    ranks = doc.get("lost_ranks") if isinstance(doc, dict) else None
+    return [r for r in ranks if type(r) is int] if isinstance(ranks, list) else []
 
 
 def write_json(path: Path, obj: object) -> None:

@@ -11,13 +11,14 @@ import grpc
 import fedgpu
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from fedgpu.server.auth import TokenAuth
+from fedgpu.server.plans import KIND_NAMES
 from fedgpu.server.registry import Registry
-from fedgpu.server.rounds import KIND_NAMES, Orchestrator
+from fedgpu.server.rounds import Orchestrator
 
 
 def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
     rnd = orch.current
-    latest = next((h["eval"] for h in reversed(orch.history) if h.get("eval")), None)
+    latest = orch.history.latest_eval()
     return {
         "run_id": orch.run_id,
         "state": orch.state,
@@ -31,14 +32,14 @@ def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
             "round": rnd.number,
             "kind": KIND_NAMES.get(rnd.kind, "?"),
             "attempt": rnd.attempt,
-            "participants": len(rnd.status),
+            "participants": len(rnd.slots),
             "accepted": rnd.accepted(),
             "outstanding": rnd.outstanding(),
             "deadline_in_s": round(max(0.0, rnd.deadline - time.time()), 1),
         },
         "nodes": {"registered": len(registry.all()), "alive": len(registry.alive())},
-        "accuracy": None if latest is None else latest.get("accuracy"),
-        "loss": None if latest is None else latest.get("loss"),
+        "accuracy": None if latest is None else latest.accuracy,
+        "loss": None if latest is None else latest.loss,
         "rejections": dict(orch.rejections),
         "started_at": orch.started_at,
         "finished_at": orch.finished_at,
@@ -49,7 +50,7 @@ def status_doc(orch: Orchestrator, registry: Registry) -> dict[str, Any]:
 
 
 def rounds_doc(orch: Orchestrator) -> dict[str, Any]:
-    return {"run_id": orch.run_id, "initial_eval": orch.initial_eval, "rounds": orch.history}
+    return orch.rounds_doc()
 
 
 def nodes_doc(registry: Registry) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from fedgpu.core import codec
 from fedgpu.core.config import Job
+from fedgpu.core.constants import Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials
 from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
@@ -25,7 +26,7 @@ from fedgpu.server.auth import TokenAuth
 from fedgpu.server.checkpoint import Checkpointer
 from fedgpu.server.federation_service import FederationService
 from fedgpu.server.registry import Registry
-from fedgpu.server.ring import RingOrchestrator
+from fedgpu.server.ring import RingPlan
 from fedgpu.server.rounds import Orchestrator
 
 if TYPE_CHECKING:
@@ -100,12 +101,13 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         assert cfg.state_dir is not None
         resume.check(cfg.job, saved[0], saved[1], initial, cfg.state_dir)
     # Ring mode (D-PSGD) coordinates instead of aggregating; see server/ring.py.
-    orch = (RingOrchestrator if cfg.job.mode == "ring" else Orchestrator)(
+    orch = Orchestrator(
         cfg.job,
         registry,
         chunk_size=cfg.chunk_size,
         checkpointer=checkpointer,
         initial_weights=initial,
+        plan=RingPlan(cfg.job) if cfg.job.mode == Mode.RING else None,
     )
     if saved is not None:
         orch.restore(*saved)
@@ -188,7 +190,7 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
         log.info("stopped cleanly after round %d; restart with the same --state-dir to resume",
                  orch.global_round)
         return 0
-    return 0 if orch.state == "finished" else 1
+    return 0 if orch.state == RunState.FINISHED else 1
 
 
 async def _serve_dashboard(cfg: ServerConfig, orch: Orchestrator, registry: Registry

@@ -16,11 +16,22 @@ from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import TokenAuth
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.states import Reject
 from fedgpu.server.validation import UpdateRejected, decode_and_check
 
 log = logging.getLogger("fedgpu.server.federation")
 
 MAX_POLL_S = 30
+
+# The gRPC status each refusal is answered with; anything else is INVALID_ARGUMENT.
+STATUS_OF: dict[Reject, grpc.StatusCode] = {
+    Reject.LATE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reject.STALE_ROUND: grpc.StatusCode.FAILED_PRECONDITION,
+    Reject.DUPLICATE: grpc.StatusCode.ALREADY_EXISTS,
+    Reject.NOT_SELECTED: grpc.StatusCode.PERMISSION_DENIED,
+    Reject.WRONG_TASK: grpc.StatusCode.PERMISSION_DENIED,
+    Reject.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 def _as_dict(msg: Any) -> dict[str, Any]:
@@ -46,15 +57,18 @@ class FederationService(pb_grpc.FederationServicer):
         self._uploads = asyncio.Semaphore(max_concurrent_uploads)
 
     async def _node(self, node_id: str, context: grpc.aio.ServicerContext) -> Node:
-        node = self.registry.touch(node_id)
+        node = self.registry.get(node_id)
         if node is None:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"unknown node id {node_id!r}: register again (the aggregator may have restarted)",
             )
         assert node is not None
-        # A certificate's holder may use only the ids registered under its own name.
+        # A certificate's holder may use only the ids registered under its own name; only a
+        # call that passed this check counts as a sign of life (another site's certificate
+        # must not keep a departed node looking alive).
         await self.auth.bind(context, node.name, "call")
+        self.registry.touch(node.node_id)
         return node
 
     async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -146,7 +160,7 @@ class FederationService(pb_grpc.FederationServicer):
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
             self.orch.reject(None, header, UpdateRejected(
-                "unknown_node", f"unknown node id {header.node_id!r}"))
+                Reject.UNKNOWN_NODE, f"unknown node id {header.node_id!r}"))
         node = await self._node(header.node_id, context)
         rnd = None
         try:
@@ -158,7 +172,8 @@ class FederationService(pb_grpc.FederationServicer):
             size = header.payload_size
             if header.kind == pb.TASK_KIND_EVALUATE:
                 async for _ in request_iterator:
-                    raise UpdateRejected("malformed", "an evaluation result carries no weights")
+                    raise UpdateRejected(Reject.MALFORMED,
+                                         "an evaluation result carries no weights")
             else:
                 async with self._uploads:
                     t0 = time.perf_counter()
@@ -169,14 +184,7 @@ class FederationService(pb_grpc.FederationServicer):
             await self.orch.accept(node, header, rnd, tensors, size)
         except UpdateRejected as exc:
             self.orch.reject(node, header, exc, rnd)
-            code = {
-                "late": grpc.StatusCode.FAILED_PRECONDITION,
-                "stale_round": grpc.StatusCode.FAILED_PRECONDITION,
-                "duplicate": grpc.StatusCode.ALREADY_EXISTS,
-                "not_selected": grpc.StatusCode.PERMISSION_DENIED,
-                "wrong_task": grpc.StatusCode.PERMISSION_DENIED,
-                "too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
-            }.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
+            code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
         return pb.PushReply(accepted=True, message=f"update for round {header.round} accepted")
 
@@ -185,16 +193,11 @@ class FederationService(pb_grpc.FederationServicer):
         try:
             asm = codec.Assembler(header.payload_size, header.payload_sha256,
                                   self.max_update_bytes)
-        except codec.CodecError as exc:
-            reason = "too_large" if "exceeds" in str(exc) else "malformed"
-            raise UpdateRejected(reason, str(exc)) from None
-        try:
             async for msg in chunks:
                 if msg.HasField("header"):
-                    raise UpdateRejected("malformed", "a second header inside the stream")
+                    raise UpdateRejected(Reject.MALFORMED, "a second header inside the stream")
                 asm.add(msg.data)
             return asm.finish()
         except codec.CodecError as exc:
-            reason = "digest" if "sha256" in str(exc) else (
-                "truncated" if "truncated" in str(exc) else "malformed")
-            raise UpdateRejected(reason, str(exc)) from None
+            # The codec says which defect it was (too_large, digest, truncated, malformed).
+            raise UpdateRejected(Reject(exc.reason), str(exc)) from None

@@ -11,21 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 import fedgpu
+from fedgpu.core.constants import RUN_STATES, RoundStatus
 from fedgpu.core.errors import FedgpuError
 from fedgpu.proto import pb
+from fedgpu.server.records import RoundRecord
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds import Orchestrator
 
 log = logging.getLogger("fedgpu.server.metrics")
 
-STATES = ("waiting", "running", "finished", "failed", "stopped")
 _MAX_REQUEST = 8192
 # The classic text format every Prometheus (2.x and 3.x) scrapes; our names are plain ASCII,
 # so generate_latest's output is valid 0.0.4 whatever version the library calls "latest".
@@ -41,17 +41,17 @@ class _Totals:
         self.sums = {"finished": 0, "retried": 0, "updates": 0, "failures": 0, "bytes": 0,
                      "aggregation_s": 0.0, "duration_s": 0.0}
 
-    def update(self, history: list[dict[str, Any]]) -> dict[str, float]:
+    def update(self, history: list[RoundRecord]) -> dict[str, float]:
         if len(history) < self.seen:  # a resumed run replaced the history
             self.__init__()  # type: ignore[misc]
         for rec in history[self.seen:]:
             s = self.sums
-            s["finished" if rec.get("status") == "finished" else "retried"] += 1
-            s["updates"] += len(rec.get("updates") or [])
-            s["failures"] += len(rec.get("failures") or [])
-            s["bytes"] += int(rec.get("bytes_received") or 0)
-            s["aggregation_s"] += float(rec.get("aggregation_s") or 0.0)
-            s["duration_s"] += float(rec.get("duration_s") or 0.0)
+            s["finished" if rec.status == RoundStatus.FINISHED else "retried"] += 1
+            s["updates"] += len(rec.updates)
+            s["failures"] += len(rec.failures)
+            s["bytes"] += int(rec.bytes_received or 0)
+            s["aggregation_s"] += float(rec.aggregation_s or 0.0)
+            s["duration_s"] += float(rec.duration_s or 0.0)
         self.seen = len(history)
         return dict(self.sums)
 
@@ -64,7 +64,7 @@ class FederationCollector:
 
     def collect(self) -> Iterator[Metric]:
         orch, job = self.orch, self.orch.job
-        sums = self.totals.update(orch.history)
+        sums = self.totals.update(orch.history.records)
         # The open round's accepted updates and bytes count as soon as they arrive.
         cur = orch.current
         open_updates = (len(cur.updates) if cur is not None and cur.kind == pb.TASK_KIND_TRAIN
@@ -77,7 +77,7 @@ class FederationCollector:
         yield info
         state = GaugeMetricFamily("fedgpu_run_state", "1 for the run's current state.",
                                   labels=["state"])
-        for name in STATES:
+        for name in RUN_STATES:
             state.add_metric([name], 1.0 if orch.state == name else 0.0)
         yield state
         yield GaugeMetricFamily("fedgpu_round", "Last finished round.", value=orch.global_round)
@@ -107,16 +107,16 @@ class FederationCollector:
                                   value=sums["aggregation_s"])
         yield CounterMetricFamily("fedgpu_round_seconds", "Wall-clock seconds of closed "
                                   "training rounds.", value=sums["duration_s"])
-        last = orch.history[-1] if orch.history else None
+        last = orch.history.records[-1] if orch.history.records else None
         if last is not None:
             yield GaugeMetricFamily("fedgpu_last_round_duration_seconds", "The last closed "
-                                    "round's duration.", value=last.get("duration_s") or 0.0)
+                                    "round's duration.", value=last.duration_s or 0.0)
             yield GaugeMetricFamily("fedgpu_last_round_aggregation_seconds", "The last closed "
                                     "round's aggregation time.",
-                                    value=last.get("aggregation_s") or 0.0)
-        latest = next((h["eval"] for h in reversed(orch.history) if h.get("eval")), None)
+                                    value=last.aggregation_s or 0.0)
+        latest = orch.history.latest_eval()
         for metric in ("accuracy", "loss"):
-            value = (latest or {}).get(metric)
+            value = None if latest is None else getattr(latest, metric)
             if value is not None:
                 yield GaugeMetricFamily(f"fedgpu_eval_{metric}", f"Latest federated evaluation "
                                         f"{metric} of the global model.", value=value)

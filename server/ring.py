@@ -12,21 +12,21 @@ back for federated evaluation, exactly as star mode evaluates its global model.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import re
-import secrets
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from fedgpu.core import mixing
+from fedgpu.core.config import Job
 from fedgpu.proto import pb
-from fedgpu.server.registry import Node
-from fedgpu.server.rounds import Orchestrator, RoundState, RunFailed, Task
+from fedgpu.server.plans import TrainPlan
+from fedgpu.server.records import RingInfo, RoundRecord, UpdateRecord
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.round_state import RoundState, RunFailed
+from fedgpu.server.states import SlotState
 from fedgpu.server.strategies.base import Strategy
 
 log = logging.getLogger("fedgpu.server.ring")
@@ -91,64 +91,37 @@ def block_range(number: int, blocks: int, iterations: int) -> tuple[int, int]:
     return first, number * iterations // blocks - first
 
 
-class RingOrchestrator(Orchestrator):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.strategy = RingAverage()  # type: ignore[assignment]
-        self.mixing = mixing.resolve(self.job.mixing, self.job.min_nodes)
+class RingPlan(TrainPlan):
+    """A round of the run is a block of iterations on a ring of the first `min_nodes` nodes by
+    name; one lost rank fails the whole block, which restarts from the averaged model."""
+
+    strategy: RingAverage
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.strategy = RingAverage()
+        self.mixing = mixing.resolve(job.mixing, job.min_nodes)
         # The first block this process runs starts every copy from the model it sends (a fresh
         # run, or one resumed from a checkpoint); so does every block after a failure.
         self._restart = True
+        self._opened: dict[str, Any] = {}
 
-    async def _train_round(self, number: int) -> None:
-        n = self.job.min_nodes
-        first, count = block_range(number, self.job.rounds, self.job.iterations)
-        error = ""
-        for attempt in range(1, self.job.round_retries + 2):
-            nodes = await self._wait_for_nodes(n)
-            chosen = sorted(nodes, key=lambda x: x.name)[:n]
-            rnd = self._open_block(number, attempt, chosen, first, count)
-            assert self.global_weights is not None
-            async with self._agg_lock:
-                self.strategy.begin_round(self.global_weights)
-            await self._await_block(rnd)
-            restart = self._restart
-            if rnd.accepted() >= n:
-                async with self._agg_lock:
-                    new = await asyncio.to_thread(self.strategy.finish)
-                self._close_round(rnd)
-                self._record(rnd)
-                self._annotate(rnd, chosen, first, count, restart, None)
-                self._restart = False
-                await self._set_global(new, number)
-                log.info("ring block %d (iterations %d..%d): consensus distance %.6g",
-                         number, first, first + count - 1, self.strategy.consensus_distance)
-                return
-            self._close_round(rnd)
-            error = self._block_error(rnd, chosen)
-            self._record(rnd, status="retried")
-            self._annotate(rnd, chosen, first, count, restart, error)
-            self._restart = True
-            log.warning("%s; attempt %d of %d%s", error, attempt, self.job.round_retries + 1,
-                        ", restarting the block from the averaged model of block "
-                        f"{self.global_round}" if attempt <= self.job.round_retries else "")
-        raise RunFailed(
-            f"{error}. The averaged model of block {self.global_round} is checkpointed: "
-            "restart the aggregator with the same --state-dir to resume from it")
+    def pool_size(self) -> int:
+        return self.job.min_nodes
 
-    def _open_block(self, number: int, attempt: int, chosen: list[Node], first: int,
-                    count: int) -> RoundState:
-        now = time.time()
-        rnd = RoundState(number=number, kind=pb.TASK_KIND_TRAIN, attempt=attempt,
-                         required=len(chosen), deadline=now + self.job.round_deadline_s,
-                         started=now)
+    def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
+        return sorted(pool, key=lambda x: x.name)[: self.job.min_nodes]
+
+    def task_fields(self, number: int, attempt: int, chosen: list[Node]
+                    ) -> list[dict[str, Any]]:
+        assert self.run is not None, "bind the plan to its run first"
         master = chosen[0]
         if master.ring_port <= 0:
             raise RunFailed(f"node {master.name} (rank 0) announced no ring port; start it "
                             "with --ring-port")
-        chunks, enc = self._payload_chunks()
+        first, count = block_range(number, self.job.rounds, self.job.iterations)
         assignment = dict(
-            run_id=self.run_id,
+            run_id=self.run.run_id,
             world_size=len(chosen),
             master_addr=master.ring_host or peer_host(master.peer),
             master_port=master.ring_port,
@@ -161,102 +134,101 @@ class RingOrchestrator(Orchestrator):
             restart=self._restart,
             timeout_s=self.job.ring_timeout_s,
         )
-        for rank, node in enumerate(chosen):
-            task_id = secrets.token_hex(8)
-            header = pb.TaskHeader(
-                task_id=task_id, round=number, kind=pb.TASK_KIND_TRAIN,
-                task_name=self.job.task,
-                hyperparameters_json=json.dumps(self.job.hyperparameters),
-                use_gpu=self.job.use_gpu, payload_size=enc.size, payload_sha256=enc.sha256,
-                evaluated_round=self.global_round,
-                # The same every block: batch order is seeded by it, rank and epoch only.
-                seed=self.job.seed,
-                ring=pb.RingAssignment(rank=rank, **assignment),
-            )
-            node.pending = Task(task_id, number, pb.TASK_KIND_TRAIN, header, chunks)
-            node.wakeup.set()
-            rnd.status[node.node_id] = "assigned"
-            rnd.task_ids[node.node_id] = task_id
-        self.current = rnd
-        log.info("ring block %d (attempt %d, iterations %d..%d%s): rendezvous %s:%d, ranks %s",
-                 number, attempt, first, first + count - 1,
-                 ", from the averaged model" if self._restart else "",
-                 assignment["master_addr"], assignment["master_port"],
-                 ", ".join(f"{r}={n.name}" for r, n in enumerate(chosen)))
-        return rnd
+        self._opened = assignment
+        # The seed is the same every block: batch order is seeded by it, rank and epoch only.
+        return [{"seed": self.job.seed, "ring": pb.RingAssignment(rank=rank, **assignment)}
+                for rank in range(len(chosen))]
 
-    async def _await_block(self, rnd: RoundState) -> None:
+    def describe(self, rnd: RoundState, chosen: list[Node]) -> str:
+        a = self._opened
+        first, count = a["first_iteration"], a["iterations"]
+        return (f"ring block {rnd.number} (attempt {rnd.attempt}, iterations {first}.."
+                f"{first + count - 1}{', from the averaged model' if a['restart'] else ''}): "
+                f"rendezvous {a['master_addr']}:{a['master_port']}, ranks "
+                + ", ".join(f"{r}={n.name}" for r, n in enumerate(chosen)))
+
+    def stop_waiting(self, rnd: RoundState, registry: Registry, now: float) -> bool:
         # One lost rank fails the whole block: no waiting for the deadline once the others
         # have had time to notice and report.
-        failed_at: float | None = None
-        while not rnd.done.is_set():
-            now = time.time()
-            if now >= rnd.deadline:
-                break
-            if failed_at is None and any(s in ("failed", "rejected")
-                                         for s in rnd.status.values()):
-                failed_at = now
-            if failed_at is not None and now - failed_at > (self.job.ring_timeout_s
-                                                            + _FAILURE_GRACE_S):
-                break
-            waiting = [self.registry.get(nid) for nid, s in rnd.status.items()
-                       if s == "assigned"]
-            if waiting and not any(n is not None and self.registry.is_alive(n)
-                                   for n in waiting):
-                break
-            try:
-                await asyncio.wait_for(rnd.done.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+        if rnd.first_failure_at is not None and now - rnd.first_failure_at > (
+                self.job.ring_timeout_s + _FAILURE_GRACE_S):
+            return True
+        waiting = [registry.get(nid) for nid in rnd.waiting_on()]
+        return bool(waiting) and not any(n is not None and registry.is_alive(n)
+                                         for n in waiting)
 
-    def _block_error(self, rnd: RoundState, chosen: list[Node]) -> str:
-        rank_of = {n.node_id: r for r, n in enumerate(chosen)}
-        name = {n.node_id: n.name for n in chosen}
-        # A worker that failed on its own, or a node that never answered, is the cause; the
-        # others' "ring lost rank N" errors are the consequence, and they say whom they lost.
-        own = {f["node_id"]: f["error"] for f in rnd.failures if "ring lost" not in f["error"]}
-        dropped = [nid for nid, s in rnd.status.items() if s == "dropped"]
-        causes = sorted({rank_of[nid] for nid in [*own, *dropped] if nid in rank_of})
-        if not causes:
-            named = {int(r) for f in rnd.failures for r in re.findall(r"rank (\d+) \(",
-                                                                       f["error"].split(":")[0])}
-            causes = sorted(r for r in named if r < len(chosen))
-        lost = ", ".join(f"rank {r} ({chosen[r].name})" for r in causes) or "a rank"
-        detail = "; ".join(
-            f"{name.get(nid, nid)}: {own[nid]}" if nid in own else f"{name.get(nid, nid)}: no "
-            "answer (node lost)" for nid in [*own, *dropped])
-        others = sorted(f["node"] for f in rnd.failures if "ring lost" in f["error"])
-        return (f"ring block {rnd.number} lost {lost}" + (f" ({detail})" if detail else "")
-                + (f"; the other ranks stopped: {', '.join(others)}" if others else ""))
+    def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:
+        update.iteration_loss = [round(v, 6) for v in header.iteration_loss]
 
-    def _annotate(self, rnd: RoundState, chosen: list[Node], first: int, count: int,
-                  restart: bool, error: str | None) -> None:
-        rec = self.history[-1]
-        per_iteration = [u.get("iteration_loss") or [] for u in rnd.updates]
-        per_iteration = [x for x in per_iteration if len(x) == count]
-        sent = [u["train_metrics"].get("bytes_sent_per_iteration") for u in rnd.updates]
-        sent = [s for s in sent if s is not None]
-        nccl = [u["train_metrics"].get("nccl") for u in rnd.updates]
-        rec["ring"] = {
-            "first_iteration": first,
-            "iterations": count,
-            "local_steps": self.job.local_steps,
-            "ranks": [n.name for n in chosen],
-            "restart": restart,
-            "backend": None if not nccl or None in nccl else ("nccl" if all(nccl) else "gloo"),
-            "consensus_distance": None if error else self.strategy.consensus_distance,
-            "bytes_sent_per_worker_per_iteration": (sum(sent) / len(sent)) if sent else None,
-            "iteration_loss": [float(np.mean(col)) for col in zip(*per_iteration, strict=True)]
-            if per_iteration else [],
-            "error": error,
-        }
+    def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
+               ok: bool) -> str:
+        assert record is not None and self.run is not None
+        a = self._opened
+        first, count = a["first_iteration"], a["iterations"]
+        error = None if ok else block_error(rnd, chosen)
+        record.ring = _ring_info(rnd, chosen, first, count, self.job.local_steps, a["restart"],
+                                 self.strategy.consensus_distance if ok else None, error)
+        if ok:
+            self._restart = False
+            log.info("ring block %d (iterations %d..%d): consensus distance %.6g",
+                     rnd.number, first, first + count - 1, self.strategy.consensus_distance)
+            return ""
+        self._restart = True
+        assert error is not None
+        log.warning("%s; attempt %d of %d%s", error, rnd.attempt, self.attempts(),
+                    ", restarting the block from the averaged model of block "
+                    f"{self.run.global_round}" if rnd.attempt < self.attempts() else "")
+        return error
 
-    async def accept(self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
-                     tensors: dict[str, np.ndarray] | None, payload_bytes: int) -> None:
-        await super().accept(node, header, rnd, tensors, payload_bytes)
-        for update in rnd.updates:
-            if update["node_id"] == node.node_id:
-                update["iteration_loss"] = [round(v, 6) for v in header.iteration_loss]
+    def give_up(self, number: int, error: str) -> str:
+        assert self.run is not None
+        return (f"{error}. The averaged model of block {self.run.global_round} is checkpointed: "
+                "restart the aggregator with the same --state-dir to resume from it")
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {**super().checkpoint_state(), "mode": "ring"}
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {"mode": "ring"}
+
+
+def block_error(rnd: RoundState, chosen: list[Node]) -> str:
+    """Which rank the block lost, and what each node said.
+
+    A worker that failed on its own, or a node that never answered, is the cause; the others
+    stopped because of it, and their updates name the ranks they lost (`lost_ranks`).
+    """
+    rank_of = {n.node_id: r for r, n in enumerate(chosen)}
+    name = {n.node_id: n.name for n in chosen}
+    own = {f.node_id: f.error for f in rnd.failures if not rnd.lost_ranks.get(f.node_id)}
+    dropped = rnd.in_state(SlotState.DROPPED)
+    causes = sorted({rank_of[nid] for nid in [*own, *dropped] if nid in rank_of})
+    if not causes:
+        named = {r for ranks in rnd.lost_ranks.values() for r in ranks}
+        causes = sorted(r for r in named if 0 <= r < len(chosen))
+    lost = ", ".join(f"rank {r} ({chosen[r].name})" for r in causes) or "a rank"
+    detail = "; ".join(
+        f"{name.get(nid, nid)}: {own[nid]}" if nid in own else f"{name.get(nid, nid)}: no "
+        "answer (node lost)" for nid in [*own, *dropped])
+    others = sorted(f.node for f in rnd.failures if rnd.lost_ranks.get(f.node_id))
+    return (f"ring block {rnd.number} lost {lost}" + (f" ({detail})" if detail else "")
+            + (f"; the other ranks stopped: {', '.join(others)}" if others else ""))
+
+
+def _ring_info(rnd: RoundState, chosen: list[Node], first: int, count: int, local_steps: int,
+               restart: bool, distance: float | None, error: str | None) -> RingInfo:
+    per_iteration = [u.iteration_loss or [] for u in rnd.updates]
+    per_iteration = [x for x in per_iteration if len(x) == count]
+    sent = [u.train_metrics.get("bytes_sent_per_iteration") for u in rnd.updates]
+    sent = [s for s in sent if s is not None]
+    nccl = [u.train_metrics.get("nccl") for u in rnd.updates]
+    return RingInfo(
+        first_iteration=first,
+        iterations=count,
+        local_steps=local_steps,
+        ranks=[n.name for n in chosen],
+        restart=restart,
+        backend=None if not nccl or None in nccl else ("nccl" if all(nccl) else "gloo"),
+        consensus_distance=distance,
+        bytes_sent_per_worker_per_iteration=(sum(sent) / len(sent)) if sent else None,
+        iteration_loss=[float(np.mean(col)) for col in zip(*per_iteration, strict=True)]
+        if per_iteration else [],
+        error=error,
+    )

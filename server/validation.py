@@ -7,12 +7,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from fedgpu.core import codec
+from fedgpu.server.states import Reject
 
 
 class UpdateRejected(Exception):
-    """An update that must not be aggregated; `reason` is a short counter key."""
+    """An update that must not be aggregated; `reason` is its counter key."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reject, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -26,7 +27,8 @@ def decode_and_check(
     try:
         tensors, _ = codec.decode(payload)
     except codec.CodecError as exc:
-        raise UpdateRejected("malformed", f"payload is not a valid tensor set: {exc}") from None
+        raise UpdateRejected(Reject.MALFORMED,
+                             f"payload is not a valid tensor set: {exc}") from None
     if expected is not None:
         check_spec(tensors, expected)
     check_finite(tensors)
@@ -45,17 +47,17 @@ def check_spec(
         if extra:
             parts.append(f"unexpected {', '.join(extra[:5])}")
         raise UpdateRejected(
-            "names", f"tensor names differ from the global model: {'; '.join(parts)}")
+            Reject.NAMES, f"tensor names differ from the global model: {'; '.join(parts)}")
     for name, (dtype, shape) in expected.items():
         got_dtype = codec.dtype_name(tensors[name].dtype)
         got_shape = tuple(tensors[name].shape)
         if got_dtype != dtype:
             raise UpdateRejected(
-                "dtype", f"tensor {name!r} has dtype {got_dtype}, the global model has {dtype}"
+                Reject.DTYPE, f"tensor {name!r} has dtype {got_dtype}, the global model has {dtype}"
             )
         if got_shape != tuple(shape):
             raise UpdateRejected(
-                "shape", f"tensor {name!r} has shape {list(got_shape)}, expected {list(shape)}"
+                Reject.SHAPE, f"tensor {name!r} has shape {list(got_shape)}, expected {list(shape)}"
             )
 
 
@@ -71,4 +73,5 @@ def check_finite(tensors: Mapping[str, np.ndarray]) -> None:
             if part.dtype.itemsize < 4:
                 part = part.astype(np.float32)
             if not np.isfinite(part).all():
-                raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf values")
+                raise UpdateRejected(Reject.NON_FINITE,
+                                     f"tensor {name!r} contains NaN or Inf values")

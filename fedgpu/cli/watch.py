@@ -11,9 +11,8 @@ from typing import Any
 import typer
 
 from fedgpu.core import admin_client
+from fedgpu.core.constants import RUN_ENDED as ENDED
 from fedgpu.core.errors import FedgpuError
-
-ENDED = ("finished", "failed", "stopped")
 
 
 def _num(v: Any, digits: int = 4) -> str:

@@ -53,6 +53,29 @@ class Mode(StrEnum):
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 
+class RunState(StrEnum):
+    """A run's lifecycle as `fedgpu status --json` reports it (`state`)."""
+
+    WAITING = "waiting"   # for nodes, or for the initial model
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"     # `error` says why
+    STOPPED = "stopped"   # the aggregator was stopped before the end
+
+
+RUN_STATES: tuple[str, ...] = tuple(s.value for s in RunState)
+# The states a run never leaves: `fedgpu status --watch` and `fedgpu run` stop following there.
+RUN_ENDED: frozenset[str] = frozenset(
+    {RunState.FINISHED, RunState.FAILED, RunState.STOPPED})
+
+
+class RoundStatus(StrEnum):
+    """How a closed round attempt ended (`status` in `fedgpu rounds --json`)."""
+
+    FINISHED = "finished"
+    RETRIED = "retried"   # too few updates, or no usable result: the round runs again
+
+
 # Implemented in fedgpu/server/strategies/, one module each; a test checks they agree.
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -150,3 +151,40 @@ def test_node_ids_are_bound_to_the_certificate(federation: Federation, tmp_path:
         # Its owner still can.
         assert as_b.Heartbeat(pb.HeartbeatRequest(node_id=node_b), metadata=md,
                               timeout=10).known
+
+
+def test_refused_calls_do_not_keep_another_node_alive(federation: Federation, tmp_path: Path,
+                                                      pki: dict[str, TlsFiles]) -> None:
+    # node-b registers and goes silent; node-a's certificate keeps calling with node-b's id.
+    # Every such call is refused, and none of them may count as node-b being alive.
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=3, round_deadline_s=60)
+    federation.tls = pki["operator"]
+    federation.start_server(job, "--heartbeat-s", "1", *flags(pki["server"]))
+    md = token_metadata(federation.token)
+    ch_a = grpc.secure_channel(federation.address, channel_credentials(pki["node-a"]))
+    ch_b = grpc.secure_channel(federation.address, channel_credentials(pki["node-b"]))
+    with ch_a, ch_b:
+        as_a, as_b = pb_grpc.FederationStub(ch_a), pb_grpc.FederationStub(ch_b)
+        node_b = as_b.Register(pb.RegisterRequest(node_name="node-b", tasks=["digits"]),
+                               metadata=md, timeout=10).node_id
+        # The loss limit is three heartbeats plus 2 s (5 s here); keep at it for twice that.
+        end = time.monotonic() + 10
+        refused = 0
+        while time.monotonic() < end:
+            for call in (
+                lambda: list(as_a.PullTask(pb.PullTaskRequest(node_id=node_b, wait_s=0),
+                                           metadata=md, timeout=10)),
+                lambda: as_a.PushUpdate(iter([pb.UpdateChunk(header=pb.UpdateHeader(
+                    node_id=node_b, round=1, kind=pb.TASK_KIND_TRAIN, failed=True,
+                    error="x"))]), metadata=md, timeout=10),
+            ):
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                refused += 1
+            time.sleep(0.2)
+        (b,) = federation.query("ListNodes")["nodes"]
+    assert refused > 10
+    assert b["name"] == "node-b" and b["alive"] is False and b["state"] == "lost", b
+    assert b["last_seen_s"] >= 9
+    assert federation.query("GetStatus")["nodes"]["alive"] == 0

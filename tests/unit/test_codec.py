@@ -128,18 +128,23 @@ def test_malformed_payloads_are_refused(payload: bytes, message: str) -> None:
 def test_assembler_limits_truncation_overflow_and_digest() -> None:
     enc = codec.encode({"w": np.ones(100, np.float32)})
     data = enc.to_bytes()
-    with pytest.raises(codec.CodecError, match="exceeds the limit"):
+    # Each defect is its own CodecError subclass with the reason the aggregator counts it by.
+    with pytest.raises(codec.PayloadTooLarge, match="exceeds the limit") as err:
         codec.Assembler(enc.size, enc.sha256, limit=enc.size - 1)
+    assert err.value.reason == "too_large"
     asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
     asm.add(data[:-1])
-    with pytest.raises(codec.CodecError, match="truncated"):
+    with pytest.raises(codec.Truncated, match="truncated") as err:
         asm.finish()
+    assert err.value.reason == "truncated"
     asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
-    with pytest.raises(codec.CodecError, match="more than the announced"):
+    with pytest.raises(codec.CodecError, match="more than the announced") as err:
         asm.add(data + b"x")
+    assert type(err.value) is codec.CodecError and err.value.reason == "malformed"
     flipped = bytearray(data)
     flipped[-1] ^= 1
     asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
     asm.add(bytes(flipped))
-    with pytest.raises(codec.CodecError, match="sha256 mismatch"):
+    with pytest.raises(codec.DigestMismatch, match="sha256 mismatch") as err:
         asm.finish()
+    assert err.value.reason == "digest"

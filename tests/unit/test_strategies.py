@@ -241,7 +241,7 @@ def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
     g = model()
     for _ in range(2):
         g = run_round(first.strategy, g, [(model(), 5), (model(), 7)])
-    asyncio.run(first._set_global(g, 2))
+    asyncio.run(first.commit(g, 2))
     again = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
     again.restore(*Checkpointer(tmp_path).load())  # type: ignore[misc]
     assert again.global_round == 2 and again.strategy.state() == {"steps": 2}
@@ -255,23 +255,27 @@ def test_checkpoint_is_written_off_the_event_loop_from_a_snapshot(tmp_path: Path
     # and evaluations landing in the history meanwhile must not tear the state being written.
     import threading
 
+    from fedgpu.server.records import RoundRecord
     from fedgpu.server.registry import Registry
     from fedgpu.server.rounds import Orchestrator
+
+    def record(number: int) -> RoundRecord:
+        return RoundRecord(number, 1, "finished", 0.0, 0.0, [], 0, [], None, 0, 0, 0.0)
 
     class Recording(Checkpointer):
         def save(self, weights, state, tensors=None):  # type: ignore[no-untyped-def]
             self.thread = threading.get_ident()
-            orch.history.append({"round": 99})  # what the loop may do during the write
+            orch.history.append(record(99))  # what the loop may do during the write
             super().save(weights, state, tensors)
 
     job = parse_job({"task": "t", "strategy": "fedavgm"})
     ck = Recording(tmp_path)
     orch = Orchestrator(job, Registry(), checkpointer=ck)
-    orch.history.append({"round": 1})
+    orch.history.append(record(1))
     g = run_round(orch.strategy, model(), [(model(), 5), (model(), 7)])
 
     async def go() -> int:
-        await orch._set_global(g, 1)
+        await orch.commit(g, 1)
         return threading.get_ident()
 
     loop_thread = asyncio.run(go())

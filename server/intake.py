@@ -1,0 +1,159 @@
+"""Update acceptance: what the Federation service asks of the round engine when a node
+answers a task. Checks an update's header against the open round, records failures and
+refusals, and folds accepted updates into the strategy.
+
+A mixin of the engine (server/rounds.py), which owns the state it reads: kept apart because
+it is the wire-facing half, and small enough to read in one go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedgpu.core import codec
+from fedgpu.proto import pb
+from fedgpu.server.records import EvalEntry, Failure, Rejection, Resources, UpdateRecord
+from fedgpu.server.registry import Node
+from fedgpu.server.round_state import RoundState
+from fedgpu.server.states import Reject, SlotState
+from fedgpu.server.validation import UpdateRejected
+
+if TYPE_CHECKING:
+    from fedgpu.server.history import History
+    from fedgpu.server.plans import Plan
+    from fedgpu.server.strategies.base import Strategy
+
+log = logging.getLogger("fedgpu.server.rounds")
+
+
+class Intake:
+    # Owned by the engine (server/rounds.py).
+    current: RoundState | None
+    current_plan: Plan
+    history: History
+    strategy: Strategy
+    global_weights: dict[str, np.ndarray] | None
+    global_spec: dict[str, tuple[str, tuple[int, ...]]] | None
+    _agg_lock: asyncio.Lock
+    _payload: tuple[list[bytes], codec.Encoded] | None
+
+    def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
+        """The open round this header answers; UpdateRejected when it answers none."""
+        rnd = self.current
+        if rnd is None or rnd.number != header.round:
+            if self.history.last_of(header.round) is not None:
+                raise UpdateRejected(
+                    Reject.LATE, f"round {header.round} already closed: the update arrived "
+                    "after its deadline and was dropped")
+            raise UpdateRejected(
+                Reject.STALE_ROUND, f"round {header.round} is not the current round "
+                f"({rnd.number if rnd else 'none open'})")
+        state = rnd.slots.get(node.node_id)
+        if state is None:
+            raise UpdateRejected(Reject.NOT_SELECTED, f"node {node.name} was not selected for "
+                                 f"round {rnd.number}")
+        if rnd.task_ids.get(node.node_id) != header.task_id:
+            raise UpdateRejected(Reject.WRONG_TASK, f"task id {header.task_id!r} was not given "
+                                 f"to {node.name} in round {rnd.number}")
+        if state != SlotState.ASSIGNED:
+            raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
+                                 f"round {rnd.number} ({state})")
+        if header.kind != rnd.kind:
+            raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
+        if header.kind == pb.TASK_KIND_TRAIN and not header.failed:
+            if header.num_examples <= 0:
+                raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+        return rnd
+
+    def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
+               rnd: RoundState | None = None) -> None:
+        self.history.count_rejection(exc.reason)
+        entry = Rejection(
+            node_id=node.node_id if node else None,
+            node=node.name if node else None,
+            round=header.round if header else None,
+            reason=exc.reason,
+            message=exc.message,
+        )
+        # A rejected answer to the node's own open task ends its part in this round.
+        rnd = rnd or self.current
+        if (rnd is not None and not rnd.closed and node is not None and header is not None
+                and rnd.task_ids.get(node.node_id) == header.task_id
+                and rnd.number == header.round):
+            rnd.rejected.append(entry)
+            if rnd.slots.get(node.node_id) == SlotState.ASSIGNED:
+                node.pending = None
+                rnd.settle(node.node_id, SlotState.REJECTED, time.time())
+        elif header is not None:
+            # Not an answer to an open task (late, stale, forged): still listed under the round
+            # it names, so `fedgpu rounds --json` shows every refusal, not just a counter.
+            if rnd is not None and not rnd.closed and rnd.number == header.round:
+                rnd.rejected.append(entry)
+            else:
+                self.history.file_rejection(entry)
+        log.warning("rejected update from %s: %s", entry.node or "an unknown node", exc.message)
+
+    def record_failure(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
+        rnd.failures.append(Failure(node.node_id, node.name, header.error))
+        if header.lost_ranks:
+            rnd.lost_ranks[node.node_id] = list(header.lost_ranks)
+        node.rounds_failed += 1
+        node.last_error = header.error
+        node.pending = None
+        log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error)
+        rnd.settle(node.node_id, SlotState.FAILED, time.time())
+
+    async def accept(
+        self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
+        tensors: dict[str, np.ndarray] | None, payload_bytes: int,
+    ) -> None:
+        if rnd.slots.get(node.node_id) == SlotState.ACCEPTED:
+            # Two streams for one task raced through check_update; the first one won.
+            raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
+                                 f"round {rnd.number} (accepted)")
+        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.ASSIGNED:
+            raise UpdateRejected(Reject.LATE,
+                                 f"round {rnd.number} closed while the update streamed")
+        if header.kind == pb.TASK_KIND_INIT:
+            assert tensors is not None
+            self.global_weights = {k: np.array(v) for k, v in tensors.items()}
+            self.global_spec = codec.spec(self.global_weights)
+            self._payload = None
+        elif header.kind == pb.TASK_KIND_TRAIN:
+            assert tensors is not None
+            async with self._agg_lock:
+                if rnd.closed:
+                    raise UpdateRejected(Reject.LATE,
+                                         f"round {rnd.number} closed before aggregation")
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self.strategy.add, tensors, header.num_examples)
+                rnd.aggregation_s += time.perf_counter() - t0
+        rnd.bytes_received += payload_bytes
+        resources = Resources.from_wire(header.resources)
+        update = UpdateRecord(
+            node_id=node.node_id,
+            node=node.name,
+            num_examples=header.num_examples,
+            train_metrics=dict(header.train_metrics),
+            eval_metrics=dict(header.eval_metrics),
+            num_eval_examples=header.num_eval_examples,
+            resources=resources,
+            upload_s=rnd.upload_s.get(node.node_id),
+            gpu_decision=node.decision,
+        )
+        self.current_plan.on_update(update, header)
+        rnd.updates.append(update)
+        node.pending = None
+        node.last_round = rnd.number
+        node.last_resources = resources.to_dict()
+        if header.kind == pb.TASK_KIND_TRAIN:
+            node.rounds_completed += 1
+        if header.eval_metrics:
+            self.history.attach_eval(header.evaluated_round, EvalEntry(
+                node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
+        rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())
