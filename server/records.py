@@ -40,8 +40,10 @@ class Resources:
     rss_peak_mib: int | None = None
     train_seconds: float = 0.0
     round_seconds: float = 0.0
-    # The node's wait for a slot of its host's worker factory (part of round_seconds).
-    queued_seconds: float = 0.0
+    # The node's wait for a slot of its host's worker factory (part of round_seconds); None
+    # only in a record resumed from a state.json written before nodes reported it, whose
+    # documents stay as they were.
+    queued_seconds: float | None = None
 
     @classmethod
     def from_wire(cls, r: pb.RoundResources) -> Resources:
@@ -61,7 +63,10 @@ class Resources:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["queued_seconds"] is None:
+            del d["queued_seconds"]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> Resources:
