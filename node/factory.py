@@ -120,7 +120,11 @@ class Request:
 
 def check_socket_dir(path: Path) -> None:
     """The socket's directory must be ours and closed to everyone else: that, and the peer uid
-    check on every connection, is what keeps other users from running code through us."""
+    check on every connection, is what keeps other users from running code through us. A
+    missing one is made so."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+        path.parent.chmod(0o700)  # whatever the umask
     st = path.parent.stat()
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise SystemExit(f"fedgpu factory: {path.parent} must belong to uid {os.getuid()} and "

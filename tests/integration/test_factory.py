@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -218,6 +219,16 @@ def test_the_factory_refuses_a_socket_directory_others_can_open(tmp_path: Path) 
     assert r.returncode != 0
     assert "must belong to uid" in r.stderr and "chmod 700" in r.stderr
     assert not (shared / "f.sock").exists()
+    # A directory that does not exist yet is made private.
+    fresh = tmp_path / "fresh" / "run"
+    p = subprocess.Popen([*FEDGPU[:1], "-m", FACTORY, "--socket", str(fresh / "f.sock")],
+                         stderr=subprocess.DEVNULL, env=base_env(), cwd=ROOT)
+    try:
+        wait_for("the factory to listen", (fresh / "f.sock").exists, 120)
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
 
 
 def test_sigterm_stops_the_factory_and_removes_its_socket(socket_dir: Path,
