@@ -23,15 +23,12 @@ outlives its agent. Slots (node/slots.py) bound how many workers train at once.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import logging
 import os
-import random
 import selectors
 import signal
 import socket
-import stat
 import struct
 import sys
 import time
@@ -41,67 +38,24 @@ from typing import Any
 
 from fedgpu.core import lifetime
 from fedgpu.node import factory_wire as wire
-from fedgpu.node.slots import Need, Slots, default_cpu_slots
+from fedgpu.node.forked_worker import (
+    Spawn,
+    fork_hazard,
+    load_stack,
+    parse_spawn,
+    run_worker,
+    warm_up,
+)
+from fedgpu.node.slots import Slots, default_cpu_slots
 
 log = logging.getLogger("fedgpu.factory")
 
-# Read when numpy's OpenBLAS loads, so set before numpy is imported: its thread pool would
-# otherwise start threads here, and a fork with other threads alive is not safe. (torch's own
-# pools start threads only when used with more than one; the factory runs them on one.)
-SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1"}
 MAX_CONNECTIONS = 1024
-MAX_ENV_ENTRIES = 4096
-_PR_SET_NAME = 15
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-WORKER_NAME = b"fedgpu-round"
 
 
 class Stop(BaseException):
     """A stop signal: unwinds the serving loop so the workers are killed on the way out."""
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """One validated spawn request."""
-
-    workdir: Path
-    env: dict[str, str]
-    node: str
-    need: Need
-    torch_threads: int | None
-    warm: dict[str, Any] | None
-
-
-def parse_spawn(msg: dict[str, Any]) -> Spawn:
-    """Check a spawn request field by field; every problem is a one-line ValueError."""
-    workdir = msg.get("workdir")
-    if not isinstance(workdir, str) or not os.path.isabs(workdir) or not os.path.isdir(workdir):
-        raise ValueError(f"workdir must be an existing absolute directory, got {workdir!r}")
-    env = msg.get("env")
-    if (not isinstance(env, dict) or len(env) > MAX_ENV_ENTRIES
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise ValueError(f"env must be an object of at most {MAX_ENV_ENTRIES} strings")
-    node = msg.get("node", "")
-    if not isinstance(node, str) or len(node) > 200:
-        raise ValueError("node must be a string of at most 200 characters")
-    device = msg.get("device", "cpu")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {device!r}")
-    uuid = msg.get("gpu_uuid")
-    share = msg.get("gpu_share")
-    if uuid is not None and not isinstance(uuid, str):
-        raise ValueError("gpu_uuid must be a string or null")
-    if share is not None and (isinstance(share, bool) or not isinstance(share, int | float)
-                              or not 0 < share <= 1):
-        raise ValueError(f"gpu_share must be in (0, 1] or null, got {share!r}")
-    threads = msg.get("torch_threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise ValueError(f"torch_threads must be a positive integer or null, got {threads!r}")
-    warm = msg.get("warm")
-    if warm is not None and not isinstance(warm, dict):
-        raise ValueError("warm must be an object or null")
-    return Spawn(Path(workdir), dict(env), node, Need(device, uuid, share), threads, warm)
 
 
 @dataclass(eq=False)
@@ -118,73 +72,13 @@ class Request:
     pidfd: int | None = None
 
 
-def check_socket_dir(path: Path) -> None:
-    """The socket's directory must be ours and closed to everyone else: that, and the peer uid
-    check on every connection, is what keeps other users from running code through us. A
-    missing one is made so."""
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-        path.parent.chmod(0o700)  # whatever the umask
-    st = path.parent.stat()
-    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise SystemExit(f"fedgpu factory: {path.parent} must belong to uid {os.getuid()} and "
-                         f"be private (chmod 700); it is uid {st.st_uid}, mode "
-                         f"{stat.S_IMODE(st.st_mode):o}")
-
-
-def bind(path: Path) -> socket.socket:
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise SystemExit(f"fedgpu factory: {path} exists and is not a socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # left by a factory that died: nobody listens on it
-        else:
-            raise SystemExit(f"fedgpu factory: another factory already serves {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-def thread_names() -> list[str]:
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
-        except OSError:
-            continue
-    return names
-
-
-def cuda_touched() -> str | None:
-    """Why a fork from here would hand the child a broken CUDA, or None."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        return "torch initialised CUDA in the factory"
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    if "libcuda.so" in maps:
-        return "the CUDA driver library is loaded in the factory"
-    return None
-
-
 class Factory:
     def __init__(self, path: Path, cpu_slots: int, default_threads: int) -> None:
         self.path = path
         self.slots: Slots[Request] = Slots(cpu_slots)
         self.default_threads = default_threads
         self.sel = selectors.DefaultSelector()
-        self.listener = bind(path)
+        self.listener = wire.bind(path)
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.requests: set[Request] = set()
         self.warmed: set[str] = set()
@@ -296,7 +190,7 @@ class Factory:
         assert req.spawn is not None
         # Before the first worker of a task: it, and every later one, inherits the warm state.
         self._warm_up(req.spawn.warm)
-        unsafe = self._unsafe()
+        unsafe = fork_hazard()
         if unsafe:
             log.error("not forking: %s; the agent spawns a fresh worker instead", unsafe)
             self._reply(req, {"event": wire.Event.REFUSED, "error": unsafe})
@@ -349,13 +243,6 @@ class Factory:
             return max(1, self.default_threads // self.slots.cpu_slots)
         return self.default_threads
 
-    def _unsafe(self) -> str | None:
-        names = thread_names()
-        if len(names) > 1:
-            return (f"the factory runs {len(names)} threads ({', '.join(names)}); forking is "
-                    "safe only from a single-threaded process")
-        return cuda_touched()
-
     def _become_worker(self, req: Request) -> None:
         """In the child: become the round's worker, run the round, exit. Never returns."""
         code = 1
@@ -394,27 +281,8 @@ class Factory:
                 os._exit(code)
 
     def _warm_up(self, hint: dict[str, Any] | None) -> None:
-        """Once per task: one throw-away step on the CPU, so later workers inherit warm code.
-
-        Only installed tasks (entry points), never code that came with a job.
-        """
-        name = (hint or {}).get("task_name")
-        if not isinstance(name, str) or name in self.warmed:
-            return
-        self.warmed.add(name)
-        from fedgpu.node import worker
-        from fedgpu.node.tasks import available_tasks
-
-        if name not in available_tasks():
-            return
-        started = time.monotonic()
-        try:
-            worker._warm_up(hint)
-        except Exception as exc:  # a round reports a real problem; this only warms up
-            log.warning("warm-up for task %r failed: %s", name, exc)
-            return
-        gc.freeze()
-        log.info("warmed up task %r in %.2fs", name, time.monotonic() - started)
+        if warm_up(hint, self.warmed):
+            gc.freeze()
 
     # ---- endings -------------------------------------------------------------------------
 
@@ -489,51 +357,6 @@ class Factory:
                 pass
 
 
-def run_worker(spawn: Spawn, factory_pid: int, threads: int) -> int:
-    """The forked child's round, as `python -m fedgpu.node.worker WORKDIR` would run it."""
-    os.environ.clear()
-    os.environ.update(spawn.env)
-    # Dies with the factory, even a SIGKILLed one (the factory kills it when its agent dies).
-    os.environ[lifetime.PARENT_ENV] = str(factory_pid)
-    lifetime.bind_to_parent()
-    _name_process(WORKER_NAME)
-    _reseed()
-    import torch
-
-    # A fresh intra-op pool in the child; the factory itself ran on one thread.
-    torch.set_num_threads(threads)
-    tag = f" [{spawn.node}]" if spawn.node else ""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format=f"%(asctime)s %(levelname)s %(name)s{tag}: %(message)s")
-    # Checked again in the child, where it matters: its CUDA must be its own.
-    logging.getLogger("fedgpu.worker").info(
-        "worker pid %d forked by the factory %d: CUDA initialised before the task: %s",
-        os.getpid(), factory_pid, "yes" if torch.cuda.is_initialized() else "no")
-    from fedgpu.node import worker
-
-    return worker.run(spawn.workdir)
-
-
-def _reseed() -> None:
-    """Every child starts from the factory's RNG states; the round reseeds from its own seed,
-    but nothing drawn before that may repeat across workers."""
-    import numpy as np
-    import torch
-
-    seed = int.from_bytes(os.urandom(8), "little")
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed % 2**63)
-
-
-def _name_process(name: bytes) -> None:
-    # `ps -o comm`, psutil's name() and top show the worker for what it is.
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _stop(signum: int, _frame: object) -> None:
     raise Stop(signum)
 
@@ -552,35 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_slots < 0:
         raise SystemExit("fedgpu factory: --cpu-slots must be >= 0")
     path = args.socket.absolute()
-    check_socket_dir(path)
+    wire.check_socket_dir(path)
     try:
-        default_threads = _load_stack()
+        default_threads = load_stack()
         Factory(path, args.cpu_slots or default_cpu_slots(), default_threads).serve()
     except Stop as stop:
         log.info("stopping on %s; workers killed", signal.Signals(stop.args[0]).name)
     return 0
-
-
-def _load_stack() -> int:
-    """Import torch and the training stack single-threaded; the torch threads a worker would
-    have had by default."""
-    for key, value in SINGLE_THREADED.items():
-        os.environ.setdefault(key, value)
-    started = time.monotonic()
-    import torch
-
-    default_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    from fedgpu.node import runner, worker  # noqa: F401 - imported once here, shared by forks
-
-    worker._warm_up(None)
-    gc.collect()
-    # Objects that live as long as the factory stay out of the collector's sweeps, so a child's
-    # collections do not write to (and so copy) the pages it shares with the factory.
-    gc.freeze()
-    log.info("imported torch %s and the training stack in %.1fs", torch.__version__,
-             time.monotonic() - started)
-    return default_threads
 
 
 if __name__ == "__main__":

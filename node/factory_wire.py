@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import socket
+import stat
 import struct
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 MAX_MESSAGE = 1 << 20
@@ -119,3 +122,38 @@ def recv_one(sock: socket.socket, reader: Reader) -> dict[str, Any] | None:
             return None
         reader.pending.extend(reader.messages())
     return reader.pending.popleft()
+
+
+def check_socket_dir(path: Path) -> None:
+    """The socket's directory must be ours and closed to everyone else: that, and the peer uid
+    check on every connection, is what keeps other users from running code through us. A
+    missing one is made so."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+        path.parent.chmod(0o700)  # whatever the umask
+    st = path.parent.stat()
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise SystemExit(f"fedgpu factory: {path.parent} must belong to uid {os.getuid()} and "
+                         f"be private (chmod 700); it is uid {st.st_uid}, mode "
+                         f"{stat.S_IMODE(st.st_mode):o}")
+
+
+def bind(path: Path) -> socket.socket:
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise SystemExit(f"fedgpu factory: {path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # left by a factory that died: nobody listens on it
+        else:
+            raise SystemExit(f"fedgpu factory: another factory already serves {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

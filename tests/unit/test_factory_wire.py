@@ -1,5 +1,5 @@
 """The agent <-> factory framing (node/factory_wire.py) over real Unix socket pairs, and the
-factory's request checks (node/factory.py parse_spawn)."""
+factory's request checks (node/forked_worker.py parse_spawn)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedgpu.node import factory_wire as wire
-from fedgpu.node.factory import parse_spawn
+from fedgpu.node.forked_worker import parse_spawn
 
 
 def test_messages_and_descriptors_cross_a_socket_pair() -> None:
