@@ -161,7 +161,9 @@ class LocalRun:
         self.run_dir = (cfg.run_dir or Path("runs") / stamp).resolve()
         self.procs: list[Proc] = []
         self.hosts: list[Proc] = []
+        self.factory: Proc | None = None
         self.socket_dir: Path | None = None
+        self.socket = Path()
         self.address = ""
         self.token = secrets.token_urlsafe(16)
         self.last_rounds: dict[str, Any] | None = None
@@ -255,7 +257,7 @@ class LocalRun:
     def _check_factory(self) -> None:
         """A factory that died (killed, out of memory) is started again: rounds in flight
         failed with it, later ones fork from the new one (meanwhile nodes spawn their own)."""
-        if self.factory.alive():
+        if self.factory is None or self.factory.alive():
             return
         self.say(f"warning: the worker factory exited with code {self.factory.popen.returncode};"
                  " starting it again")
