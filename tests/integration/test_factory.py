@@ -246,3 +246,16 @@ def test_sigterm_stops_the_factory_and_removes_its_socket(socket_dir: Path,
             p.kill()
             p.wait()
     assert not sock.exists()
+
+
+def test_run_refuses_sampling_flags_it_cannot_honour(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "job.toml")
+    for args, error in [
+        (["--job", str(job), "--fraction", "0.5"], "with --job set fraction and min_nodes"),
+        (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
+        (["--nodes", "3", "--min-nodes", "5"], "--min-nodes must be between 1 and --nodes (3)"),
+    ]:
+        r = subprocess.run([*FEDGPU, "run", *args, "--run-dir", str(tmp_path / "run")],
+                           capture_output=True, text=True, env=base_env(), cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and error in r.stderr, r.stderr
+        assert not (tmp_path / "run").exists()
