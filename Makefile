@@ -49,10 +49,16 @@ proto: venv
 # Flower needs protobuf < 7, fedgpu's generated code protobuf 7: Flower gets its own venv,
 # and the benchmarks run its side there as a subprocess. .venv itself is never changed.
 BENCH_VENV := .venv-bench
+# Flower's simulation runs its clients on Ray (flwr[simulation]); they train fedgpu's own digits
+# task (benchmarks/flower_sim.py), so torch (the CPU build, as in .venv) and fedgpu's source
+# without its dependencies (no protobuf 7 here) come along.
 $(BENCH_VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --upgrade pip
-	$(BENCH_VENV)/bin/pip install -q 'flwr>=1.8'
+	$(BENCH_VENV)/bin/pip install -q 'flwr[simulation]>=1.8' ml_dtypes nvidia-ml-py
+	$(BENCH_VENV)/bin/python -c 'import torch' 2>/dev/null \
+		|| $(BENCH_VENV)/bin/pip install -q 'torch==2.13.0+cpu' || $(BENCH_VENV)/bin/pip install -q torch
+	$(BENCH_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 bench: venv $(BENCH_VENV)/.installed

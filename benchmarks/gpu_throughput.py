@@ -5,9 +5,9 @@ and augmented by the task's Dataset in DataLoader workers) and the same number o
   plain   a fresh `python -m benchmarks.gpu_throughput plain ...` process: a hand-written loop
           (DataLoader with pinned memory and persistent workers, autocast, channels_last, SGD)
           that trains for --seconds and counts its steps
-  fedgpu  `fedgpu server start` + one `fedgpu node start` (pre-started round worker, the
-          default) running a job of the images task with max_steps = the plain loop's steps;
-          every round is a fresh worker process, as in production
+  fedgpu  `fedgpu server start` + one `fedgpu node start` (round workers forked by its worker
+          factory, the default) running a job of the images task with max_steps = the plain
+          loop's steps; every round is a fresh worker process, as in production
 Reported: images/s of each training loop, images/s over the whole fedgpu round as the aggregator
 timed it (task sent to update folded in), round overhead (round minus the node's training
 loop), time to first step, and on a GPU the NVML memory before / peak / after each round.

@@ -1,12 +1,11 @@
-"""Per-round process isolation: a freshly spawned training process vs training in-process.
+"""Per-round process isolation: a round in a process of its own vs training in-process.
 
 The digits task, CPU, one node's partition; the same round through three paths:
   spawned     fedgpu.node.round.run_task spawning python -m fedgpu.node.worker at the round
               (--no-prestart)
-  pre-started fedgpu.node.round.run_task with a Standby (the agent's default): the round's
-              process was started, imported torch and warmed up before the round, as the agent
-              does while the previous round trains; here it is given time to get ready between
-              rounds
+  factory     fedgpu.node.round.run_task with a worker factory (the agent's default): the
+              round's process is forked from a process that imported torch, and warmed up on
+              the task at the node's first (init) round, as the agent's factory does
   in-process  fedgpu.node.runner.run_round called directly, torch already imported and warm
     python -m benchmarks.isolation --rounds 5
 """
@@ -30,7 +29,8 @@ def main() -> None:
     a = ap.parse_args()
     from fedgpu.core.datasets import split_digits
     from fedgpu.node import nvml, policy, workfiles
-    from fedgpu.node.round import Standby, run_task
+    from fedgpu.node.factory_client import FactoryClient
+    from fedgpu.node.round import run_task
 
     hp = {"lr": 0.05, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp_:
@@ -40,12 +40,12 @@ def main() -> None:
         decision = policy.decide(nvml.snapshot(), flags, job_use_gpu=False)
 
         def spawned(kind: str, payload: bytes | None, rnd: int,
-                    standby: Standby | None = None) -> tuple[float, bytes | None]:
+                    factory: FactoryClient | None = None) -> tuple[float, bytes | None]:
             start = time.perf_counter()
             out = run_task(kind=kind, task_name="digits", hyperparameters=hp, seed=rnd,
                            round_number=rnd, data_dir=data, payload=payload,
                            decision=decision, work_root=tmp, sampler=None, torch_threads=1,
-                           standby=standby)
+                           factory=factory)
             assert out.ok, out.error
             weights = out.weights.read_bytes() if out.weights else None
             out.cleanup()
@@ -54,19 +54,14 @@ def main() -> None:
         _, init = spawned("init", None, 0)
         spawn_s = [spawned("train", init, r)[0] for r in range(1, a.rounds + 1)]
 
-        standby = Standby()
-        prestart_s = []
+        factory = FactoryClient.start_own()
         try:
-            # As the agent does after the init round: the standby knows the task to warm up.
-            standby.prepare({"task_name": "digits", "hyperparameters": hp,
-                             "data_dir": str(data.resolve())})
-            for r in range(1, a.rounds + 1):
-                # The agent starts the standby while the previous round trains; between
-                # rounds here, so the measurement is the round alone.
-                time.sleep(6)
-                prestart_s.append(spawned("train", init, r, standby)[0])
+            # The node's init round: the factory imports torch meanwhile and warms up on the
+            # task before it forks that round's worker; every later worker inherits it.
+            factory_init_s, _ = spawned("init", None, 0, factory)
+            factory_s = [spawned("train", init, r, factory)[0] for r in range(1, a.rounds + 1)]
         finally:
-            standby.close()
+            factory.close()
 
         import torch
 
@@ -94,11 +89,12 @@ def main() -> None:
     subprocess.run([sys.executable, "-c", "import torch"], check=True, cwd=ROOT)
     import_s = time.perf_counter() - start
     sp, ip = statistics.median(spawn_s), statistics.median(inproc_s)
-    pp = statistics.median(prestart_s)
+    fp = statistics.median(factory_s)
     emit({"rounds": a.rounds, "spawned_round_s": round(sp, 3), "in_process_round_s": round(ip, 3),
           "overhead_s": round(sp - ip, 3), "python_plus_torch_import_s": round(import_s, 3),
-          "prestarted_round_s": round(pp, 3), "prestarted_overhead_s": round(pp - ip, 3),
-          "prestarted_all": [round(x, 3) for x in prestart_s],
+          "factory_round_s": round(fp, 3), "factory_overhead_s": round(fp - ip, 3),
+          "factory_init_round_s": round(factory_init_s, 3),
+          "factory_all": [round(x, 3) for x in factory_s],
           "spawned_all": [round(x, 3) for x in spawn_s],
           "in_process_all": [round(x, 3) for x in inproc_s]})
 

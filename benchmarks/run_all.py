@@ -23,7 +23,8 @@ from typing import Any
 from benchmarks.common import ROOT, bench_python, run_case
 
 CHUNKS_KIB = [256, 512, 1024, 2048, 4096, 8192]
-SECTIONS = ("aggregation", "transport", "serialization", "scale", "isolation", "throughput")
+SECTIONS = ("aggregation", "transport", "serialization", "scale", "isolation", "throughput",
+            "many")
 RESULTS = ROOT / "benchmarks" / "results.json"
 
 
@@ -93,6 +94,8 @@ def run_sections(r: dict[str, Any], only: set[str]) -> None:
     if "isolation" in only:
         log("isolation")
         r["iso"] = run_case("benchmarks.isolation", ["--rounds", "5"])
+    if "many" in only:
+        _many(r, flower)
     if "throughput" in only:
         log("throughput (CPU version; the GPU one: docs/gpu-throughput.md)")
         r["tput"] = run_case("benchmarks.gpu_throughput", ["--device", "cpu"], timeout=1800)
@@ -108,6 +111,21 @@ def _aggregation(r: dict[str, Any], flower: str) -> None:
             r["agg"].append(run_case("benchmarks.aggregation", ["--impl", impl, *args]))
         r["agg"].append(run_case("benchmarks.aggregation", ["--impl", "flower", *args],
                                  python=flower))
+
+
+def _many(r: dict[str, Any], flower: str) -> None:
+    """fedgpu and Flower's simulation side by side (benchmarks/many_clients.py)."""
+    log("many clients: fedgpu vs Flower's simulation, 100 clients, 10 per round, 5 rounds")
+    args = ["--clients", "100", "--per-round", "10", "--rounds", "5"]
+    r["many"] = {
+        "fedgpu": run_case("benchmarks.many_clients", ["--impl", "fedgpu", *args], timeout=3600),
+        "flower": run_case("benchmarks.many_clients", ["--impl", "flower", *args], timeout=3600),
+        "fedgpu_100x3": run_case("benchmarks.many_clients", [
+            "--impl", "fedgpu", "--clients", "100", "--per-round", "10", "--rounds", "3"],
+            timeout=3600),
+        "flwr": _version(flower, "flwr"), "ray": _version(flower, "ray"),
+        "machine": machine(),
+    }
 
 
 def versions() -> dict[str, str]:

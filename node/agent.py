@@ -1,4 +1,4 @@
-"""The node agent: dial out, register, long-poll for tasks, run each in a fresh subprocess.
+"""The node agent: dial out, register, long-poll for tasks, run each in a process of its own.
 
 It survives the aggregator going away: register, pull and report go through one retry rule
 (node/retry.py: exponential backoff with jitter, a deadline per call site), and a node the
@@ -25,9 +25,10 @@ from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import data, messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
+from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
-from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Standby, run_task, simulated_gpus
+from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Worker, run_task, simulated_gpus
 from fedgpu.node.status import write_status
 from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
@@ -53,8 +54,13 @@ class AgentConfig:
     # The largest task payload (global model) this node takes; the aggregator's own
     # per-update limit, sent at registration, applies too (the smaller wins).
     max_payload_bytes: int = 4 << 30
-    # Start each round's training process ahead of time (torch imported, CUDA untouched).
+    # Fork each round's training process from a worker factory that imported torch ahead of
+    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.worker` per round.
     prestart: bool = True
+    # The socket of a factory this host's agents share; None: the agent starts its own.
+    worker_factory: Path | None = None
+    # Where round workers write their log (a file descriptor); None: where the agent does.
+    worker_output: int | None = None
     tls: tls.TlsFiles | None = None
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
     ring_host: str = ""
@@ -67,7 +73,8 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, factory: FactoryClient | None = None) -> None:
+        """`factory`: a client shared with other agents of this process (node/fleet.py)."""
         self.cfg = cfg
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -78,7 +85,9 @@ class Agent:
         self._stop = threading.Event()
         self._reregister = threading.Event()
         self._sampler = MemorySampler()
-        self._standby = Standby() if cfg.prestart else None
+        self._factory = factory if cfg.prestart else None
+        self._owns_factory = False
+        self._worker: Worker | None = None
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -169,30 +178,53 @@ class Agent:
         self._sampler.__enter__()
         try:
             self.register(deadline_s=self.cfg.connect_timeout_s)
-            if self._standby is not None:
-                self._prepare_standby()
-            beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+            if self.cfg.prestart and self._factory is None:
+                self._start_factory()
+            # Named for the node: an agent may share its process with others (node/fleet.py).
+            beat = threading.Thread(target=self._heartbeats, name=f"{self.cfg.name}:heartbeat",
+                                    daemon=True)
             beat.start()
             return self._loop()
         except Stopped:
             return 0
+        except Exception:
+            if self._stop.is_set():
+                return 0  # stopped from another thread: the client was closed under us
+            raise
         finally:
             self._stop.set()
-            if self._standby is not None:
-                self._standby.close()
+            if self._owns_factory and self._factory is not None:
+                self._factory.close()
             self._sampler.__exit__(None, None, None)
             self.client.close()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _prepare_standby(self) -> None:
-        assert self._standby is not None
+    def shutdown(self) -> None:
+        """Stop from another thread: a running round's worker is killed, a long poll ends."""
+        self._stop.set()
+        worker = self._worker
+        if worker is not None:
+            worker.kill()
+        self.client.close()
+
+    def _start_factory(self) -> None:
+        # Its torch import runs while the agent waits for its first task.
+        if self.cfg.worker_factory is not None:
+            self._factory = FactoryClient(self.cfg.worker_factory)
+            log.info("round workers come from the worker factory at %s", self.cfg.worker_factory)
+            return
         try:
-            self._standby.prepare()
+            self._factory = FactoryClient.start_own()
         except OSError as exc:
-            # Rounds still run, each in a fresh worker; the next round tries the standby again.
-            log.warning("cannot pre-start a round worker: %s", exc)
+            # Rounds still run, each in a freshly spawned worker.
+            log.warning("cannot start a worker factory: %s", exc)
+            return
+        self._owns_factory = True
+
+    def _track(self, worker: Worker | None) -> None:
+        self._worker = worker
 
     def _lost(self, exc: BaseException, delay: float) -> None:
         if isinstance(exc, PayloadError):
@@ -281,7 +313,10 @@ class Agent:
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
-                        standby=self._standby,
+                        factory=self._factory,
+                        node_name=self.cfg.name,
+                        output=self.cfg.worker_output,
+                        track=self._track,
                         **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error
@@ -293,31 +328,18 @@ class Agent:
 
     def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
         assert self.node_id is not None
-        update = pb.UpdateHeader(
-            node_id=self.node_id,
-            task_id=task.task_id,
-            round=task.round,
-            kind=task.kind,
-            evaluated_round=task.evaluated_round,
-        )
-        if self.decision is not None:
-            update.decision.CopyFrom(messages.decision(self.decision))
+        ok = outcome is not None and outcome.ok
+        update = messages.update_header(
+            task, self.node_id, self.decision, outcome.resources if outcome else None,
+            outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
         weights = None
-        if outcome is not None:
-            update.resources.CopyFrom(_resources(outcome.resources))
-        if outcome is None or not outcome.ok:
-            update.failed = True
-            update.error = error or "unknown failure"
+        if not ok:
             if outcome is not None:
+                # Ring mode: the ranks the worker lost, so the aggregator can name them.
                 update.lost_ranks.extend(workfiles.lost_ranks(outcome.workdir))
             log.error("round %d failed: %s", task.round, update.error)
         else:
-            res = outcome.result
-            update.num_examples = int(res.get("num_examples", 0))
-            update.num_eval_examples = int(res.get("num_eval_examples", 0))
-            update.train_metrics.update(_floats(res.get("train_metrics")))
-            update.eval_metrics.update(_floats(res.get("eval_metrics")))
-            update.iteration_loss.extend(float(v) for v in res.get("iteration_loss") or [])
+            assert outcome is not None
             weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
@@ -373,31 +395,6 @@ class Agent:
             "heartbeat_interval_s": self.heartbeat_s,
             "gpu_decision": self.decision.to_dict() if self.decision else None,
         })
-
-
-def _resources(r: dict[str, Any]) -> pb.RoundResources:
-    def num(key: str) -> int:
-        v = r.get(key)
-        return -1 if v is None else int(v)
-
-    return pb.RoundResources(
-        device=r.get("device", ""),
-        gpu_uuid=r.get("gpu_uuid", "") or "",
-        nvml_used_before_mib=num("nvml_used_before_mib"),
-        nvml_used_peak_mib=num("nvml_used_peak_mib"),
-        nvml_used_after_mib=num("nvml_used_after_mib"),
-        torch_peak_allocated_mib=num("torch_peak_allocated_mib"),
-        torch_peak_reserved_mib=num("torch_peak_reserved_mib"),
-        rss_peak_mib=num("rss_peak_mib"),
-        train_seconds=float(r.get("train_seconds") or 0.0),
-        round_seconds=float(r.get("round_seconds") or 0.0),
-    )
-
-
-def _floats(d: Any) -> dict[str, float]:
-    if not isinstance(d, dict):
-        return {}
-    return {str(k): float(v) for k, v in d.items() if isinstance(v, int | float)}
 
 
 def _fmt(m: Any) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fedgpu.node.nvml import NvmlSnapshot
 from fedgpu.node.policy import Decision
 from fedgpu.proto import pb
@@ -47,3 +50,52 @@ def decision(d: Decision) -> pb.GpuDecision:
         reason=d.reason,
         warnings=list(d.warnings),
     )
+
+
+def resources(r: Mapping[str, Any]) -> pb.RoundResources:
+    """A round's measured resources (node/round.py RoundOutcome.resources); -1: not measured."""
+    def num(key: str) -> int:
+        v = r.get(key)
+        return -1 if v is None else int(v)
+
+    return pb.RoundResources(
+        device=r.get("device", ""),
+        gpu_uuid=r.get("gpu_uuid", "") or "",
+        nvml_used_before_mib=num("nvml_used_before_mib"),
+        nvml_used_peak_mib=num("nvml_used_peak_mib"),
+        nvml_used_after_mib=num("nvml_used_after_mib"),
+        torch_peak_allocated_mib=num("torch_peak_allocated_mib"),
+        torch_peak_reserved_mib=num("torch_peak_reserved_mib"),
+        rss_peak_mib=num("rss_peak_mib"),
+        train_seconds=float(r.get("train_seconds") or 0.0),
+        round_seconds=float(r.get("round_seconds") or 0.0),
+        queued_seconds=float(r.get("queued_seconds") or 0.0),
+    )
+
+
+def update_header(task: pb.TaskHeader, node_id: str, gpu: Decision | None,
+                  used: Mapping[str, Any] | None, result: Mapping[str, Any] | None,
+                  error: str) -> pb.UpdateHeader:
+    """The header of a node's answer to `task`: its result, or (result None) a failure."""
+    update = pb.UpdateHeader(node_id=node_id, task_id=task.task_id, round=task.round,
+                             kind=task.kind, evaluated_round=task.evaluated_round)
+    if gpu is not None:
+        update.decision.CopyFrom(decision(gpu))
+    if used is not None:
+        update.resources.CopyFrom(resources(used))
+    if result is None:
+        update.failed = True
+        update.error = error
+        return update
+    update.num_examples = int(result.get("num_examples", 0))
+    update.num_eval_examples = int(result.get("num_eval_examples", 0))
+    update.train_metrics.update(_floats(result.get("train_metrics")))
+    update.eval_metrics.update(_floats(result.get("eval_metrics")))
+    update.iteration_loss.extend(float(v) for v in result.get("iteration_loss") or [])
+    return update
+
+
+def _floats(d: Any) -> dict[str, float]:
+    if not isinstance(d, dict):
+        return {}
+    return {str(k): float(v) for k, v in d.items() if isinstance(v, int | float)}

@@ -1,8 +1,11 @@
-"""One task on the node: a freshly spawned training subprocess, watched and measured.
+"""One task on the node: a training process of its own, watched and measured.
 
-The agent never imports torch, so every CUDA context lives in the child and the driver
-takes all of its memory back when the child exits. NVML used memory of the chosen GPU is read
-before the child starts, sampled while it runs (peak) and read after it exits.
+The round's process is forked by the worker factory (node/factory.py) when the agent has one,
+else spawned fresh (`--no-prestart`, ring blocks, or a factory that is down). Either way the
+agent never imports torch, so every CUDA context lives in the round's process and the driver
+takes all of its memory back when that process exits. NVML used memory of the chosen GPU is
+read before the worker starts (for a factory worker: as it starts, after any wait for a slot,
+before it can have initialised CUDA), sampled while it runs (peak) and read after it exits.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedgpu.core.lifetime import child_env
 from fedgpu.node import workfiles
+from fedgpu.node.factory_client import FactoryClient, FactoryUnavailable, FactoryWorker
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.policy import Decision, subprocess_env
-from fedgpu.node.workfiles import ROUND_ENV_KEYS
+from fedgpu.node.slots import Need
 
 log = logging.getLogger("fedgpu.node.round")
 
@@ -31,6 +36,9 @@ log = logging.getLogger("fedgpu.node.round")
 # every NVML figure is real code against simulated hardware, but there is no CUDA device to
 # train on: this switch keeps the whole GPU path and trains on the CPU. Never for production.
 SIMULATED_GPUS_ENV = "FEDGPU_SIMULATED_GPUS"
+WORKER_MODULE = "fedgpu.node.worker"
+# A round's process: spawned by the agent, or forked by the worker factory.
+Worker = subprocess.Popen[bytes] | FactoryWorker
 
 
 def simulated_gpus() -> bool:
@@ -52,59 +60,6 @@ class RoundOutcome:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class Standby:
-    """The next round's training subprocess, started ahead of time.
-
-    It imports torch and warms up while the agent waits for work, so a round no longer pays
-    Python + torch start-up (seconds with a CUDA build). It never initialises CUDA before the
-    round hands it the GPU decision, and it exits after that one round like a fresh worker, so
-    all GPU memory is still returned when the round ends. Used only for `fedgpu.node.worker`.
-    """
-
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def prepare(self, hint: dict[str, Any] | None = None) -> None:
-        """Start the standby; `hint` (task name, hyperparameters, data dir) tunes its warm-up."""
-        if self._proc is not None and self._proc.poll() is None:
-            return
-        # It dies with the agent (even a SIGKILLed one): the kernel signals it, and the pipe
-        # it waits on closes.
-        env = child_env({k: v for k, v in os.environ.items() if k not in ROUND_ENV_KEYS})
-        cmd = [sys.executable, "-m", "fedgpu.node.worker", "--standby"]
-        if hint:
-            cmd.append(json.dumps(hint))
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
-
-    def take(self, workdir: Path, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-        """Hand the round to the waiting worker; None when there is none alive."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None or proc.stdin is None:
-            return None
-        msg = {"workdir": str(workdir), "env": {k: env.get(k) for k in ROUND_ENV_KEYS}}
-        try:
-            proc.stdin.write(json.dumps(msg).encode() + b"\n")
-            proc.stdin.close()
-        except OSError:
-            proc.kill()
-            proc.wait()
-            return None
-        return proc
-
-    def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            # Closing stdin is the standby's signal to exit on its own; it holds nothing worth
-            # waiting long for (the agent is stopping, maybe on a signal with a deadline).
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
-
-
 def run_task(
     *,
     kind: str,
@@ -119,12 +74,19 @@ def run_task(
     sampler: MemorySampler | None,
     torch_threads: int | None,
     timeout_s: float | None = None,
-    worker_module: str = "fedgpu.node.worker",
+    worker_module: str = WORKER_MODULE,
     extra: dict[str, Any] | None = None,
-    standby: Standby | None = None,
+    factory: FactoryClient | None = None,
+    node_name: str = "",
+    output: int | None = None,
+    track: Callable[[Worker | None], None] | None = None,
 ) -> RoundOutcome:
+    """Run one task in a process of its own. `output`: where that process writes its log (a
+    file descriptor; None: where the agent writes); `track` is told the worker while it runs
+    (so another thread can kill it when the agent stops)."""
     started = time.monotonic()
     workdir: Path | None = None
+    queued = 0.0
     try:
         workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
         task = _task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
@@ -136,12 +98,23 @@ def run_task(
         env = child_env(subprocess_env(decision, os.environ))
         uuid = decision.gpu_uuid if decision.device == "cuda" else None
         measure = uuid is not None and sampler is not None and sampler.active
+        proc: Worker | None = None
+        # Ring blocks always spawn their own worker (every rank must run at once: no slots).
+        if factory is not None and worker_module == WORKER_MODULE:
+            proc = _from_factory(factory, workdir, env, decision, node_name, torch_threads,
+                                 {"task_name": task_name, "hyperparameters": hyperparameters,
+                                  "data_dir": task["data_dir"]}, output)
+            queued = proc.queued_s if proc is not None else 0.0
         before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
         peak: int | None = None
-        use_standby = standby is not None and worker_module == "fedgpu.node.worker"
-        proc = standby.take(workdir, env) if use_standby else None  # type: ignore[union-attr]
         if proc is None:
-            proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env)
+            proc = subprocess.Popen([sys.executable, "-m", worker_module, str(workdir)], env=env,
+                                    stdout=output, stderr=output)
+    except FactoryUnavailable as exc:
+        # Not a fallback case: the agent is stopping.
+        return RoundOutcome(ok=False, error=str(exc), error_kind="stopped", workdir=workdir,
+                            resources={"device": decision.device,
+                                       "round_seconds": time.monotonic() - started})
     except OSError as exc:
         # No space for the files, no process to be had: this round fails, the agent goes on.
         log.error("cannot start round %d: %s", round_number, exc)
@@ -149,16 +122,9 @@ def run_task(
                             error_kind="start", workdir=workdir,
                             resources={"device": decision.device,
                                        "round_seconds": time.monotonic() - started})
-    if use_standby:
-        # The next round's worker loads torch while this one trains (on the GPU, usually), so
-        # it is ready long before the next task arrives; it holds no GPU memory meanwhile.
-        # Ring blocks always spawn their own worker: no standby to compete with the exchange.
-        try:
-            standby.prepare({"task_name": task_name,  # type: ignore[union-attr]
-                             "hyperparameters": hyperparameters, "data_dir": task["data_dir"]})
-        except OSError as exc:
-            log.warning("cannot pre-start the next round's worker: %s", exc)
     assert workdir is not None
+    if track is not None:
+        track(proc)
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
@@ -175,6 +141,11 @@ def run_task(
         proc.kill()
         proc.wait()
         raise
+    finally:
+        if track is not None:
+            track(None)
+        if isinstance(proc, FactoryWorker):
+            proc.close()
     after = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
     outcome = RoundOutcome(ok=False, workdir=workdir)
     outcome.resources = {
@@ -184,7 +155,12 @@ def run_task(
         "nvml_used_peak_mib": peak,
         "nvml_used_after_mib": after,
         "round_seconds": time.monotonic() - started,
+        "queued_seconds": queued,
     }
+    lost = proc.lost if isinstance(proc, FactoryWorker) else None
+    if lost:
+        outcome.error, outcome.error_kind = lost, "crash"
+        return outcome
     if code is None:
         outcome.error, outcome.error_kind = f"training subprocess exceeded {timeout_s}s", "timeout"
         return outcome
@@ -208,6 +184,23 @@ def run_task(
         train_seconds=result.get("train_seconds", 0.0),
     )
     return outcome
+
+
+def _from_factory(factory: FactoryClient, workdir: Path, env: dict[str, str],
+                  decision: Decision, node: str, torch_threads: int | None,
+                  warm: dict[str, Any], output: int | None) -> FactoryWorker | None:
+    """The round's worker from the factory; None: spawn one instead (the factory is down)."""
+    on_gpu = decision.device == "cuda" and decision.gpu_uuid is not None
+    need = Need("cuda" if on_gpu else "cpu", decision.gpu_uuid if on_gpu else None,
+                decision.memory_fraction if on_gpu else None)
+    try:
+        return factory.spawn(workdir=workdir, env=env, node=node, need=need,
+                             torch_threads=torch_threads, warm=warm, output=output)
+    except FactoryUnavailable as exc:
+        if not exc.fallback:
+            raise
+        log.warning("%s; this round spawns a fresh worker instead", exc)
+        return None
 
 
 def _task_file(kind: str, task_name: str, hyperparameters: dict[str, Any], seed: int,

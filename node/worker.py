@@ -1,7 +1,9 @@
-"""The per-round training subprocess: `python -m fedgpu.node.worker WORKDIR`.
+"""The per-round training process: `python -m fedgpu.node.worker WORKDIR`, or `run(WORKDIR)` in a
+process the worker factory forked (node/factory.py).
 
-Spawned fresh by the node agent for every round, so CUDA is initialised here and never in the
-agent, and all GPU memory of the round goes back to the driver when this process exits. The file
+A process of its own for every round, so CUDA is initialised here and never in the agent (nor
+in the factory), and all GPU memory of the round goes back to the driver when this process
+exits. The file
 contract (task.json in; result.json + weights.out.safetensors, or error.json, out) is described
 in node/workfiles.py. Exit status: 0 ok, 1 exception, 2 bad input, 3 out of memory.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from fedgpu.node.workfiles import (
     EXIT_EXCEPTION,
     EXIT_OK,
     RESULT_FILE,
-    ROUND_ENV_KEYS,
     TASK_FILE,
     write_json,
 )
@@ -87,7 +87,8 @@ def _fail(
 
 
 def _warm_up(hint: dict | None) -> None:
-    """Pay the first-step costs (kernel set-up, allocator, autograd) before the round, on CPU.
+    """Pay the first-step costs (kernel set-up, allocator, autograd) before the round, on CPU
+    (the worker factory does it once, and every worker it forks inherits the warm state).
 
     With a hint (the task of the previous round) one throw-away step of that task's own model
     on one batch of this node's data warms exactly the kernels the round will use; the round
@@ -144,47 +145,6 @@ def _warm_up_streaming(task: Any, hparams: dict, data_dir: str | None) -> None:
          Switches(), task_hp).train(two, seed=0, round_started=0.0)
 
 
-def standby(hint: dict | None = None) -> int:
-    """Start ahead of the round: import the training stack, warm up, wait for the round.
-
-    The agent writes one JSON line — {"workdir": ..., "env": {...}} — then closes stdin. CUDA is
-    never touched before that line arrives, so an idle standby holds no GPU memory; and like a
-    fresh worker it exits after its one round, returning everything the round allocated.
-    """
-    import time
-
-    started = time.monotonic()
-    try:
-        from fedgpu.node import runner  # noqa: F401 - the import is the point: torch loads now
-
-        _warm_up(hint)
-    except Exception as exc:  # reported with the round, where the agent can see it
-        log.warning("standby warm-up failed: %s", exc)
-    ready = time.monotonic()
-    line = sys.stdin.readline()
-    if not line.strip():
-        return EXIT_OK  # the agent went away or stopped: nothing to do
-    try:
-        msg = json.loads(line)
-        workdir = Path(msg["workdir"])
-        env = msg.get("env", {})
-    except (ValueError, KeyError, TypeError) as exc:
-        log.error("standby got an unreadable round message: %s", exc)
-        return EXIT_BAD_INPUT
-    log.info("pre-started worker: ready after %.2fs, round arrived %.2fs later",
-             ready - started, time.monotonic() - ready)
-    for key in ROUND_ENV_KEYS:
-        value = env.get(key)
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = str(value)
-    if not workdir.is_dir():
-        log.error("work directory %s does not exist", workdir)
-        return EXIT_BAD_INPUT
-    return run(workdir)
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr,
@@ -195,15 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     # for nobody (and holding the GPU).
     lifetime.bind_to_parent()
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--standby"]:
-        try:
-            hint = json.loads(args[1]) if len(args) > 1 else None
-        except ValueError:
-            hint = None
-        return standby(hint if isinstance(hint, dict) else None)
     if len(args) != 1:
-        print("usage: python -m fedgpu.node.worker WORKDIR | --standby [HINT_JSON]",
-              file=sys.stderr)
+        print("usage: python -m fedgpu.node.worker WORKDIR", file=sys.stderr)
         return EXIT_BAD_INPUT
     workdir = Path(args[0])
     if not workdir.is_dir():

@@ -40,6 +40,10 @@ class Resources:
     rss_peak_mib: int | None = None
     train_seconds: float = 0.0
     round_seconds: float = 0.0
+    # The node's wait for a slot of its host's worker factory (part of round_seconds); None
+    # only in a record resumed from a state.json written before nodes reported it, whose
+    # documents stay as they were.
+    queued_seconds: float | None = None
 
     @classmethod
     def from_wire(cls, r: pb.RoundResources) -> Resources:
@@ -55,10 +59,14 @@ class Resources:
             rss_peak_mib=_opt(r.rss_peak_mib),
             train_seconds=round(r.train_seconds, 3),
             round_seconds=round(r.round_seconds, 3),
+            queued_seconds=round(r.queued_seconds, 3),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["queued_seconds"] is None:
+            del d["queued_seconds"]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> Resources:

@@ -1,5 +1,10 @@
 """`fedgpu run`: an aggregator and N nodes as local processes on loopback, no Docker.
 
+The nodes live in as few processes as makes sense: `fedgpu node start-many` hosts up to
+`nodes_per_process` of them each, and one worker factory (`python -m fedgpu.node.factory`)
+forks every round's worker for all of them, within the host's CPU slots (fedgpu/cli/
+local_nodes.py). Each node still has its own identity, data, registration and reports.
+
 Every child runs in its own session so a Ctrl-C reaches only us; on SIGINT, SIGTERM or SIGHUP
 we stop them all at once (SIGTERM, then SIGKILL to each child's process group after a grace
 period), so nothing is left running. Killed with SIGKILL we cannot do that: each child asked the
@@ -9,12 +14,15 @@ kernel to be signalled when we die (fedgpu.core.lifetime), and stops on its own.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +46,13 @@ class LocalRunConfig:
     gpu: str = "offer"
     gpu_memory_fraction: float | None = None
     round_deadline_s: float = 300.0
+    # Share of the nodes sampled each round, and the fewest updates that close a round (None:
+    # all nodes when every node trains, else half of those sampled).
+    fraction: float = 1.0
+    min_nodes: int | None = None
+    # CPU rounds training at once on this host (0: one per core), and nodes per agent process.
+    cpu_slots: int = 0
+    nodes_per_process: int = 50
     timeout_s: float = 1800.0
     torch_threads: int = 1
     node_env: dict[str, str] = field(default_factory=dict)
@@ -65,8 +80,8 @@ def _job_toml(cfg: LocalRunConfig) -> str:
     lines = [
         f"task = {json.dumps(cfg.task)}",
         f"rounds = {cfg.rounds}",
-        f"min_nodes = {cfg.nodes}",
-        "fraction = 1.0",
+        f"min_nodes = {min_nodes(cfg)}",
+        f"fraction = {cfg.fraction}",
         f"round_deadline_s = {cfg.round_deadline_s}",
         f"use_gpu = {'true' if cfg.use_gpu else 'false'}",
         f"seed = {cfg.seed}",
@@ -76,6 +91,16 @@ def _job_toml(cfg: LocalRunConfig) -> str:
         *(f"{k} = {json.dumps(v)}" for k, v in hp.items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def min_nodes(cfg: LocalRunConfig) -> int:
+    if cfg.min_nodes is not None:
+        return cfg.min_nodes
+    if cfg.fraction >= 1.0:
+        return cfg.nodes
+    # A node that fails (or whose agent dies) costs that node's update, not the whole round's.
+    sampled = math.ceil(round(cfg.fraction * cfg.nodes, 9))
+    return max(1, sampled // 2)
 
 
 def _ring_lines(cfg: LocalRunConfig) -> list[str]:
@@ -90,10 +115,11 @@ def _ring_lines(cfg: LocalRunConfig) -> list[str]:
 
 
 class Proc:
-    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str],
+                 append: bool = False) -> None:
         self.name = name
         self.log_path = log
-        self._log: TextIO = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self._log: TextIO = open(log, "a" if append else "w")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -134,11 +160,16 @@ class LocalRun:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = (cfg.run_dir or Path("runs") / stamp).resolve()
         self.procs: list[Proc] = []
+        self.hosts: list[Proc] = []
+        self.factory: Proc | None = None
+        self.socket_dir: Path | None = None
+        self.socket = Path()
         self.address = ""
         self.token = secrets.token_urlsafe(16)
         # The aggregator's operator token: what `fedgpu run` itself asks the status with.
         self.operator_token = secrets.token_urlsafe(16)
         self.last_rounds: dict[str, Any] | None = None
+        self.total_rounds = cfg.rounds
         self.last_status: dict[str, Any] | None = None
 
     def say(self, text: str) -> None:
@@ -167,7 +198,8 @@ class LocalRun:
             from fedgpu.node.tasks import available_tasks
 
             # Fail here, with the file's name, not somewhere in a child's log.
-            task = load_job(self.cfg.job).task
+            parsed = load_job(self.cfg.job)
+            task, self.total_rounds = parsed.task, parsed.rounds
             if task not in available_tasks():
                 raise FedgpuError(
                     f"{self.cfg.job}: task {task!r} is not installed here (installed: "
@@ -183,6 +215,8 @@ class LocalRun:
         return job, dirs
 
     def start(self, job: Path, dirs: list[Path]) -> None:
+        from fedgpu.cli import local_nodes
+
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         py = [sys.executable, "-m", "fedgpu.cli.app"]
@@ -194,23 +228,46 @@ class LocalRun:
             self._env({"FEDGPU_OPERATOR_TOKEN": self.operator_token}))
         self.procs.append(server)
         self._wait_healthy(server)
-        for i, data in enumerate(dirs, start=1):
-            name = f"node-{i}"
-            cmd = [
-                *py, "node", "start", "--aggregator", self.address, "--data", str(data),
-                "--name", name, "--gpu", self.cfg.gpu,
-                "--torch-threads", str(self.cfg.torch_threads),
-                "--status-file", str(self.run_dir / "logs" / f"{name}.status.json"),
-            ]
-            if self.cfg.gpu_memory_fraction is not None:
-                cmd += ["--gpu-memory-fraction", str(self.cfg.gpu_memory_fraction)]
-            if self.cfg.mode == "ring":
-                # Any node may be rank 0 and host the rendezvous: each gets a port of its own.
-                cmd += ["--ring-host", "127.0.0.1", "--ring-port", str(free_port())]
-            self.procs.append(Proc(name, cmd, self.run_dir / "logs" / f"{name}.log",
-                                   self._env(self.cfg.node_env)))
-        self.say(f"aggregator on {self.address}; {len(dirs)} nodes started; "
+        # A private directory (the factory refuses any other) with a short path: a Unix
+        # socket's path is limited to about 100 bytes.
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="fedgpu-run-"))
+        self.socket = self.socket_dir / local_nodes.FACTORY_SOCKET
+        self.factory = self._start_factory()
+        ring = [free_port() for _ in dirs] if self.cfg.mode == "ring" else None
+        split = self.cfg.data.resolve() if self.cfg.data else self.run_dir / "data"
+        for host in local_nodes.hosts(len(dirs), self.cfg.nodes_per_process):
+            cmd = local_nodes.host_cmd(
+                host, address=self.address, split=split, socket=self.socket,
+                logs=self.run_dir / "logs", gpu=self.cfg.gpu,
+                torch_threads=self.cfg.torch_threads,
+                gpu_memory_fraction=self.cfg.gpu_memory_fraction, ring_ports=ring)
+            proc = Proc(host.name, cmd, self.run_dir / "logs" / f"{host.name}.log",
+                        self._env(self.cfg.node_env))
+            self.procs.append(proc)
+            self.hosts.append(proc)
+        self.say(f"aggregator on {self.address}; {len(dirs)} nodes started in "
+                 f"{len(self.hosts)} process(es), round workers forked by one worker factory; "
                  f"logs in {self.run_dir / 'logs'}")
+
+    def _start_factory(self, restart: bool = False) -> Proc:
+        from fedgpu.cli import local_nodes
+
+        proc = Proc("factory", local_nodes.factory_cmd(self.socket, self.cfg.cpu_slots),
+                    self.run_dir / "logs" / "factory.log", self._env(self.cfg.node_env),
+                    append=restart)
+        self.procs.insert(1, proc)
+        return proc
+
+    def _check_factory(self) -> None:
+        """A factory that died (killed, out of memory) is started again: rounds in flight
+        failed with it, later ones fork from the new one (meanwhile nodes spawn their own)."""
+        if self.factory is None or self.factory.alive():
+            return
+        self.say(f"warning: the worker factory exited with code {self.factory.popen.returncode};"
+                 " starting it again")
+        self.procs.remove(self.factory)
+        self.factory.finish(time.monotonic())
+        self.factory = self._start_factory(restart=True)
 
     def _wait_healthy(self, server: Proc, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
@@ -247,17 +304,17 @@ class LocalRun:
             while shown < len(history):
                 self._show_round(history, shown)
                 shown += 1
-            for p in self.procs[1:]:
+            for p in self.hosts:
                 if not p.alive() and p.popen.returncode != 0 and p.name not in warned:
                     warned.add(p.name)
                     self.say(f"warning: {p.name} exited with code {p.popen.returncode}:\n"
                              f"{p.tail(5)}")
             if self.last_status["state"] in ("finished", "failed"):
                 break
-            nodes = self.procs[1:]
-            if nodes and not any(p.alive() for p in nodes):
-                tails = "\n".join(f"--- {p.name}: {p.tail(3)}" for p in nodes)
+            if self.hosts and not any(p.alive() for p in self.hosts):
+                tails = "\n".join(f"--- {p.name}: {p.tail(3)}" for p in self.hosts)
                 raise FedgpuError(f"every node exited before the run finished:\n{tails}")
+            self._check_factory()
             time.sleep(0.5)
         state = (self.last_status or {}).get("state", "unknown")
         return state
@@ -269,14 +326,16 @@ class LocalRun:
         acc = f"  accuracy before it {prev['accuracy']:.4f}" if prev and prev.get(
             "accuracy") is not None else ""
         loss = f"{r['train_loss']:.4f}" if r["train_loss"] is not None else "-"
-        self.say(f"round {r['round']}/{self.cfg.rounds if not self.cfg.job else '?'}: "
+        self.say(f"round {r['round']}/{self.total_rounds}: "
                  f"{r['status']}, train loss {loss}, {r['nodes_reporting']}/"
                  f"{len(r['participants'])} nodes, {r['duration_s']:.1f}s{acc}")
 
     def wait_for_exit(self, grace: float = 15.0) -> None:
-        """Let nodes take their shutdown task and exit on their own before we stop them."""
+        """Let nodes take their shutdown task and exit on their own before we stop them (the
+        factory serves until it is told to stop)."""
         end = time.monotonic() + grace
-        while time.monotonic() < end and any(p.alive() for p in self.procs):
+        waiting = [p for p in self.procs if p.name != "factory"]
+        while time.monotonic() < end and any(p.alive() for p in waiting):
             time.sleep(0.2)
 
     def stop_all(self, grace: float = 6.0) -> None:
@@ -288,6 +347,8 @@ class LocalRun:
         for p in reversed(self.procs):
             p.finish(deadline)
         self.procs.clear()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def save_reports(self) -> None:
         for name, doc in (("status", self.last_status), ("rounds", self.last_rounds)):

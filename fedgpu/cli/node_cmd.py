@@ -50,8 +50,13 @@ def start(
     ] = 0,
     prestart: Annotated[bool, typer.Option(
         "--prestart/--no-prestart", envvar="FEDGPU_PRESTART",
-        help="Start each round's training process ahead of time (torch imported, CUDA "
-             "untouched) so a round does not pay the start-up.")] = True,
+        help="Fork each round's training process from a worker factory that imported torch "
+             "ahead of time (CUDA untouched), so a round does not pay the start-up; "
+             "--no-prestart spawns a fresh process per round.")] = True,
+    worker_factory: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_WORKER_FACTORY",
+        help="Socket of this host's shared worker factory ('fedgpu node factory'); default: "
+             "the agent starts a factory of its own.")] = None,
     torch_threads: Annotated[int | None, typer.Option(
         envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
     status_file: Annotated[Path, typer.Option(
@@ -105,6 +110,7 @@ def start(
         status_file=status_file,
         torch_threads=torch_threads,
         prestart=prestart,
+        worker_factory=worker_factory,
         tls=tls_files,
         ring_host=ring_host,
         ring_port=ring_port,
@@ -153,4 +159,6 @@ def health(
 
 
 def register(app: typer.Typer) -> None:
+    from fedgpu.cli import node_many_cmd  # noqa: F401 - adds start-many and factory to node_app
+
     app.add_typer(node_app, name="node")

@@ -45,6 +45,16 @@ def run(
     hp: Annotated[list[str] | None, typer.Option(
         "--hp", help="Hyperparameter of the demo job, KEY=VALUE (repeatable), e.g. --hp "
                      "depth=18 --hp amp=bf16.")] = None,
+    fraction: Annotated[float | None, typer.Option(
+        help="Share of the nodes sampled each round, in (0, 1] (demo job; default 1).")] = None,
+    min_nodes: Annotated[int | None, typer.Option(
+        help="Fewest updates that close a round (demo job; default: every node when all "
+             "train, else half of those sampled).")] = None,
+    cpu_slots: Annotated[int, typer.Option(
+        min=0, help="CPU rounds training at once on this machine; more sampled nodes wait "
+                    "for a slot (0: one per core).")] = 0,
+    nodes_per_process: Annotated[int, typer.Option(
+        min=1, help="Nodes hosted by one agent process.")] = 50,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round."""
     from fedgpu.cli.launcher import LocalRunConfig, run_local
@@ -63,6 +73,13 @@ def run(
     if job is None and task not in available_tasks():
         raise ConfigError(f"--task {task!r} is not installed here (installed: "
                           f"{', '.join(available_tasks())})")
+    if job is not None and (fraction is not None or min_nodes is not None):
+        raise ConfigError("--fraction and --min-nodes shape the demo job; with --job set "
+                          "fraction and min_nodes in the job file")
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ConfigError(f"--fraction must be in (0, 1], not {fraction}")
+    if min_nodes is not None and not 1 <= min_nodes <= nodes:
+        raise ConfigError(f"--min-nodes must be between 1 and --nodes ({nodes}), not {min_nodes}")
     if mode == "ring" and job is None and task != "digits":
         raise ConfigError(f"--mode ring needs a task with per-step hooks (RingTask in "
                           f"node/tasks/base.py); {task!r} is not one: use --mode star")
@@ -72,6 +89,8 @@ def run(
         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
         hyperparameters={"local_epochs": local_epochs, **parse_hparams(hp or [])},
         mode=mode, iterations=iterations, local_steps=local_steps, task=task, data=data,
+        fraction=1.0 if fraction is None else fraction, min_nodes=min_nodes,
+        cpu_slots=cpu_slots, nodes_per_process=nodes_per_process,
     ))
     raise typer.Exit(code)
 

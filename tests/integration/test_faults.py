@@ -58,11 +58,16 @@ def pid_alive(pid: int) -> bool:
 def test_aggregator_killed_mid_round_resumes(federation: Federation, tmp_path: Path,
                                              digits_split: list[Path]) -> None:
     state = tmp_path / "state"
-    job = write_job(tmp_path / "job.toml", rounds=3, min_nodes=2, round_deadline_s=60)
+    job = write_job(tmp_path / "job.toml", task="faulty", rounds=3, min_nodes=2,
+                    round_deadline_s=60)
     port = free_port()
     args = ("--heartbeat-s", "1", "--state-dir", str(state))
     first = federation.start_server(job, *args, port=port)
-    nodes = [federation.start_node(n, d, "--gpu", "none")
+    # Rounds of forked workers take a tenth of a second: each trains for a while first, so the
+    # test sees round 2 open (the digits task it trains is unchanged).
+    nodes = [federation.start_node(n, d, "--gpu", "none",
+                                   env={**faulty_env(tmp_path, n),
+                                        fault_tasks.SLEEP_ENV: "1.5"})
              for n, d in (("node-a", digits_split[0]), ("node-b", digits_split[1]))]
 
     def in_round_2() -> bool:

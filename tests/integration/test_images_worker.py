@@ -1,10 +1,11 @@
-"""The images task through `python -m fedgpu.node.worker` as real subprocesses: a pre-started
-worker warmed up on the task's own data, and a broken file reported from a DataLoader worker."""
+"""The images task through real worker processes: a worker forked by a factory that warmed up
+on the task's own data, and a broken file reported from a DataLoader worker."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,29 +36,40 @@ def _worker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=180)
 
 
-def test_a_prestarted_worker_warms_up_on_the_task_and_trains_the_round(
-    tmp_path: Path, node_dir: Path
+def test_a_factory_warms_up_on_the_task_and_its_worker_trains_the_round(
+    tmp_path: Path, node_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    from fedgpu.node import nvml, policy
+    from fedgpu.node.factory_client import FactoryClient
+    from fedgpu.node.round import run_task
+
     init = tmp_path / "init"
     init.mkdir()
     (init / "task.json").write_text(json.dumps(_task("init", node_dir)))
     assert _worker(str(init)).returncode == 0
-    work = tmp_path / "train"
-    work.mkdir()
-    (work / "task.json").write_text(json.dumps(_task("train", node_dir)))
-    (init / "weights.out.safetensors").rename(work / "weights.in.safetensors")
-    hint = {"task_name": "images", "hyperparameters": HP, "data_dir": str(node_dir)}
-    out = _worker("--standby", json.dumps(hint),
-                  stdin=json.dumps({"workdir": str(work), "env": {}}) + "\n")
-    assert out.returncode == 0, out.stderr
-    assert "standby warm-up failed" not in out.stderr
-    assert "pre-started worker: ready after" in out.stderr
-    result = json.loads((work / "result.json").read_text())
+    decision = policy.decide(nvml.snapshot(), policy.parse_gpu_flags("none", None, 0, None),
+                             job_use_gpu=False)
+    factory = FactoryClient.start_own({**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out = run_task(kind="train", task_name="images", hyperparameters=HP, seed=2,
+                       round_number=1, data_dir=node_dir,
+                       payload=(init / "weights.out.safetensors").read_bytes(),
+                       decision=decision, work_root=tmp_path, sampler=None, torch_threads=1,
+                       factory=factory, node_name="img")
+    finally:
+        factory.close()
+    logs = capfd.readouterr().err
+    assert out.ok, out.error + logs[-3000:]
+    # The factory warmed up on this task's own model and data before it forked the worker.
+    assert "warmed up task 'images'" in logs and "warm-up for task" not in logs
+    assert re.search(r"worker pid \d+ forked by the factory \d+", logs)
+    result = out.result
     metrics = result["train_metrics"]
     assert result["num_examples"] == 4 * 8 and result["num_eval_examples"] == 4 * 2
     assert metrics["steps"] == 2 and metrics["examples_per_s"] > 0
     assert 0 < metrics["first_step_s"] < 120
-    assert (work / "weights.out.safetensors").stat().st_size > 0
+    assert out.weights is not None and out.weights.stat().st_size > 0
+    out.cleanup()
 
 
 def test_an_undecodable_image_is_bad_input_named_by_its_path(

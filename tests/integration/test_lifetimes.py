@@ -28,6 +28,7 @@ from tests.fixtures.processes import (
     cmdline_has,
     descendants,
     describe,
+    is_factory,
     kill_all,
     read_until,
     wait_gone,
@@ -37,7 +38,7 @@ from tests.integration.test_faults import faulty_env, wait_for
 
 pytestmark = pytest.mark.timeout(420)
 
-WORKER = "fedgpu.node.worker"
+FACTORY = "fedgpu.node.factory"
 RING_WORKER = "fedgpu.node.ring_worker"
 
 
@@ -82,16 +83,17 @@ def whole_tree(run: subprocess.Popen[str], want: str, count: int,
 
 
 def check_tree(tree: list[psutil.Process]) -> None:
+    # The aggregator, one agent process hosting both nodes, the host's worker factory.
     assert sum(cmdline_has(p, "server start") for p in tree) == 1, describe(tree)
-    assert sum(cmdline_has(p, "node start") for p in tree) == 2, describe(tree)
+    assert sum(cmdline_has(p, "node start-many") for p in tree) == 1, describe(tree)
+    assert sum(is_factory(p) for p in tree) == 1, describe(tree)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_run_stops_everything_it_started_on_a_signal(local_run, sig: int) -> None:
     run = local_run("--rounds", "50")
     read_until(run, "round 1/50", 240)
-    # The aggregator, both agents and each agent's pre-started worker for the next round.
-    tree = whole_tree(run, WORKER, 2)
+    tree = whole_tree(run, FACTORY, 1)
     check_tree(tree)
     local_run.seen.extend(tree)
     signalled = time.monotonic()
@@ -108,7 +110,7 @@ def test_children_of_a_killed_run_end_on_their_own(local_run, mode: str) -> None
     run = local_run("--rounds", "50", "--mode", mode)
     # Ring mode: killed while a block's torch.distributed workers run.
     tree = (whole_tree(run, RING_WORKER, 1, timeout=240) if mode == "ring"
-            else (read_until(run, "round 1/50", 240), whole_tree(run, WORKER, 2))[1])
+            else (read_until(run, "round 1/50", 240), whole_tree(run, FACTORY, 1))[1])
     check_tree(tree)
     local_run.seen.extend(tree)
     killed = time.monotonic()
@@ -128,11 +130,10 @@ def test_workers_end_when_their_agent_is_killed(federation: Federation, tmp_path
     pid_file = tmp_path / "node-a.worker.pid"
     wait_for("training to start", pid_file.exists, 120, federation)
     training = psutil.Process(int(pid_file.read_text()))
-    # The round's worker (mid-training) and the next round's pre-started one.
-    wait_for("the next round's standby", lambda: sum(
-        cmdline_has(p, WORKER) for p in descendants(agent.popen.pid)) >= 2, 60, federation)
+    # The agent's worker factory, and the round's worker it forked (mid-training).
     children = descendants(agent.popen.pid)
     assert training in children
+    assert sum(is_factory(p) for p in children) == 1, describe(children)
     try:
         killed = time.monotonic()
         agent.popen.kill()
@@ -195,7 +196,9 @@ def test_aggregator_and_agent_stop_on_ctrl_c_even_when_started_with_it_ignored(
             stdout=logs["node"], stderr=subprocess.STDOUT,
             env=base_env(FEDGPU_TOKEN="test-token"), cwd=ROOT)
         wait_for("the node to register", lambda: federation.query("ListNodes")["nodes"], 120)
-        tree = descendants(node.pid)  # its pre-started worker
+        wait_for("its worker factory", lambda: any(
+            cmdline_has(p, FACTORY) for p in descendants(node.pid)), 60)
+        tree = descendants(node.pid)
         node.send_signal(signal.SIGINT)
         assert node.wait(timeout=20) == 130, (tmp_path / "node.log").read_text()[-2000:]
         assert "SIGINT: stopped" in (tmp_path / "node.log").read_text()

@@ -13,6 +13,10 @@ AGENT = """
 import sys
 import fedgpu.node.agent, fedgpu.node.round, fedgpu.node.client
 import fedgpu.node.nvml, fedgpu.node.policy, fedgpu.node.tasks
+# Many agents in one process, and their side of the worker factory (which imports torch in
+# its own process only, in main()).
+import fedgpu.node.fleet, fedgpu.node.factory_client, fedgpu.node.factory
+import fedgpu.node.forked_worker
 fedgpu.node.tasks.available_tasks()
 bad = sorted(m for m in sys.modules if m.split(".")[0] == "torch")
 print("IMPORTED:", bad)

@@ -7,11 +7,13 @@ decisions and the NVML memory figures they measure must reach the aggregator unc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+from tests.fixtures import fault_tasks
 from tests.fixtures.fake_nvml import FakeNvml, fake_uuid, write_inventory
 from tests.fixtures.federation import FEDGPU, ROOT, Federation, write_job
 
@@ -56,14 +58,22 @@ def test_each_node_decides_on_its_own_inventory(fake_nvml: FakeNvml, federation:
     write_inventory(inv["four"], four)
     write_inventory(inv["none"], [{"memory_total_mib": 16000, "memory_used_mib": 10}])
 
+    tasks = fault_tasks.install(tmp_path / "tasks")
+
     def env(name: str) -> dict[str, str]:
         e = fake_nvml.env({"FEDGPU_SIMULATED_GPUS": "1", "FEDGPU_TOKEN": federation.token,
                            "PYTHONUNBUFFERED": "1"})
         e["FAKE_NVML_CONFIG"] = str(inv[name])
+        e["PYTHONPATH"] = f"{tasks}{os.pathsep}{e['PYTHONPATH']}"
+        if name == "four":
+            # A forked worker's round is over in a tenth of a second: this one trains for a
+            # while, so the inventory bumped below is sampled during its round.
+            e[fault_tasks.SLEEP_ENV] = "1"
         return e
 
-    federation.start_server(write_job(tmp_path / "job.toml", rounds=2, min_nodes=3,
-                                      use_gpu=True), "--heartbeat-s", "1")
+    # The digits task with a hook for the sleep (tests/fixtures/fault_tasks.py).
+    federation.start_server(write_job(tmp_path / "job.toml", task="faulty", rounds=2,
+                                      min_nodes=3, use_gpu=True), "--heartbeat-s", "1")
     federation.start_node("one", digits_split[0], env=env("one"))
     federation.start_node("four", digits_split[1], "--gpu-index", "7", env=env("four"))
     federation.start_node("none", digits_split[2], "--gpu", "none", env=env("none"))

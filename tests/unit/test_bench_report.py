@@ -36,3 +36,30 @@ def test_the_throughput_section_shows_each_round_against_the_plain_loop() -> Non
         in text
     assert "| fedgpu round 2 | 40 | 970 | 97% | 800 (80% of plain) | 1.50 | 0.90 from" in text
     assert "load average before / after: 0.5 / 0.7" in text
+
+
+def _many(impl: str, **extra: Any) -> dict[str, Any]:
+    return {"impl": impl, "clients": 100, "per_round": 10, "rounds": 5, "cpus": 2,
+            "load_before": 0.4, "load_after": 0.6, "wall_s": 30.0, "peak_rss_mib": 1300,
+            "peak_pss_mib": 600, "processes_at_peak": 7, "accuracy": 0.5, **extra}
+
+
+def test_the_many_clients_section_puts_both_frameworks_side_by_side() -> None:
+    r = _results()
+    r.pop("many", None)
+    assert "## 7." not in render(r)
+    big = _many("fedgpu", rounds=3, peak_rss_mib=7000, wall_s=20.0, rounds_finished=3,
+                participants=[10, 10, 10], federated_accuracy_before_round_1=0.1,
+                federated_accuracy_after=[0.2, 0.25, 0.3], queued_s_max=1.25)
+    r["many"] = {"fedgpu": _many("fedgpu"), "flower": _many("flower", wall_s=40.0,
+                                                            peak_rss_mib=1900),
+                 "fedgpu_100x3": big, "flwr": "1.41.0", "ray": "2.55.1",
+                 "machine": r["machine"]}
+    text = render(r)
+    assert "## 7. Many clients on one machine: fedgpu vs Flower's simulation" in text
+    assert "| fedgpu | 30.0 | 1300 | 600 | 7 | 0.5 |" in text
+    assert "| Flower simulation (Ray) | 40.0 | 1900 | 600 | 7 | 0.5 |" in text
+    assert "`flwr` 1.41.0" in text and "Ray 2.55.1" in text
+    # 7000 MiB is over the 6 GB target: said so, not hidden.
+    assert "**7000 MiB** summed" in text and "(target < 6 GB: **missed**)" in text
+    assert "before round 1 0.1, after round 3 0.3 (met: better)" in text

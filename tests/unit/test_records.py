@@ -77,3 +77,16 @@ def test_unknown_keys_are_kept_and_missing_ones_get_defaults() -> None:
     back = RoundRecord.from_dict(older).to_dict()
     assert back["aggregation_s"] == 0.0 and back["bytes_received"] == 0
     assert {k: v for k, v in back.items() if k in older} == older
+
+
+def test_queued_seconds_is_reported_when_nodes_send_it_and_absent_from_older_records() -> None:
+    from fedgpu.proto import pb
+    from fedgpu.server.records import Resources
+
+    new = Resources.from_wire(pb.RoundResources(device="cpu", round_seconds=2.5,
+                                                queued_seconds=1.23456))
+    assert new.to_dict()["queued_seconds"] == 1.235
+    assert list(new.to_dict())[-2:] == ["round_seconds", "queued_seconds"]
+    old = Resources.from_dict({"device": "cpu", "round_seconds": 2.5})
+    assert "queued_seconds" not in old.to_dict()
+    assert Resources.from_dict(new.to_dict()) == new

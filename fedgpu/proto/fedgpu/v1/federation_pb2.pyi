@@ -198,7 +198,7 @@ class TaskChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class RoundResources(_message.Message):
-    __slots__ = ("device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "torch_peak_allocated_mib", "torch_peak_reserved_mib", "rss_peak_mib", "train_seconds", "round_seconds")
+    __slots__ = ("device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "torch_peak_allocated_mib", "torch_peak_reserved_mib", "rss_peak_mib", "train_seconds", "round_seconds", "queued_seconds")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     NVML_USED_BEFORE_MIB_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class RoundResources(_message.Message):
     RSS_PEAK_MIB_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     device: str
     gpu_uuid: str
     nvml_used_before_mib: int
@@ -219,7 +220,8 @@ class RoundResources(_message.Message):
     rss_peak_mib: int
     train_seconds: float
     round_seconds: float
-    def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ...) -> None: ...
+    queued_seconds: float
+    def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks")
