@@ -24,7 +24,7 @@ def main() -> None:
         named = {f"t{i:02d}": x for i, x in enumerate(arrays)}
         # Wire-ready: segments to send plus the sha256 the wire contract requires.
         doc["encode_s"] = best_of(lambda: codec.encode(named))
-        doc["encode_no_digest_s"] = best_of(lambda: codec.encode(named, digest=False))
+        doc["encode_no_digest_s"] = best_of(lambda: codec.encode(named, digest=None))
         # What a receiver holds: one contiguous buffer (the Assembler's).
         payload = codec.encode(named).to_bytes()
         doc["decode_s"] = best_of(lambda: codec.decode(payload))

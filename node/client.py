@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 
-from fedgpu.core import codec
+from fedgpu.core import codec, digests
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import channel, token_metadata
 from fedgpu.proto import pb, pb_grpc
@@ -68,8 +67,7 @@ class AggregatorClient:
                             f"{header.payload_size} bytes exceed this node's limit of "
                             f"{max_bytes} bytes", header)
                     if header.payload_size:
-                        asm = codec.Assembler(header.payload_size, header.payload_sha256,
-                                              max_bytes)
+                        asm = _assembler(header, max_bytes)
                 elif asm is not None:
                     asm.add(msg.data)
                 else:
@@ -83,8 +81,7 @@ class AggregatorClient:
 
     def push(self, header: pb.UpdateHeader, payload: Path | None) -> pb.PushReply:
         if payload is not None:
-            with open(payload, "rb") as fh:
-                header.payload_sha256 = hashlib.file_digest(fh, "sha256").hexdigest()
+            digests.stamp(header, codec.WIRE_DIGEST, codec.digest_file(payload, codec.WIRE_DIGEST))
             header.payload_size = payload.stat().st_size
         return self._stub.PushUpdate(
             self._update_stream(header, payload), metadata=self._metadata, timeout=3600
@@ -99,6 +96,14 @@ class AggregatorClient:
         with open(payload, "rb") as fh:
             while chunk := fh.read(self.chunk_size):
                 yield pb.UpdateChunk(data=chunk)
+
+
+def _assembler(header: pb.TaskHeader, max_bytes: int) -> codec.Assembler:
+    try:
+        algo, digest = digests.of_header(header)
+    except digests.UnknownDigest as exc:
+        raise codec.CodecError(str(exc)) from None
+    return codec.Assembler(header.payload_size, digest, max_bytes, algo)
 
 
 def is_unreachable(exc: BaseException) -> bool:

@@ -159,8 +159,9 @@ class FederationService(pb_grpc.FederationServicer):
                 yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE))
             return
         yield pb.TaskChunk(header=task.header)
-        for chunk in task.chunks:
-            yield pb.TaskChunk(data=chunk)
+        if task.payload is not None:
+            for chunk in task.payload.chunks(self.jobs.chunk_size):
+                yield pb.TaskChunk(data=chunk)
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:

@@ -34,6 +34,7 @@ from fedgpu.server.wire_limits import shown
 if TYPE_CHECKING:
     from fedgpu.core.config import Job
     from fedgpu.server.history import History
+    from fedgpu.server.payload import ModelPayload
     from fedgpu.server.plans import Plan
     from fedgpu.server.strategies.base import Strategy
 
@@ -50,7 +51,7 @@ class Intake:
     global_weights: dict[str, np.ndarray] | None
     global_spec: dict[str, tuple[str, tuple[int, ...]]] | None
     _agg_lock: asyncio.Lock
-    _payload: tuple[list[bytes], codec.Encoded] | None
+    _payload: ModelPayload | None
 
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""

@@ -30,7 +30,7 @@ from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job
 from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.server import resume
-from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.checkpoint import Checkpointer, SavedWeights
 from fedgpu.server.jobstore import JobRow, JobStore
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.ring import RingPlan
@@ -65,8 +65,8 @@ class StoreCheckpointer(Checkpointer):
         self.store = store
         self.job_id = job_id
 
-    def save(self, weights: Any, state: Any, tensors: Any = None) -> None:
-        super().save(weights, state, tensors)
+    def save(self, weights: Any, state: Any, tensors: Any = None) -> SavedWeights:
+        saved = super().save(weights, state, tensors)
         history = list(state.get("history") or [])
         self.store.save_history(self.job_id, history, state.get("initial_eval"),
                                 state.get("rejections"))
@@ -74,6 +74,7 @@ class StoreCheckpointer(Checkpointer):
         self.store.update(self.job_id, rounds_done=int(state.get("global_round", 0)),
                           accuracy=latest.get("accuracy"), loss=latest.get("loss"),
                           run_id=str(state.get("run_id")))
+        return saved
 
 
 def job_from_row(row: JobRow) -> Job:

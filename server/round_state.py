@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fedgpu.proto import pb
+from fedgpu.server.payload import ModelPayload
 from fedgpu.server.records import Failure, Rejection, UpdateRecord
 from fedgpu.server.states import SlotState
 
@@ -19,13 +20,14 @@ class RunFailed(Exception):
 
 @dataclass
 class Task:
-    """A task handed to one node; re-served on a re-pull so a dropped stream loses nothing."""
+    """A task handed to one node; re-served on a re-pull so a dropped stream loses nothing.
+    `payload`: the global model it sends (None for tasks without one)."""
 
     task_id: str
     round: int
     kind: int
     header: pb.TaskHeader
-    chunks: list[bytes]
+    payload: ModelPayload | None
 
 
 @dataclass

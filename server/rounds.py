@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec, jsondoc
+from fedgpu.core import codec, digests, jsondoc
 from fedgpu.core.config import Job
 from fedgpu.core.constants import RoundStatus, RunState
 from fedgpu.proto import pb
 from fedgpu.server.aggregate import weighted_metric
-from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.history import History
 from fedgpu.server.intake import Intake
+from fedgpu.server.payload import ModelPayload
 from fedgpu.server.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.records import RoundRecord
 from fedgpu.server.registry import Node, Registry
@@ -68,7 +69,7 @@ class Orchestrator(Intake):
         self.current_plan: Plan = self.plan
         self.finished = asyncio.Event()
         self._agg_lock = asyncio.Lock()
-        self._payload: tuple[list[bytes], codec.Encoded] | None = None
+        self._payload: ModelPayload | None = None
         # True once the job has run to its end, here or before a restart (from the checkpoint).
         self.completed = False
 
@@ -91,6 +92,8 @@ class Orchestrator(Intake):
                    if self.checkpointer is not None else None)
         self.strategy.load_state(state.get("strategy") or {}, tensors)
         self._payload = None
+        if self.checkpointer is not None:
+            self._adopt(self.checkpointer.saved(state))
         log.info("resumed run %s after round %d of %d%s", self.run_id, self.global_round,
                  self.job.rounds, " (already complete)" if self.completed else "")
 
@@ -195,12 +198,13 @@ class Orchestrator(Intake):
             except TimeoutError:
                 pass
 
-    def _payload_chunks(self) -> tuple[list[bytes], codec.Encoded]:
-        # Encoded once per global model and shared by every node's stream.
+    def _model_payload(self) -> ModelPayload:
+        # Encoded once per global model and shared by every node's download; after a
+        # checkpoint it is the checkpoint's file (set in commit).
         if self._payload is None:
             assert self.global_weights is not None
-            enc = codec.encode(self.global_weights, {"round": str(self.global_round)})
-            self._payload = (list(codec.iter_chunks(enc, self.chunk_size)), enc)
+            enc = codec.encode(self.global_weights, {"global_round": str(self.global_round)})
+            self._payload = ModelPayload.from_encoded(enc)
         return self._payload
 
     def _open(self, number: int, attempt: int, chosen: list[Node], plan: Plan) -> RoundState:
@@ -208,11 +212,7 @@ class Orchestrator(Intake):
         rnd = RoundState(number=number, kind=plan.kind, attempt=attempt,
                          required=plan.required(chosen),
                          deadline=now + self.job.round_deadline_s, started=now)
-        chunks: list[bytes] = []
-        size, digest = 0, ""
-        if plan.sends_model:
-            chunks, enc = self._payload_chunks()
-            size, digest = enc.size, enc.sha256
+        payload = self._model_payload() if plan.sends_model else None
         per_node = plan.task_fields(number, attempt, chosen)
         for node, fields in zip(chosen, per_node, strict=True):
             task_id = secrets.token_hex(8)
@@ -223,12 +223,13 @@ class Orchestrator(Intake):
                 task_name=self.job.task,
                 hyperparameters_json=json.dumps(self.job.hyperparameters),
                 use_gpu=self.job.use_gpu,
-                payload_size=size,
-                payload_sha256=digest,
+                payload_size=payload.size if payload is not None else 0,
                 evaluated_round=self.global_round,
                 **fields,
             )
-            node.pending = Task(task_id, number, plan.kind, header, chunks)
+            if payload is not None:
+                digests.stamp(header, payload.algorithm, payload.digest)
+            node.pending = Task(task_id, number, plan.kind, header, payload)
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
@@ -294,8 +295,18 @@ class Orchestrator(Intake):
             # optimiser arrays change only in the next round's finish, after this returns.
             # Strict JSON: state.json is read by `fedgpu report` and other tools.
             state = json.loads(jsondoc.dumps(self.checkpoint_state()))
-            await asyncio.to_thread(self.checkpointer.save, weights, state,
-                                    tensors=self.strategy.tensor_state())
+            saved = await asyncio.to_thread(self.checkpointer.save, weights, state,
+                                            tensors=self.strategy.tensor_state())
+            self._adopt(saved)
+
+    def _adopt(self, saved: SavedWeights | None) -> None:
+        """Serve and hold the global model from its checkpoint file: downloads read the file,
+        and the arrays become read-only views of it, so the aggregate they were computed in
+        is freed (a multi-GB model is not kept twice)."""
+        if saved is None:
+            return
+        self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
+        self.global_weights = map_weights(saved.path)
 
     def checkpoint_state(self) -> dict[str, Any]:
         history = self.history.state()

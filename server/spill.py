@@ -41,7 +41,7 @@ class UpdateSpill:
 
     def write(self, tensors: Mapping[str, np.ndarray]) -> None:
         path = self.directory / f"update-{len(self._files):06d}.safetensors"
-        enc = codec.encode(tensors, digest=False)
+        enc = codec.encode(tensors, digest=None)
         with open(path, "wb") as fh:
             for seg in enc.segments:
                 fh.write(seg)

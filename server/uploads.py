@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedgpu.core import codec
+from fedgpu.core import codec, digests
 from fedgpu.proto import pb
 from fedgpu.server.states import Reject
 from fedgpu.server.validation import UpdateRejected
@@ -120,11 +120,7 @@ class Uploads:
         """The payload announced by `header`, checked against its size and digest; its memory
         stays reserved until the block using it ends (decode, validation, aggregation)."""
         assert self._budget is not None
-        try:
-            asm = codec.Assembler(header.payload_size, header.payload_sha256,
-                                  self.max_update_bytes)
-        except codec.CodecError as exc:
-            raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+        asm = self.assembler(header)
         now = time.time()
         up = _Upload(node, now, now)
         self._active[id(up)] = up
@@ -153,6 +149,17 @@ class Uploads:
         finally:
             if reserved:
                 self._budget.release(reserved)
+
+    def assembler(self, header: pb.UpdateHeader) -> codec.Assembler:
+        """The buffer and digest for the payload `header` announces; UpdateRejected if it is
+        over the limit or names no digest this version knows."""
+        try:
+            algo, digest = digests.of_header(header)
+            return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo)
+        except digests.UnknownDigest as exc:
+            raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
+        except codec.CodecError as exc:
+            raise UpdateRejected(Reject(exc.reason), str(exc)) from None
 
     async def _reserve(self, up: _Upload, size: int, deadline: float) -> int:
         # Memory is claimed once bytes arrive: announcing a size costs nothing.

@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 
 import fedgpu
-from fedgpu.core import codec
+from fedgpu.core import codec, digests
 from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
 from fedgpu.proto import pb, pb_grpc
 
@@ -192,8 +192,8 @@ class SimNode:
                 header = msg.header
                 first_byte = time.perf_counter()
                 if header.payload_size:
-                    asm = codec.Assembler(header.payload_size, header.payload_sha256,
-                                          self.max_bytes)
+                    algo, digest = digests.of_header(header)
+                    asm = codec.Assembler(header.payload_size, digest, self.max_bytes, algo)
             elif asm is not None:
                 asm.add(msg.data)
         assert header is not None, "task stream without a header"
@@ -238,7 +238,9 @@ class SimNode:
             enc = None
             if weights is not None:
                 enc = await asyncio.to_thread(codec.encode, weights)
-                update.payload_size, update.payload_sha256 = enc.size, enc.sha256
+                update.payload_size = enc.size
+                assert enc.algorithm is not None
+                digests.stamp(update, enc.algorithm, enc.digest)
             started = time.perf_counter()
             try:
                 await self.stub.PushUpdate(self._chunks(update, enc), metadata=self.metadata,

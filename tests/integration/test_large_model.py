@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, digests
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.federation import Federation, write_job
@@ -34,7 +34,9 @@ def test_300_mib_model_round_trip(federation: Federation, tmp_path: Path) -> Non
                                  metadata=md, timeout=120):
             if msg.HasField("header"):
                 header = msg.header
-                asm = codec.Assembler(header.payload_size, header.payload_sha256, 1 << 32)
+                algo, digest = digests.of_header(header)
+                assert algo is codec.DigestAlgo.BLAKE3
+                asm = codec.Assembler(header.payload_size, digest, 1 << 32, algo)
             else:
                 chunks += 1
                 asm.add(msg.data)
@@ -47,10 +49,11 @@ def test_300_mib_model_round_trip(federation: Federation, tmp_path: Path) -> Non
         up = codec.encode(update)
 
         def stream():
-            yield pb.UpdateChunk(header=pb.UpdateHeader(
+            head = pb.UpdateHeader(
                 node_id=reg.node_id, task_id=header.task_id, round=header.round,
-                kind=header.kind, num_examples=10, payload_size=up.size,
-                payload_sha256=up.sha256))
+                kind=header.kind, num_examples=10, payload_size=up.size)
+            digests.stamp(head, codec.DigestAlgo.BLAKE3, up.digest)
+            yield pb.UpdateChunk(header=head)
             for c in codec.iter_chunks(up):
                 yield pb.UpdateChunk(data=c)
 

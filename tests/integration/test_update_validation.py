@@ -76,7 +76,11 @@ class Wire:
 def update_header(task: pb.TaskHeader, enc: codec.Encoded, **fields: object) -> pb.UpdateHeader:
     base: dict[str, object] = dict(
         node_id="", task_id=task.task_id, round=task.round, kind=task.kind, num_examples=10,
-        payload_size=enc.size, payload_sha256=enc.sha256)
+        payload_size=enc.size)
+    if enc.algorithm is codec.DigestAlgo.SHA256:
+        base["payload_sha256"] = enc.digest  # the contract before BLAKE3: no algorithm named
+    else:
+        base.update(payload_digest_algorithm=pb.DIGEST_ALGORITHM_BLAKE3, payload_digest=enc.digest)
     base.update(fields)
     return pb.UpdateHeader(**base)  # type: ignore[arg-type]
 
@@ -108,7 +112,8 @@ Case = Callable[[Wire, pb.TaskHeader], tuple[pb.UpdateHeader, list[bytes]]]
 
 def _send(tensors: dict[str, np.ndarray], **fields: object) -> Case:
     def make(w: Wire, task: pb.TaskHeader) -> tuple[pb.UpdateHeader, list[bytes]]:
-        enc = codec.encode(tensors)
+        # sha256 with no algorithm named: the wire contract before BLAKE3 is still taken.
+        enc = codec.encode(tensors, digest=codec.DigestAlgo.SHA256)
         return (update_header(task, enc, **{"node_id": w.node_id, **fields}),
                 list(codec.iter_chunks(enc, 4096)))
     return make
@@ -116,7 +121,7 @@ def _send(tensors: dict[str, np.ndarray], **fields: object) -> Case:
 
 def _raw(mutate: Callable[[bytes], tuple[bytes, int, str]]) -> Case:
     def make(w: Wire, task: pb.TaskHeader) -> tuple[pb.UpdateHeader, list[bytes]]:
-        good = codec.encode(GLOBAL)
+        good = codec.encode(GLOBAL, digest=codec.DigestAlgo.SHA256)
         sent, size, sha = mutate(good.to_bytes())
         return (update_header(task, good, node_id=w.node_id, payload_size=size,
                               payload_sha256=sha), [sent] if sent else [])
@@ -209,7 +214,7 @@ def test_corrupted_streams_never_get_in(wire: Wire, data: st.DataObject) -> None
     before = wire.global_digest()
     err = wire.push(update_header(task, enc, node_id=wire.node_id), chunks)
     assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
-    assert any(w in err.details() for w in ("sha256 mismatch", "stream truncated"))
+    assert any(w in err.details() for w in ("blake3 mismatch", "stream truncated"))
     assert wire.global_digest() == before
     assert admin_client.health(wire.fed.address) == "SERVING"
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 from cryptography import x509
@@ -55,6 +57,11 @@ def test_checkpoint_round_trip_and_commit_point(tmp_path: Path) -> None:
     loaded = ck.load()
     assert loaded is not None
     assert np.array_equal(loaded[0]["w"], w2["w"]) and loaded[1]["global_round"] == 2
+    # The state names its digest; the weights come back as read-only views of the file.
+    assert loaded[1]["weights_digest_algorithm"] == "blake3"
+    assert loaded[1]["weights_digest"] == blake3.blake3(
+        (tmp_path / "global-000002.safetensors").read_bytes()).hexdigest()
+    assert not loaded[0]["w"].flags.writeable
     # Only the committed round's weights are kept, and the stable name is the same file.
     assert sorted(p.name for p in tmp_path.glob("global*.safetensors")) == [
         "global-000002.safetensors", "global.safetensors"]
@@ -65,6 +72,23 @@ def test_checkpoint_round_trip_and_commit_point(tmp_path: Path) -> None:
     assert again is not None and again[1]["global_round"] == 2
     # Damaged weights are named, not loaded.
     (tmp_path / "global-000002.safetensors").write_bytes(b"x" * 8)
+    with pytest.raises(CheckpointError, match="do not match the blake3"):
+        ck.load()
+
+
+def test_a_checkpoint_that_names_a_sha256_still_loads(tmp_path: Path) -> None:
+    # state.json from before BLAKE3: `weights_sha256`, no algorithm named.
+    ck = Checkpointer(tmp_path)
+    ck.save({"w": np.arange(3, dtype=np.float32)}, {"run_id": "r", "global_round": 1})
+    state = json.loads((tmp_path / "state.json").read_text())
+    blob = (tmp_path / state["weights_file"]).read_bytes()
+    del state["weights_digest"], state["weights_digest_algorithm"]
+    state["weights_sha256"] = hashlib.sha256(blob).hexdigest()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    loaded = ck.load()
+    assert loaded is not None and np.array_equal(loaded[0]["w"], np.arange(3))
+    # ... and its digest is checked: a flipped byte is named.
+    (tmp_path / state["weights_file"]).write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
     with pytest.raises(CheckpointError, match="do not match the sha256"):
         ck.load()
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import struct
 
+import blake3
 import ml_dtypes
 import numpy as np
 import pytest
@@ -26,20 +27,22 @@ def sample() -> dict[str, np.ndarray]:
     }
 
 
-def roundtrip(tensors: dict[str, np.ndarray], chunk: int) -> dict[str, np.ndarray]:
-    enc = codec.encode(tensors)
+def roundtrip(tensors: dict[str, np.ndarray], chunk: int,
+              algo: codec.DigestAlgo = codec.WIRE_DIGEST) -> dict[str, np.ndarray]:
+    enc = codec.encode(tensors, digest=algo)
     chunks = list(codec.iter_chunks(enc, chunk))
-    asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 30)
+    asm = codec.Assembler(enc.size, enc.digest, 1 << 30, algo)
     for c in chunks:
         asm.add(c)
     out, _ = codec.decode(asm.finish())
     return out
 
 
+@pytest.mark.parametrize("algo", list(codec.DigestAlgo))
 @pytest.mark.parametrize("chunk", [1 << 20, 64, 7, 1])
-def test_roundtrip_every_dtype_and_chunking(chunk: int) -> None:
+def test_roundtrip_every_dtype_and_chunking(chunk: int, algo: codec.DigestAlgo) -> None:
     t = sample()
-    out = roundtrip(t, chunk)
+    out = roundtrip(t, chunk, algo)
     assert set(out) == set(t)
     for k, v in t.items():
         assert out[k].dtype == v.dtype and out[k].shape == v.shape
@@ -54,7 +57,12 @@ def test_single_and_many_chunks() -> None:
     assert len(many) == -(-enc.size // 4096)
     assert all(len(c) == 4096 for c in many[:-1])
     assert b"".join(many) == enc.to_bytes()
-    assert hashlib.sha256(enc.to_bytes()).hexdigest() == enc.sha256
+    # BLAKE3 by default on the wire, and named; sha256 on request (older receivers).
+    assert enc.algorithm is codec.DigestAlgo.BLAKE3
+    assert blake3.blake3(enc.to_bytes()).hexdigest() == enc.digest
+    old = codec.encode(t, digest=codec.DigestAlgo.SHA256)
+    assert old.algorithm is codec.DigestAlgo.SHA256
+    assert hashlib.sha256(enc.to_bytes()).hexdigest() == old.digest
 
 
 def test_readable_by_safetensors() -> None:
@@ -130,21 +138,21 @@ def test_assembler_limits_truncation_overflow_and_digest() -> None:
     data = enc.to_bytes()
     # Each defect is its own CodecError subclass with the reason the aggregator counts it by.
     with pytest.raises(codec.PayloadTooLarge, match="exceeds the limit") as err:
-        codec.Assembler(enc.size, enc.sha256, limit=enc.size - 1)
+        codec.Assembler(enc.size, enc.digest, enc.size - 1, enc.algorithm)
     assert err.value.reason == "too_large"
-    asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
+    asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     asm.add(data[:-1])
     with pytest.raises(codec.Truncated, match="truncated") as err:
         asm.finish()
     assert err.value.reason == "truncated"
-    asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
+    asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     with pytest.raises(codec.CodecError, match="more than the announced") as err:
         asm.add(data + b"x")
     assert type(err.value) is codec.CodecError and err.value.reason == "malformed"
     flipped = bytearray(data)
     flipped[-1] ^= 1
-    asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
+    asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     asm.add(bytes(flipped))
-    with pytest.raises(codec.DigestMismatch, match="sha256 mismatch") as err:
+    with pytest.raises(codec.DigestMismatch, match="blake3 mismatch") as err:
         asm.finish()
     assert err.value.reason == "digest"

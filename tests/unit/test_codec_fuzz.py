@@ -26,7 +26,7 @@ tensor_sets = st.dictionaries(
 
 
 def _assemble(payload: bytes, cuts: list[int], size: int, sha: str) -> bytearray:
-    asm = codec.Assembler(size, sha, limit=1 << 30)
+    asm = codec.Assembler(size, sha, 1 << 30, codec.WIRE_DIGEST)
     bounds = sorted(c % (len(payload) + 1) for c in cuts)
     for a, b in zip([0, *bounds], [*bounds, len(payload)], strict=True):
         asm.add(payload[a:b])
@@ -38,7 +38,7 @@ def _assemble(payload: bytes, cuts: list[int], size: int, sha: str) -> bytearray
 def test_any_chunking_reassembles_exactly(tensors: dict[str, np.ndarray],
                                           cuts: list[int]) -> None:
     enc = codec.encode(tensors)
-    got, _ = codec.decode(_assemble(enc.to_bytes(), cuts, enc.size, enc.sha256))
+    got, _ = codec.decode(_assemble(enc.to_bytes(), cuts, enc.size, enc.digest))
     assert set(got) == set(tensors)
     for name, arr in tensors.items():
         assert got[name].dtype == arr.dtype.newbyteorder("<") and got[name].shape == arr.shape
@@ -55,13 +55,13 @@ def test_truncated_or_flipped_streams_are_refused(tensors: dict[str, np.ndarray]
     if data.draw(st.booleans()):
         payload = payload[: data.draw(st.integers(0, len(payload) - 1))]
         with pytest.raises(codec.CodecError, match="truncated"):
-            _assemble(bytes(payload), cuts, enc.size, enc.sha256)
+            _assemble(bytes(payload), cuts, enc.size, enc.digest)
         return
     for bit in data.draw(st.lists(st.integers(0, len(payload) * 8 - 1), min_size=1,
                                   max_size=5, unique=True)):
         payload[bit // 8] ^= 1 << (bit % 8)
-    with pytest.raises(codec.CodecError, match="sha256 mismatch"):
-        _assemble(bytes(payload), cuts, enc.size, enc.sha256)
+    with pytest.raises(codec.CodecError, match="blake3 mismatch"):
+        _assemble(bytes(payload), cuts, enc.size, enc.digest)
 
 
 @settings(max_examples=300, deadline=None)

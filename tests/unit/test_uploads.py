@@ -26,7 +26,7 @@ def test_an_announced_payload_takes_memory_only_as_it_arrives() -> None:
 
 def test_a_completed_payload_decodes_without_a_copy() -> None:
     enc = codec.encode({"w": np.arange(1000, dtype=np.float32)})
-    asm = codec.Assembler(enc.size, enc.sha256, limit=1 << 20)
+    asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     for chunk in codec.iter_chunks(enc, 4096):
         asm.add(chunk)
     payload = asm.finish()

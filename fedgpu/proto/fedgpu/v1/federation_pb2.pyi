@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DigestAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIGEST_ALGORITHM_UNSPECIFIED: _ClassVar[DigestAlgorithm]
+    DIGEST_ALGORITHM_SHA256: _ClassVar[DigestAlgorithm]
+    DIGEST_ALGORITHM_BLAKE3: _ClassVar[DigestAlgorithm]
+
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_KIND_NONE: _ClassVar[TaskKind]
@@ -14,11 +20,24 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_TRAIN: _ClassVar[TaskKind]
     TASK_KIND_EVALUATE: _ClassVar[TaskKind]
     TASK_KIND_SHUTDOWN: _ClassVar[TaskKind]
+DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
+DIGEST_ALGORITHM_SHA256: DigestAlgorithm
+DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
 TASK_KIND_NONE: TaskKind
 TASK_KIND_INIT: TaskKind
 TASK_KIND_TRAIN: TaskKind
 TASK_KIND_EVALUATE: TaskKind
 TASK_KIND_SHUTDOWN: TaskKind
+
+class BulkTicket(_message.Message):
+    __slots__ = ("ticket", "port", "expires_in_s")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    port: int
+    expires_in_s: float
+    def __init__(self, ticket: _Optional[str] = ..., port: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "memory_free_mib", "utilization_pct", "compute_capability", "healthy", "reason")
@@ -110,29 +129,35 @@ class RegisterRequest(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
+    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size", "bulk_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BULK_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     run_id: str
     heartbeat_interval_s: int
     max_update_bytes: int
     chunk_size: int
-    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    bulk_port: int
+    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., bulk_port: _Optional[int] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("node_id", "wait_s")
+    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    BULK_FIELD_NUMBER: _ClassVar[int]
+    BULK_ERROR_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     wait_s: int
-    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ...) -> None: ...
+    bulk: bool
+    bulk_error: str
+    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +170,9 @@ class TaskHeader(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
+    BULK_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -157,7 +185,10 @@ class TaskHeader(_message.Message):
     seed: int
     message: str
     ring: RingAssignment
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ...) -> None: ...
+    bulk: BulkTicket
+    payload_digest_algorithm: DigestAlgorithm
+    payload_digest: str
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ...) -> None: ...
 
 class RingAssignment(_message.Message):
     __slots__ = ("run_id", "rank", "world_size", "master_addr", "master_port", "first_iteration", "iterations", "total_iterations", "local_steps", "mixing", "peers", "restart", "timeout_s")
@@ -224,7 +255,7 @@ class RoundResources(_message.Message):
     def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +287,8 @@ class UpdateHeader(_message.Message):
     EVALUATED_ROUND_FIELD_NUMBER: _ClassVar[int]
     ITERATION_LOSS_FIELD_NUMBER: _ClassVar[int]
     LOST_RANKS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -273,7 +306,9 @@ class UpdateHeader(_message.Message):
     evaluated_round: int
     iteration_loss: _containers.RepeatedScalarFieldContainer[float]
     lost_ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    payload_digest_algorithm: DigestAlgorithm
+    payload_digest: str
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -54,6 +54,11 @@ class FederationStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.OpenUpload = channel.unary_unary(
+                '/fedgpu.v1.Federation/OpenUpload',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -87,6 +92,18 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenUpload(self, request, context):
+        """The bulk data path: a one-time ticket for sending this update's payload over the bulk
+        port (RegisterReply.bulk_port) instead of PushUpdate's chunks. The header is checked as
+        PushUpdate checks it (known node, open round, its own task, bounds); the ticket is bound
+        to the node, the task, the direction (upload) and payload_size, and expires within
+        seconds. The verdict on the update comes back over the bulk connection. Field numbers
+        20-29 of the messages below belong to the bulk path and the digest (issue 17).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +126,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'OpenUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenUpload,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +241,33 @@ class Federation:
             '/fedgpu.v1.Federation/Heartbeat',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Federation/OpenUpload',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,86 @@
+"""The global model as nodes download it: encoded and hashed once per model, shared by every
+node's stream, on either path (gRPC chunks or the bulk port).
+
+Backed by the checkpoint file the model was just written to, when there is one: the bytes are
+already on disk in wire format, so a download reads them from the page cache (`os.sendfile` on
+a plain bulk connection: no copy through the process at all) instead of holding a second,
+chunked copy of a multi-GB model in the aggregator's memory. The open descriptor keeps the
+file readable while the checkpointer renames a newer model over it. Without a checkpoint
+(tests, a wire dtype other than the model's), it is the encoded arrays in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedgpu.core import codec
+
+# Bytes per send from a file on a TLS socket (sendfile cannot encrypt).
+SEND_BLOCK = 4 << 20
+
+
+@dataclass(eq=False)
+class ModelPayload:
+    size: int
+    digest: str
+    algorithm: codec.DigestAlgo
+    _fd: int | None = None
+    _segments: tuple[memoryview, ...] = ()
+    _finalizer: weakref.finalize | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_file(cls, path: Path, digest: str, algorithm: codec.DigestAlgo) -> ModelPayload:
+        fd = os.open(path, os.O_RDONLY)
+        payload = cls(os.fstat(fd).st_size, digest, algorithm, fd)
+        # Closed when the last download of this model lets go of it, not when a newer model
+        # replaces it in the engine.
+        payload._finalizer = weakref.finalize(payload, os.close, fd)
+        return payload
+
+    @classmethod
+    def from_encoded(cls, enc: codec.Encoded) -> ModelPayload:
+        assert enc.algorithm is not None, "a payload for the wire carries a digest"
+        return cls(enc.size, enc.digest, enc.algorithm, None, enc.segments)
+
+    def chunks(self, chunk_size: int) -> Iterator[bytes]:
+        """The payload in gRPC chunks, read as the stream asks for them."""
+        if self._fd is None:
+            yield from codec.iter_chunks(codec.Encoded(self._segments, self.size, self.digest,
+                                                       self.algorithm), chunk_size)
+            return
+        for offset in range(0, self.size, chunk_size):
+            # A pread of the page cache: far below a millisecond per MiB, fine on the loop.
+            chunk = os.pread(self._fd, min(chunk_size, self.size - offset), offset)
+            if not chunk:
+                raise OSError(f"model file shorter than its {self.size} bytes")
+            yield chunk
+
+    def send(self, sock: socket.socket) -> None:
+        """Write the whole payload to a connected (blocking, timed) socket."""
+        if self._fd is None:
+            for seg in self._segments:
+                sock.sendall(seg)
+            return
+        if not isinstance(sock, ssl.SSLSocket):
+            offset = 0
+            while offset < self.size:
+                sent = os.sendfile(sock.fileno(), self._fd, offset, self.size - offset)
+                if sent == 0:
+                    raise OSError(f"model file shorter than its {self.size} bytes")
+                offset += sent
+            return
+        buf = bytearray(min(SEND_BLOCK, self.size))
+        view = memoryview(buf)
+        offset = 0
+        while offset < self.size:
+            n = os.preadv(self._fd, [view[: min(len(buf), self.size - offset)]], offset)
+            if n <= 0:
+                raise OSError(f"model file shorter than its {self.size} bytes")
+            sock.sendall(view[:n])
+            offset += n
