@@ -1,4 +1,7 @@
-"""The node's side of the wire: register, long-poll, stream updates, heartbeat."""
+"""The node's side of the wire: register, long-poll, stream updates, heartbeat.
+
+Weights move over the aggregator's bulk port when it has one (node/bulk_client.py) and over
+gRPC streaming otherwise, or when that port cannot be reached."""
 
 from __future__ import annotations
 
@@ -7,9 +10,10 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu.core import codec, digests
+from fedgpu.core import bulk, codec, digests
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import channel, token_metadata
+from fedgpu.node.bulk_client import BulkPath
 from fedgpu.proto import pb, pb_grpc
 
 
@@ -35,20 +39,43 @@ class AggregatorClient:
         self._metadata = token_metadata(token)
         self._channel = channel(address, tls)
         self._stub = pb_grpc.FederationStub(self._channel)
+        self.bulk = BulkPath(address, tls)
 
     def close(self) -> None:
         self._channel.close()
 
     def register(self, request: pb.RegisterRequest, timeout: float = 10) -> pb.RegisterReply:
-        return self._stub.Register(request, metadata=self._metadata, timeout=timeout)
+        reply = self._stub.Register(request, metadata=self._metadata, timeout=timeout)
+        self.bulk.reset(reply.bulk_port)
+        return reply
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10) -> pb.HeartbeatReply:
         return self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
 
     def pull(self, node_id: str, wait_s: int, max_bytes: int
-             ) -> tuple[pb.TaskHeader, bytearray | None]:
+             ) -> tuple[pb.TaskHeader, memoryview | None]:
+        use_bulk = self.bulk.usable
+        header, payload = self._pull(node_id, wait_s, max_bytes, use_bulk)
+        if not header.HasField("bulk"):
+            return header, payload
+        asm = _assembler(header, max_bytes)
+        try:
+            self.bulk.download(header.bulk.ticket, header.bulk.port, asm)
+            return header, asm.finish()
+        except bulk.BulkUnreachable:
+            # The same task again, its payload over gRPC this time (already in the log).
+            return self._pull(node_id, 0, max_bytes, False)
+        except codec.CodecError as exc:
+            raise PayloadError(str(exc), header) from None
+        except (OSError, bulk.BulkProtocolError, bulk.RefusedError) as exc:
+            # Broken off, or the ticket went stale: ask again (the agent retries this).
+            raise PayloadError(f"bulk download failed: {exc}") from None
+
+    def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool
+              ) -> tuple[pb.TaskHeader, memoryview | None]:
         stream = self._stub.PullTask(
-            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s),
+            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
+                               bulk_error=self.bulk.error or ""),
             metadata=self._metadata,
             # The server holds the poll up to wait_s, then the payload may take a while.
             timeout=wait_s + 600,
@@ -66,7 +93,7 @@ class AggregatorClient:
                         raise PayloadTooLarge(
                             f"{header.payload_size} bytes exceed this node's limit of "
                             f"{max_bytes} bytes", header)
-                    if header.payload_size:
+                    if header.payload_size and not header.HasField("bulk"):
                         asm = _assembler(header, max_bytes)
                 elif asm is not None:
                     asm.add(msg.data)
@@ -83,6 +110,13 @@ class AggregatorClient:
         if payload is not None:
             digests.stamp(header, codec.WIRE_DIGEST, codec.digest_file(payload, codec.WIRE_DIGEST))
             header.payload_size = payload.stat().st_size
+            if self.bulk.usable and header.payload_size:
+                ticket = self._stub.OpenUpload(header, metadata=self._metadata, timeout=60)
+                try:
+                    message = self.bulk.upload(ticket.ticket, ticket.port, payload)
+                    return pb.PushReply(accepted=True, message=message)
+                except bulk.BulkUnreachable:
+                    pass  # over gRPC below, from now on (the log says so once)
         return self._stub.PushUpdate(
             self._update_stream(header, payload), metadata=self._metadata, timeout=3600
         )

@@ -11,7 +11,7 @@ import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,17 +20,19 @@ from grpc_reflection.v1alpha import reflection
 from fedgpu.core import codec
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
-from fedgpu.core.tls import TlsFiles, server_credentials
+from fedgpu.core.tls import TlsFiles, server_credentials, ssl_server_context
 from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
 from fedgpu.server import docs
 from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import Auth
+from fedgpu.server.bulk_server import BulkServer
 from fedgpu.server.federation_service import FederationService
 from fedgpu.server.job_events import JobLogHandler
 from fedgpu.server.jobs import JobManager
 from fedgpu.server.jobstore import JobStore
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
+from fedgpu.server.tickets import TicketBook
 from fedgpu.server.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
 
 if TYPE_CHECKING:
@@ -70,6 +72,9 @@ class ServerConfig:
     # asked: it is plain HTTP, reached from elsewhere through an SSH tunnel.
     ui_port: int = 0
     ui_host: str = "127.0.0.1"
+    # The bulk data path (server/bulk_server.py) on host:bulk_port, TLS as the gRPC port;
+    # 0 = off: weights move over gRPC only.
+    bulk_port: int = 0
 
 
 def _check(cfg: ServerConfig) -> bool:
@@ -133,8 +138,9 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                 None if cfg.insecure else cfg.operator_token,
                 client_certs=mutual, insecure=cfg.insecure)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    pb_grpc.add_FederationServicer_to_server(
-        FederationService(registry, jobs, auth, uploads, federation_id), server)
+    tickets = TicketBook() if cfg.bulk_port else None
+    federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
+    pb_grpc.add_FederationServicer_to_server(federation, server)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -153,7 +159,16 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         raise FedgpuError(f"cannot listen on {address}: {exc}; is the port in use?") from None
     if bound == 0:
         raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
-    closers = []
+    closers: list[Any] = []
+    if tickets is not None:
+        bulk = BulkServer(federation, tickets, cfg.host, cfg.bulk_port,
+                          ssl_server_context(cfg.tls) if cfg.tls is not None else None, mutual)
+        try:
+            federation.bulk_port = await bulk.start()
+        except OSError as exc:
+            raise FedgpuError(str(exc)) from None
+        closers.append(bulk)
+        uploads.bulk = bulk.stats
     if cfg.metrics_port:
         from fedgpu.server.metrics import serve_metrics
 
@@ -163,9 +178,10 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     await server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("aggregator %s listening on %s (%s); %d job(s) queued", federation_id, address,
-             "mutual TLS" if mutual else "TLS" if cfg.tls else "plaintext",
-             len(store.pending()))
+    log.info("aggregator %s listening on %s (%s); %s; %d job(s) queued", federation_id,
+             address, "mutual TLS" if mutual else "TLS" if cfg.tls else "plaintext",
+             f"bulk data path on port {federation.bulk_port}" if federation.bulk_port
+             else "no bulk port (weights over gRPC only)", len(store.pending()))
     if ready is not None:
         ready.set()
 

@@ -35,6 +35,11 @@ def current_round(orch: Orchestrator) -> dict[str, Any] | None:
     }
 
 
+def _bulk(uploads: Uploads | None) -> dict[str, Any] | None:
+    """The bulk port's figures (`status --json` `bulk`); None without a bulk port."""
+    return uploads.bulk() if uploads is not None and uploads.bulk is not None else None
+
+
 def _nodes_count(registry: Registry) -> dict[str, int]:
     return {"registered": len(registry.all()), "alive": len(registry.alive())}
 
@@ -60,6 +65,7 @@ def status_doc(orch: Orchestrator, registry: Registry, job_id: str | None = None
         "rejections": dict(orch.rejections),
         # Update streams being received now: stalled ones, those timed out so far, memory.
         "uploads": uploads.stats() if uploads is not None else None,
+        "bulk": _bulk(uploads),
         "started_at": orch.started_at,
         "finished_at": orch.finished_at,
         "uptime_s": round(time.time() - orch.started_at, 1),
@@ -88,6 +94,7 @@ def _stored_status(jobs: JobManager, row: JobRow) -> dict[str, Any]:
         "loss": row.loss,
         "rejections": jobs.store.rejections(row.job_id),
         "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
+        "bulk": _bulk(jobs.uploads),
         "started_at": started,
         "finished_at": row.finished_at,
         "uptime_s": round((row.finished_at or time.time()) - started, 1),
@@ -117,6 +124,7 @@ def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
                     "current_round": None, "nodes": _nodes_count(jobs.registry),
                     "accuracy": None, "loss": None, "rejections": {},
                     "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
+                    "bulk": _bulk(jobs.uploads),
                     "started_at": None,
                     "finished_at": None, "uptime_s": 0.0, "job": None,
                     "version": fedgpu.__version__}

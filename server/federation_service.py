@@ -1,9 +1,14 @@
 """The `fedgpu.v1.Federation` service: thin gRPC glue over the registry and the running
-job's round engine. Nodes register once with the federation and stay across jobs."""
+job's round engine. Nodes register once with the federation and stay across jobs.
+
+With a bulk port, the weights themselves may move beside gRPC (server/bulk_server.py): a
+PullTask asked with `bulk` carries a download ticket instead of chunks, and OpenUpload checks
+an update's header and hands out an upload ticket."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,15 +17,20 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from fedgpu.core.bulk import Direction
+from fedgpu.core.constants import Transport
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
+from fedgpu.server.ingest import check_header, ingest
 from fedgpu.server.jobs import JobManager
 from fedgpu.server.registry import Node, Registry, RegistryFull
+from fedgpu.server.round_state import RoundState
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
-from fedgpu.server.uploads import Uploads
-from fedgpu.server.validation import UpdateRejected, decode_and_check
+from fedgpu.server.tickets import TicketBook
+from fedgpu.server.uploads import Received, Uploads
+from fedgpu.server.validation import UpdateRejected
 from fedgpu.server.wire_limits import WireError, shown
 
 log = logging.getLogger("fedgpu.server.federation")
@@ -52,6 +62,8 @@ class FederationService(pb_grpc.FederationServicer):
         auth: Auth,
         uploads: Uploads,
         federation_id: str,
+        tickets: TicketBook | None = None,
+        bulk_port: int = 0,
     ) -> None:
         self.registry = registry
         self.jobs = jobs
@@ -61,6 +73,9 @@ class FederationService(pb_grpc.FederationServicer):
         # memory stays O(budget), never O(model x nodes), and no silent sender holds it.
         self.uploads = uploads
         self.max_update_bytes = uploads.max_update_bytes
+        # The bulk port and its tickets; None / 0 when the weights move over gRPC only.
+        self.tickets = tickets
+        self.bulk_port = bulk_port if tickets is not None else 0
 
     @property
     def orch(self) -> Orchestrator:
@@ -117,6 +132,7 @@ class FederationService(pb_grpc.FederationServicer):
             heartbeat_interval_s=self.registry.heartbeat_interval_s,
             max_update_bytes=self.max_update_bytes,
             chunk_size=self.jobs.chunk_size,
+            bulk_port=self.bulk_port,
         )
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
@@ -140,6 +156,9 @@ class FederationService(pb_grpc.FederationServicer):
                        ) -> AsyncIterator[pb.TaskChunk]:
         await self.auth.node(context)
         node = await self._node(request.node_id, context)
+        if self.bulk_port:
+            # Why a node falls back to gRPC, as it tells us (`fedgpu nodes` bulk_error).
+            node.bulk_error = wire_limits.truncate(request.bulk_error, 512) or None
         wait_s = min(max(request.wait_s, 0), MAX_POLL_S)
         task = self.orch.task_for(node)
         if task is None and not self.jobs.exiting.is_set() and wait_s:
@@ -158,8 +177,18 @@ class FederationService(pb_grpc.FederationServicer):
             else:
                 yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE))
             return
+        if task.payload is not None and request.bulk and self.tickets is not None:
+            ticket = self.tickets.issue(Direction.DOWNLOAD, node.node_id, node.name,
+                                        task.task_id, task.payload.size)
+            header = pb.TaskHeader()
+            header.CopyFrom(task.header)
+            header.bulk.CopyFrom(pb.BulkTicket(ticket=ticket.token, port=self.bulk_port,
+                                               expires_in_s=self.tickets.ttl_s))
+            yield pb.TaskChunk(header=header)
+            return
         yield pb.TaskChunk(header=task.header)
         if task.payload is not None:
+            node.transport = Transport.GRPC
             for chunk in task.payload.chunks(self.jobs.chunk_size):
                 yield pb.TaskChunk(data=chunk)
 
@@ -180,47 +209,58 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "an update stream must start with its header")
         header = first.header
-        if self.registry.get(header.node_id) is None:
-            # Counted like any other rejection, so probing with made-up ids shows in status.
-            orch.reject(None, header, UpdateRejected(
-                Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
-        node = await self._node(header.node_id, context)
-        rnd = None
-        claimed = False
-        try:
-            try:
-                wire_limits.check_update_header(header)
-            except WireError as exc:
-                raise UpdateRejected(exc.reason, str(exc)) from None
-            rnd = orch.check_update(node, header)
-            if header.failed:
-                orch.record_failure(node, header, rnd)
-                return pb.PushReply(accepted=True, message="failure recorded")
-            # From here on this stream holds the node's slot; others are duplicates.
-            orch.claim(node, rnd)
-            claimed = True
+        node = await self._update_node(orch, header, context)
+
+        @contextlib.asynccontextmanager
+        async def receive(rnd: RoundState) -> AsyncIterator[Received | None]:
             if header.kind == pb.TASK_KIND_EVALUATE:
                 if await self.uploads.next_message(stream, rnd.deadline) is not None:
                     raise UpdateRejected(Reject.MALFORMED,
                                          "an evaluation result carries no weights")
-                await orch.accept(node, header, rnd, None, header.payload_size)
-            else:
-                t0 = time.perf_counter()
-                async with self.uploads.receive(node.name, header, stream,
-                                                rnd.deadline) as payload:
-                    rnd.upload_s[node.node_id] = round(time.perf_counter() - t0, 4)
-                    spec = orch.global_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                    tensors = await asyncio.to_thread(decode_and_check, payload, spec)
-                    await orch.accept(node, header, rnd, tensors, header.payload_size)
-                    del tensors  # views of the payload, which is freed on the way out
+                yield None
+                return
+            async with self.uploads.receive(node.name, header, stream, rnd.deadline) as got:
+                yield got
+
+        try:
+            message = await ingest(orch, node, header, receive, Transport.GRPC)
         except UpdateRejected as exc:
-            orch.reject(node, header, exc, rnd, claimed=claimed)
-            code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
-            await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
-        except BaseException:
-            # Not a verdict on the update (the call was cancelled, the server is stopping):
-            # the slot goes back to its node, which may send the update again.
-            if claimed and rnd is not None:
-                orch.release(node, rnd)
-            raise
-        return pb.PushReply(accepted=True, message=f"update for round {header.round} accepted")
+            await self._abort(context, exc)
+        return pb.PushReply(accepted=True, message=message)
+
+    async def OpenUpload(self, request: pb.UpdateHeader, context: grpc.aio.ServicerContext
+                         ) -> pb.BulkTicket:
+        await self.auth.node(context)
+        if self.tickets is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this aggregator has no bulk port: use PushUpdate")
+        assert self.tickets is not None
+        orch = self.orch
+        node = await self._update_node(orch, request, context)
+        if request.failed or request.payload_size <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only an update with a "
+                                "payload moves over the bulk port: use PushUpdate")
+        try:
+            # The same checks PushUpdate makes at the header, now and again on arrival.
+            check_header(orch, node, request)
+            self.uploads.assembler(request)  # size limit and digest algorithm
+        except UpdateRejected as exc:
+            orch.reject(node, request, exc)
+            await self._abort(context, exc)
+        ticket = self.tickets.issue(Direction.UPLOAD, node.node_id, node.name,
+                                    request.task_id, request.payload_size, request)
+        return pb.BulkTicket(ticket=ticket.token, port=self.bulk_port,
+                             expires_in_s=self.tickets.ttl_s)
+
+    async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
+                           context: grpc.aio.ServicerContext) -> Node:
+        if self.registry.get(header.node_id) is None:
+            # Counted like any other rejection, so probing with made-up ids shows in status.
+            orch.reject(None, header, UpdateRejected(
+                Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
+        return await self._node(header.node_id, context)
+
+    @staticmethod
+    async def _abort(context: grpc.aio.ServicerContext, exc: UpdateRejected) -> None:
+        code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
+        await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")

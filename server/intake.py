@@ -53,6 +53,11 @@ class Intake:
     _agg_lock: asyncio.Lock
     _payload: ModelPayload | None
 
+    @property
+    def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+        """What a training update must match: the global model's names, shapes and dtypes."""
+        return self.global_spec
+
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""
         rnd = self.current
@@ -188,6 +193,7 @@ class Intake:
             resources=resources,
             upload_s=rnd.upload_s.get(node.node_id),
             gpu_decision=node.decision,
+            transport=rnd.transport.get(node.node_id),
         )
         self.current_plan.on_update(update, header)
         rnd.updates.append(update)

@@ -89,6 +89,9 @@ class UpdateRecord:
     gpu_decision: dict[str, Any]
     # Ring mode: the training loss of each iteration of the block.
     iteration_loss: list[float] | None = None
+    # The path the payload came by ("bulk" or "grpc"); None in records from before it was
+    # kept, whose documents stay as they were.
+    transport: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +106,8 @@ class UpdateRecord:
             "upload_s": self.upload_s,
             "gpu_decision": self.gpu_decision,
         }
+        if self.transport is not None:
+            d["transport"] = self.transport
         if self.iteration_loss is not None:
             d["iteration_loss"] = self.iteration_loss
         return {**d, **self.extra}
@@ -117,7 +122,8 @@ class UpdateRecord:
             num_eval_examples=d.get("num_eval_examples", 0),
             resources=Resources.from_dict(d.get("resources")),
             upload_s=d.get("upload_s"), gpu_decision=d.get("gpu_decision") or {},
-            iteration_loss=d.get("iteration_loss"), extra=_extra(cls, d),
+            iteration_loss=d.get("iteration_loss"), transport=d.get("transport"),
+            extra=_extra(cls, d),
         )
 
 

@@ -39,6 +39,10 @@ class Node:
     # Training examples the node stated (at registration, or with its first training
     # update); 0 while unstated. Updates may not claim more.
     stated_examples: int = 0
+    # How the node's last payload moved (either way), and why it uses gRPC although the
+    # aggregator has a bulk port (it said it cannot reach it); None until known / when fine.
+    transport: str | None = None
+    bulk_error: str | None = None
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -162,6 +166,8 @@ class Registry:
                 "tasks": n.tasks,
                 "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
+                "transport": n.transport,
+                "bulk_error": n.bulk_error,
             }
             for n in self.all()
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.payload import ModelPayload
 from fedgpu.server.records import Failure, Rejection, UpdateRecord
@@ -57,6 +58,8 @@ class RoundState:
     # upload time as the aggregator saw it: `fedgpu report` splits a round's duration by them.
     aggregation_s: float = 0.0
     upload_s: dict[str, float] = field(default_factory=dict)
+    # The path each node's update came by (bulk port or gRPC).
+    transport: dict[str, Transport] = field(default_factory=dict)
 
     def count(self, state: SlotState) -> int:
         return sum(1 for s in self.slots.values() if s == state)

@@ -6,19 +6,24 @@ budget when the first payload bytes arrive, not when a header announces a size: 
 sends a header and then nothing holds no memory and no slot, and the buffer itself only takes
 pages as bytes land in it (codec.Assembler). Who may upload at all (a node selected for the
 open round, one stream per node) is the round engine's slot claim, checked before this.
+
+Both paths come through here: gRPC chunks (`receive`) and the bulk port (`receive_socket`,
+whose node waits for a go-ahead sent once the memory is reserved, then streams the bytes
+straight into the buffer). Either yields the payload and `seconds`, first to last byte.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedgpu.core import codec, digests
+from fedgpu.core import bulk, codec, digests
 from fedgpu.proto import pb
 from fedgpu.server.states import Reject
 from fedgpu.server.validation import UpdateRejected
@@ -81,6 +86,33 @@ class _Upload:
     last_byte: float
     received: int = 0
     waiting_for_memory: bool = False
+    # perf_counter() when receiving began, when the last byte came, and time spent waiting
+    # for upload memory (which is not transfer time).
+    began: float = field(default_factory=time.perf_counter)
+    last_perf: float = 0.0
+    waited: float = 0.0
+
+    def got(self, n: int) -> None:
+        self.received += n
+        self.last_byte = time.time()
+        self.last_perf = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        """Receiving time: from the header (gRPC) or the go-ahead (bulk) to the last byte,
+        less any wait for upload memory."""
+        end = self.last_perf or time.perf_counter()
+        return round(max(end - self.began - self.waited, 0.0), 6)
+
+
+@dataclass
+class Received:
+    payload: memoryview
+    seconds: float
+
+
+# Runs a blocking call (a socket read) on the bulk path's own threads.
+Blocking = Callable[..., Awaitable[Any]]
 
 
 @dataclass
@@ -91,6 +123,8 @@ class Uploads:
     timed_out: int = 0
     _active: dict[int, _Upload] = field(default_factory=dict)
     _budget: ByteBudget | None = None
+    # The bulk port's figures (server/bulk_server.py), shown beside these; None: no bulk port.
+    bulk: Callable[[], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self._budget = ByteBudget(self.budget_bytes)
@@ -116,7 +150,7 @@ class Uploads:
     @contextlib.asynccontextmanager
     async def receive(self, node: str, header: pb.UpdateHeader,
                       stream: AsyncIterator[pb.UpdateChunk], deadline: float
-                      ) -> AsyncIterator[memoryview]:
+                      ) -> AsyncIterator[Received]:
         """The payload announced by `header`, checked against its size and digest; its memory
         stays reserved until the block using it ends (decode, validation, aggregation)."""
         assert self._budget is not None
@@ -137,15 +171,49 @@ class Uploads:
                     if not reserved and msg.data:
                         reserved = await self._reserve(up, asm.size, deadline)
                     asm.add(msg.data)
-                    up.received += len(msg.data)
-                    up.last_byte = time.time()
+                    up.got(len(msg.data))
                 payload = asm.finish()
             except codec.CodecError as exc:
                 # The codec says which defect it was (too_large, digest, truncated, malformed).
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
             finally:
                 del self._active[id(up)]
-            yield payload
+            yield Received(payload, up.seconds)
+        finally:
+            if reserved:
+                self._budget.release(reserved)
+
+    @contextlib.asynccontextmanager
+    async def receive_socket(self, node: str, header: pb.UpdateHeader, sock: socket.socket,
+                             deadline: float, blocking: Blocking) -> AsyncIterator[Received]:
+        """The payload `header` announces, read from a bulk connection straight into its
+        buffer. The go-ahead goes out once the memory is reserved; then the same idle
+        timeout, deadline, size and digest checks as a gRPC stream. OSError: the connection
+        broke (not a verdict on the update)."""
+        assert self._budget is not None
+        asm = self.assembler(header)
+        now = time.time()
+        up = _Upload(node, now, now)
+        self._active[id(up)] = up
+        reserved = 0
+        try:
+            try:
+                reserved = await self._reserve(up, asm.size, deadline)
+                await blocking(bulk.write_status, sock, bulk.Status(True))
+                await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got)
+                payload = asm.finish()
+            except TimeoutError:
+                self.timed_out += 1
+                if deadline - time.time() <= self.idle_s:
+                    raise UpdateRejected(Reject.TIMEOUT, "the upload did not finish by the "
+                                         "round's deadline") from None
+                raise UpdateRejected(Reject.TIMEOUT, f"no data for {self.idle_s:g}s: the "
+                                     "upload stalled (--upload-idle-s)") from None
+            except codec.CodecError as exc:
+                raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+            finally:
+                del self._active[id(up)]
+            yield Received(payload, up.seconds)
         finally:
             if reserved:
                 self._budget.release(reserved)
@@ -165,6 +233,7 @@ class Uploads:
         # Memory is claimed once bytes arrive: announcing a size costs nothing.
         assert self._budget is not None
         up.waiting_for_memory = True
+        t0 = time.perf_counter()
         try:
             await self._budget.acquire(size, deadline - time.time())
         except TimeoutError:
@@ -174,6 +243,7 @@ class Uploads:
                 "deadline (--upload-memory-mib)") from None
         finally:
             up.waiting_for_memory = False
+            up.waited += time.perf_counter() - t0
         up.last_byte = time.time()
         return size
 

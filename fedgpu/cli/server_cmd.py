@@ -24,6 +24,11 @@ def start(
         "federation waits for 'fedgpu job submit'.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(envvar="FEDGPU_PORT", help="gRPC port.")] = 50051,
+    bulk_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_BULK_PORT", min=0, max=65535,
+        help="TCP port of the bulk data path: model downloads and update uploads beside gRPC, "
+        "at line rate (TLS as the gRPC port); nodes that cannot reach it use gRPC. 0 = off "
+        "(compose and the Kubernetes manifests use 50052).")] = 0,
     token: Annotated[str | None, typer.Option(
         envvar="FEDGPU_TOKEN", help="Shared token nodes must present.")] = None,
     operator_token: Annotated[str | None, typer.Option(
@@ -97,6 +102,7 @@ def start(
         metrics_port=metrics_port,
         ui_port=ui_port,
         ui_host=ui_host,
+        bulk_port=bulk_port,
     )
     raise typer.Exit(asyncio.run(serve(cfg)))
 

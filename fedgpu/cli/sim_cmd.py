@@ -28,6 +28,10 @@ def sim(
     poll_s: Annotated[int, typer.Option(help="Long-poll wait per PullTask.")] = 25,
     nodes_per_channel: Annotated[int, typer.Option(
         help="Nodes sharing one connection (1 = one per node, like real sites).")] = 1,
+    update_file: Annotated[Path | None, typer.Option(
+        help="Send this safetensors file as every node's update (init and train), read from "
+        "disk, and keep none of the models downloaded (their digest is still checked): "
+        "big-model benchmarks within one machine's memory.")] = None,
     stats: Annotated[Path | None, typer.Option(
         help="Write registration/push/pull timings here as JSON.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
@@ -41,9 +45,12 @@ def sim(
     logs.setup(log_level)
     if nodes < 1 or params < tensors or tensors < 1:
         raise ConfigError("need --nodes >= 1 and --params >= --tensors >= 1")
+    if update_file is not None and not update_file.is_file():
+        raise ConfigError(f"--update-file {update_file} is not a file")
     cfg = SimConfig(aggregator=aggregator, token=token, nodes=nodes, prefix=prefix,
                     start_index=start_index, params=params, tensors=tensors, poll_s=poll_s,
-                    nodes_per_channel=nodes_per_channel, stats_file=stats)
+                    nodes_per_channel=nodes_per_channel, stats_file=stats,
+                    update_file=update_file)
     try:
         result = asyncio.run(run_sim(cfg))
     except grpc.aio.AioRpcError as exc:

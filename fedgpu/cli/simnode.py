@@ -1,18 +1,25 @@
 """Simulated nodes: the real wire protocol, synthetic weights, no torch, many per process.
 
 For scale tests and benchmarks. Each simulated node registers, heartbeats, long-polls for tasks
-and answers them exactly as a real agent does (same stubs, same chunked payloads with sha256),
-but its "training" is a cheap synthetic update of the global model's shapes. All nodes of a
-process share one asyncio loop on grpc.aio, so a thousand of them cost a few hundred MB and
-no thread each.
+and answers them exactly as a real agent does (same stubs, same payloads with their BLAKE3
+digest, over the aggregator's bulk port when it has one and gRPC chunks otherwise), but its
+"training" is a cheap synthetic update of the global model's shapes. All nodes of a process
+share one asyncio loop on grpc.aio, so a thousand of them cost a few hundred MB and no thread
+each (a bulk transfer runs on a thread while it lasts).
+
+With `update_file`, every node's update is that safetensors file, sent from disk, and the
+models it downloads are checked against their digest and dropped: big-model benchmarks (six
+3.4 GB updates) then fit in one machine's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
+import mmap
 import signal
 import time
 import zlib
@@ -25,7 +32,7 @@ import grpc
 import numpy as np
 
 import fedgpu
-from fedgpu.core import codec, digests
+from fedgpu.core import bulk, codec, digests
 from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
 from fedgpu.proto import pb, pb_grpc
 
@@ -46,6 +53,14 @@ class SimConfig:
     nodes_per_channel: int = 1
     connect_timeout_s: float = 120.0
     stats_file: Path | None = None
+    # Send this safetensors file as every update, and keep no downloaded model.
+    update_file: Path | None = None
+
+
+@functools.lru_cache(maxsize=4)
+def file_payload(path: Path) -> tuple[int, str]:
+    """(size, BLAKE3) of an update file, hashed once per process."""
+    return path.stat().st_size, codec.digest_file(path, codec.WIRE_DIGEST)
 
 
 def model_shapes(params: int, tensors: int) -> dict[str, tuple[int, ...]]:
@@ -76,6 +91,8 @@ class SimStats:
     pushes: list[dict[str, float]] = field(default_factory=list)
     pulls: list[dict[str, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Why nodes fell back to gRPC (the bulk port could not be reached).
+    bulk_errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +102,7 @@ class SimStats:
             "pushes": self.pushes,
             "pulls": self.pulls,
             "errors": self.errors[:20],
+            "bulk_errors": sorted(set(self.bulk_errors))[:20],
         }
 
 
@@ -119,6 +137,9 @@ class SimNode:
         self.chunk_size = codec.DEFAULT_CHUNK_SIZE
         self.max_bytes = 4 << 30
         self.state = "idle"
+        self.bulk_host = bulk.host_of(cfg.aggregator)
+        self.bulk_port = 0
+        self.bulk_error = ""
 
     async def register(self, deadline: float) -> None:
         req = pb.RegisterRequest(
@@ -145,6 +166,13 @@ class SimNode:
         self.heartbeat_s = max(1, reply.heartbeat_interval_s)
         self.chunk_size = reply.chunk_size or self.chunk_size
         self.max_bytes = reply.max_update_bytes or self.max_bytes
+        self.bulk_port, self.bulk_error = reply.bulk_port, ""
+
+    def _fall_back(self, why: str) -> None:
+        if not self.bulk_error:
+            log.warning("%s: bulk port unusable (%s); moving weights over gRPC", self.name, why)
+            self.stats.bulk_errors.append(why)
+        self.bulk_error = why
 
     async def heartbeats(self) -> None:
         # Spread over the interval so a thousand nodes don't beat in the same millisecond.
@@ -179,41 +207,65 @@ class SimNode:
                 self.stats.pulls.append(pull)
             await self._answer(header, payload)
 
-    async def _pull(self) -> tuple[pb.TaskHeader, bytearray | None, dict[str, float]]:
+    def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | bulk.DigestSink:
+        algo, digest = digests.of_header(header)
+        if self.cfg.update_file is not None:
+            if header.payload_size > self.max_bytes:
+                raise codec.PayloadTooLarge(f"{header.payload_size} bytes")
+            return bulk.DigestSink(header.payload_size, digest, algo)
+        return codec.Assembler(header.payload_size, digest, self.max_bytes, algo)
+
+    async def _pull(self, wait_s: int | None = None
+                    ) -> tuple[pb.TaskHeader, memoryview | None, dict[str, float]]:
         started = time.perf_counter()
         header: pb.TaskHeader | None = None
-        asm: codec.Assembler | None = None
-        call = self.stub.PullTask(pb.PullTaskRequest(node_id=self.node_id,
-                                                     wait_s=self.cfg.poll_s),
-                                  metadata=self.metadata, timeout=self.cfg.poll_s + 600)
+        asm: codec.Assembler | bulk.DigestSink | None = None
+        use_bulk = bool(self.bulk_port and not self.bulk_error)
+        call = self.stub.PullTask(pb.PullTaskRequest(
+            node_id=self.node_id, wait_s=self.cfg.poll_s if wait_s is None else wait_s,
+            bulk=use_bulk, bulk_error=self.bulk_error), metadata=self.metadata,
+            timeout=self.cfg.poll_s + 600)
         first_byte = 0.0
         async for msg in call:
             if msg.HasField("header"):
                 header = msg.header
                 first_byte = time.perf_counter()
                 if header.payload_size:
-                    algo, digest = digests.of_header(header)
-                    asm = codec.Assembler(header.payload_size, digest, self.max_bytes, algo)
+                    asm = self._receiver(header)
             elif asm is not None:
                 asm.add(msg.data)
         assert header is not None, "task stream without a header"
+        transport = "grpc"
+        if header.HasField("bulk") and asm is not None:
+            try:
+                await asyncio.to_thread(bulk.download, self.bulk_host, header.bulk.port, None,
+                                        header.bulk.ticket, asm)
+                transport = "bulk"
+            except bulk.BulkUnreachable as exc:
+                self._fall_back(str(exc))
+                return await self._pull(wait_s=0)
         payload = asm.finish() if asm is not None else None
         done = time.perf_counter()
-        return header, payload, {"bytes": float(header.payload_size),
-                                 "seconds": round(done - (first_byte or started), 6)}
+        return header, payload or None, {"bytes": float(header.payload_size),
+                                         "seconds": round(done - (first_byte or started), 6),
+                                         "transport": transport}
 
-    def _update(self, header: pb.TaskHeader, payload: bytearray | None
+    def _update(self, header: pb.TaskHeader, payload: memoryview | None
                 ) -> dict[str, np.ndarray] | None:
+        if self.cfg.update_file is not None:
+            return None
         if header.kind == pb.TASK_KIND_INIT:
             return synthetic_model(self.cfg.params, self.cfg.tensors, seed=header.seed)
         if header.kind != pb.TASK_KIND_TRAIN or payload is None:
             return None
         tensors, _ = codec.decode(payload)
-        # A node-specific step along a shared direction, shrinking with the round.
+        # A node-specific step along a shared direction, shrinking with the round, sent back
+        # in the dtype it came in (a job's wire_dtype).
         scale = np.float32((1 + self.index % 7) / (1 + header.round))
-        return {name: g + self.noise.get(name, g.shape) * scale for name, g in tensors.items()}
+        return {name: (g + self.noise.get(name, g.shape) * scale).astype(g.dtype, copy=False)
+                for name, g in tensors.items()}
 
-    async def _answer(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
+    async def _answer(self, header: pb.TaskHeader, payload: memoryview | None) -> None:
         self.state = "training"
         try:
             weights = await asyncio.to_thread(self._update, header, payload)
@@ -235,31 +287,66 @@ class SimNode:
                 update.num_eval_examples = 20
             if header.kind == pb.TASK_KIND_TRAIN:
                 update.train_metrics.update({"loss": 2.0 / (1 + header.round)})
-            enc = None
-            if weights is not None:
+            source: codec.Encoded | Path | None = None
+            if self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
+                                                                    pb.TASK_KIND_TRAIN):
+                size, digest = await asyncio.to_thread(file_payload, self.cfg.update_file)
+                update.payload_size = size
+                digests.stamp(update, codec.WIRE_DIGEST, digest)
+                source = self.cfg.update_file
+            elif weights is not None:
                 enc = await asyncio.to_thread(codec.encode, weights)
                 update.payload_size = enc.size
                 assert enc.algorithm is not None
                 digests.stamp(update, enc.algorithm, enc.digest)
+                source = enc
             started = time.perf_counter()
+            transport = "grpc"
             try:
-                await self.stub.PushUpdate(self._chunks(update, enc), metadata=self.metadata,
-                                           timeout=3600)
+                if source is not None and self.bulk_port and not self.bulk_error:
+                    transport = await self._push_bulk(update, source)
+                if transport == "grpc":
+                    await self.stub.PushUpdate(self._chunks(update, source),
+                                               metadata=self.metadata, timeout=3600)
             except grpc.aio.AioRpcError as exc:
                 self.stats.errors.append(f"{self.name} push: {exc.code().name} {exc.details()}")
                 return
-            if enc is not None:
-                self.stats.pushes.append({"bytes": float(enc.size),
-                                          "seconds": round(time.perf_counter() - started, 6)})
+            except (bulk.RefusedError, OSError, bulk.BulkProtocolError) as exc:
+                self.stats.errors.append(f"{self.name} bulk push: {exc}")
+                return
+            if source is not None:
+                self.stats.pushes.append({"bytes": float(update.payload_size),
+                                          "seconds": round(time.perf_counter() - started, 6),
+                                          "transport": transport})
         finally:
             self.state = "idle"
 
-    async def _chunks(self, header: pb.UpdateHeader, enc: codec.Encoded | None
+    async def _push_bulk(self, update: pb.UpdateHeader, source: codec.Encoded | Path) -> str:
+        """Send the update over the bulk port; "grpc" when that port cannot be reached (then
+        the caller sends it over gRPC, as a real node does)."""
+        ticket = await self.stub.OpenUpload(update, metadata=self.metadata, timeout=60)
+        data = source if isinstance(source, Path) else source.segments
+        try:
+            status = await asyncio.to_thread(bulk.upload, self.bulk_host, ticket.port, None,
+                                             ticket.ticket, data)
+        except bulk.BulkUnreachable as exc:
+            self._fall_back(str(exc))
+            return "grpc"
+        if not status.ok:
+            raise bulk.RefusedError(status)
+        return "bulk"
+
+    async def _chunks(self, header: pb.UpdateHeader, source: codec.Encoded | Path | None
                       ) -> AsyncIterator[pb.UpdateChunk]:
         yield pb.UpdateChunk(header=header)
-        if enc is not None:
-            for chunk in codec.iter_chunks(enc, self.chunk_size):
+        if isinstance(source, codec.Encoded):
+            for chunk in codec.iter_chunks(source, self.chunk_size):
                 yield pb.UpdateChunk(data=chunk)
+        elif source is not None:
+            with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
+                                                     access=mmap.ACCESS_READ) as mm:
+                for pos in range(0, len(mm), self.chunk_size):
+                    yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
 
 
 async def run_sim(cfg: SimConfig) -> SimStats:

@@ -30,6 +30,8 @@ import ml_dtypes
 import numpy as np
 
 DEFAULT_CHUNK_SIZE = 1 << 20
+# A socket read into the Assembler is hashed once this many bytes have piled up.
+HASH_BLOCK = 1 << 20
 # The header is JSON we parse before trusting anything; a huge one is an attack, not a model.
 MAX_HEADER_BYTES = 100 << 20
 
@@ -302,6 +304,8 @@ class Assembler:
             # page faults as it arrives instead of ~800,000.
             self._buf.madvise(mmap.MADV_HUGEPAGE)
         self._pos = 0
+        # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
+        self._hashed = 0
         self._digest = hasher(algorithm)
 
     @property
@@ -314,7 +318,7 @@ class Assembler:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._buf[self._pos : end] = chunk
         self._digest.update(chunk)
-        self._pos = end
+        self._pos = self._hashed = end
 
     def tail(self) -> memoryview:
         """The part of the buffer not received yet, for socket.recv_into."""
@@ -325,13 +329,20 @@ class Assembler:
         end = self._pos + n
         if n < 0 or end > self.size:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
-        self._digest.update(memoryview(self._buf)[self._pos : end])
         self._pos = end
+        if end - self._hashed >= HASH_BLOCK or end == self.size:
+            self._hash_received()
+
+    def _hash_received(self) -> None:
+        with memoryview(self._buf) as view:
+            self._digest.update(view[self._hashed : self._pos])
+        self._hashed = self._pos
 
     def finish(self) -> memoryview:
         """The whole payload, writable (decode() then returns writable arrays)."""
         if self._pos != self.size:
             raise Truncated(f"stream truncated: got {self._pos} of {self.size} bytes")
+        self._hash_received()
         actual = self._digest.hexdigest()
         if actual != self.expected:
             raise DigestMismatch(f"{self.algorithm} mismatch: payload hashes to {actual}, "

@@ -100,3 +100,15 @@ class JobState(StrEnum):
 JOB_STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 ENDED_JOB_STATES: frozenset[JobState] = frozenset(
     {JobState.FINISHED, JobState.FAILED, JobState.STOPPED})
+
+
+class Transport(StrEnum):
+    """Which path carried a payload (`transport` in `fedgpu rounds --json` and `nodes --json`):
+    the bulk port beside gRPC, or gRPC streaming (no bulk port, or the node cannot reach it)."""
+
+    BULK = "bulk"
+    GRPC = "grpc"
+
+
+# Half-precision transfer of float32 weights (the job's `wire_dtype`): lossy, off by default.
+WIRE_DTYPES: tuple[str, ...] = ("bf16", "fp16")

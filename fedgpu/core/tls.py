@@ -75,6 +75,31 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     )
 
 
+def ssl_server_context(tls: TlsFiles) -> ssl.SSLContext:
+    """The bulk port's TLS (fedgpu.core.bulk): the same certificate, key and client CA as the
+    gRPC port, so mutual TLS there means mutual TLS here."""
+    if tls.cert is None or tls.key is None:
+        raise ConfigError("the aggregator needs --tls-cert and --tls-key to serve TLS")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    if tls.ca is not None:
+        ctx.load_verify_locations(cafile=str(tls.ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def ssl_client_context(tls: TlsFiles) -> ssl.SSLContext:
+    """A node's TLS to the bulk port: the aggregator's certificate checked against --tls-ca
+    (the system's roots without one, as gRPC does), our certificate presented when we have
+    one."""
+    ctx = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if tls.cert is not None and tls.key is not None:
+        ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    return ctx
+
+
 def looks_like_tls_failure(exc: grpc.RpcError) -> bool:
     details = (exc.details() or "").lower()
     return exc.code() == grpc.StatusCode.UNAVAILABLE and any(

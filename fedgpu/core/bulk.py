@@ -1,0 +1,254 @@
+"""The bulk data path: weights over a plain TCP connection beside the gRPC control plane.
+
+Why not gRPC: in Python each gRPC chunk is copied about four times and crosses the GIL twice,
+which caps a stream at ~20% of what the socket carries; a socket read with `recv_into` lands
+the bytes straight in the payload's buffer. Why not an existing library: HTTP clients and
+servers (aiohttp, urllib3) copy every body chunk into a new bytes object and would add a
+second stack to secure; ZeroMQ and friends add a broker-less messaging layer the bulk path
+does not need. What is left is small: a ticket, a status frame and the payload's bytes.
+
+The conversation (TLS or mutual TLS around all of it when the gRPC port uses TLS):
+
+    client -> "FGB1" | u16 ticket length | ticket          (a one-time ticket from gRPC)
+    server -> status frame                                  (go ahead, or why not)
+    download: server -> payload_size bytes
+    upload:   client -> payload_size bytes; server -> status frame (the verdict)
+
+A status frame is a u32 length and a JSON object {"ok", "code", "reason", "message"}; `code`
+is the gRPC status name the same outcome gets on the gRPC path, so callers handle one kind of
+error. Integers are big-endian.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from fedgpu.core import codec
+from fedgpu.core.tls import TlsFiles, ssl_client_context
+
+MAGIC = b"FGB1"
+MAX_TICKET = 256
+MAX_STATUS = 64 << 10
+# Largest single recv_into: big enough that the per-call cost vanishes, small enough that the
+# digest keeps pace block by block.
+RECV_BLOCK = 8 << 20
+CONNECT_TIMEOUT_S = 10.0
+# After the last byte of an upload the aggregator validates and aggregates before it answers
+# (seconds for a multi-GB model, and it may wait for another update's aggregation).
+VERDICT_TIMEOUT_S = 3600.0
+
+
+class Direction(StrEnum):
+    UPLOAD = "upload"
+    DOWNLOAD = "download"
+
+
+@dataclass(frozen=True)
+class Status:
+    ok: bool
+    code: str = "OK"       # the gRPC status code name of the same outcome on the gRPC path
+    reason: str = ""       # a refusal's counter key (server/states.Reject or a ticket reason)
+    message: str = ""
+
+    def frame(self) -> bytes:
+        body = json.dumps(asdict(self)).encode()[:MAX_STATUS]
+        return struct.pack(">I", len(body)) + body
+
+
+class BulkUnreachable(OSError):
+    """The bulk port cannot be reached or its TLS handshake fails: use gRPC instead."""
+
+
+class BulkProtocolError(ValueError):
+    """The other side broke the bulk conversation (bad magic, oversized frame, early EOF)."""
+
+
+def host_of(address: str) -> str:
+    """The host part of a gRPC target "host:port" (brackets of an IPv6 literal removed)."""
+    host = address.rpartition(":")[0] if ":" in address else address
+    if host.startswith("dns:"):
+        host = host.removeprefix("dns:").lstrip("/")
+    return host.strip("[]")
+
+
+def connect(host: str, port: int, tls: TlsFiles | None,
+            timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
+    """A connected (and, with `tls`, handshaken) blocking socket; BulkUnreachable if not."""
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise BulkUnreachable(f"cannot connect to the bulk port {host}:{port}: "
+                              f"{exc.strerror or exc}") from None
+    # The status frames are small and answered at once.
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is None:
+        return raw
+    try:
+        return ssl_client_context(tls).wrap_socket(raw, server_hostname=host)
+    except (ssl.SSLError, OSError) as exc:
+        raw.close()
+        raise BulkUnreachable(f"TLS handshake with the bulk port {host}:{port} failed: "
+                              f"{getattr(exc, 'reason', None) or exc}") from None
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise BulkProtocolError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_ticket(sock: socket.socket, ticket: str) -> None:
+    raw = ticket.encode()
+    if not 0 < len(raw) <= MAX_TICKET:
+        raise BulkProtocolError(f"a ticket is 1-{MAX_TICKET} bytes")
+    sock.sendall(MAGIC + struct.pack(">H", len(raw)) + raw)
+
+
+def read_ticket(sock: socket.socket) -> str:
+    head = recv_exact(sock, len(MAGIC) + 2)
+    if head[: len(MAGIC)] != MAGIC:
+        raise BulkProtocolError("not a fedgpu bulk connection (bad magic)")
+    (length,) = struct.unpack(">H", head[len(MAGIC):])
+    if not 0 < length <= MAX_TICKET:
+        raise BulkProtocolError(f"ticket of {length} bytes (at most {MAX_TICKET})")
+    try:
+        return recv_exact(sock, length).decode("ascii")
+    except UnicodeDecodeError:
+        raise BulkProtocolError("ticket is not ASCII") from None
+
+
+def write_status(sock: socket.socket, status: Status) -> None:
+    sock.sendall(status.frame())
+
+
+def read_status(sock: socket.socket) -> Status:
+    (length,) = struct.unpack(">I", recv_exact(sock, 4))
+    if length > MAX_STATUS:
+        raise BulkProtocolError(f"status frame of {length} bytes (at most {MAX_STATUS})")
+    try:
+        doc = json.loads(recv_exact(sock, length))
+        return Status(bool(doc["ok"]), str(doc.get("code", "")), str(doc.get("reason", "")),
+                      str(doc.get("message", "")))
+    except (ValueError, KeyError, TypeError):
+        raise BulkProtocolError("malformed status frame") from None
+
+
+class DigestSink:
+    """Receives a payload only to check it: the Assembler's interface over one reused block,
+    for simulated nodes that must not hold what they download (fedgpu sim --update-file)."""
+
+    def __init__(self, size: int, digest: str, algorithm: codec.DigestAlgo,
+                 block: int = RECV_BLOCK) -> None:
+        self.size, self.expected, self.algorithm = size, digest.lower(), algorithm
+        self.received = 0
+        self._buf = bytearray(min(block, max(size, 1)))
+        self._digest = codec.hasher(algorithm)
+
+    def tail(self) -> memoryview:
+        return memoryview(self._buf)[: min(len(self._buf), self.size - self.received)]
+
+    def advance(self, n: int) -> None:
+        if self.received + n > self.size:
+            raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
+        self._digest.update(memoryview(self._buf)[:n])
+        self.received += n
+
+    def add(self, chunk: bytes) -> None:
+        if self.received + len(chunk) > self.size:
+            raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
+        self._digest.update(chunk)
+        self.received += len(chunk)
+
+    def finish(self) -> None:
+        if self.received != self.size:
+            raise codec.Truncated(f"stream truncated: got {self.received} of {self.size} bytes")
+        if self._digest.hexdigest() != self.expected:
+            raise codec.DigestMismatch(f"{self.algorithm} mismatch")
+
+
+def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s: float,
+                 deadline: float | None = None,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
+    """Read the rest of `asm`'s payload straight into its buffer, hashing as it lands.
+
+    TimeoutError when nothing arrives for `idle_s` or `deadline` (epoch seconds) passes;
+    codec.Truncated when the sender closes early (asm.finish() then checks the digest).
+    """
+    while asm.received < asm.size:
+        wait = idle_s if deadline is None else min(idle_s, deadline - time.time())
+        if wait <= 0:
+            raise TimeoutError("the transfer outlived its deadline")
+        sock.settimeout(wait)
+        tail = asm.tail()
+        try:
+            n = sock.recv_into(tail, min(len(tail), RECV_BLOCK))
+        finally:
+            tail.release()
+        if n == 0:
+            raise codec.Truncated(f"stream truncated: got {asm.received} of {asm.size} bytes")
+        asm.advance(n)
+        if on_bytes is not None:
+            on_bytes(n)
+
+
+def send_payload(sock: socket.socket, source: Path | Sequence[memoryview]) -> None:
+    """Send a file (sendfile on a plain socket: no copy through this process) or segments."""
+    if isinstance(source, Path):
+        with open(source, "rb") as fh:
+            # socket.sendfile uses os.sendfile where it can and falls back to send on TLS.
+            sock.sendfile(fh)
+        return
+    for seg in source:
+        sock.sendall(seg)
+
+
+def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
+             asm: codec.Assembler | DigestSink, idle_s: float = 60.0) -> None:
+    """Fetch a task's payload into `asm`; BulkUnreachable (fall back to gRPC), RefusedError
+    (the aggregator said no), TimeoutError, OSError or codec errors otherwise."""
+    with connect(host, port, tls) as sock:
+        sock.settimeout(idle_s)
+        send_ticket(sock, ticket)
+        status = read_status(sock)
+        if not status.ok:
+            raise RefusedError(status)
+        recv_payload(sock, asm, idle_s)
+
+
+def upload(host: str, port: int, tls: TlsFiles | None, ticket: str,
+           source: Path | Sequence[memoryview], idle_s: float = 60.0,
+           verdict_timeout_s: float = VERDICT_TIMEOUT_S) -> Status:
+    """Send an update's payload; the aggregator's verdict (ok or why it was refused)."""
+    with connect(host, port, tls) as sock:
+        # The go-ahead may wait for the aggregator's upload memory (until the round's end).
+        sock.settimeout(verdict_timeout_s)
+        send_ticket(sock, ticket)
+        status = read_status(sock)
+        if not status.ok:
+            return status
+        sock.settimeout(idle_s)
+        send_payload(sock, source)
+        sock.settimeout(verdict_timeout_s)
+        return read_status(sock)
+
+
+class RefusedError(Exception):
+    """The aggregator refused a bulk transfer; `status` says why."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(f"{status.reason or status.code}: {status.message}")
+        self.status = status

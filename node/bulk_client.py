@@ -1,0 +1,108 @@
+"""The node's side of the bulk data path (fedgpu.core.bulk): the aggregator's bulk port, and
+the decision to stop using it.
+
+A node that cannot reach the bulk port (a site firewall that lets one port out) falls back to
+gRPC streaming by itself, says so once in its log, and tells the aggregator why with every
+poll (`fedgpu nodes` shows it as bulk_error). It tries the bulk port again after registering
+anew, since that may be a different aggregator.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+
+from fedgpu.core import bulk, codec
+from fedgpu.core.tls import TlsFiles
+
+log = logging.getLogger("fedgpu.node.bulk")
+
+# Transfers that reached the port but broke off, in a row, before the node stops trying it.
+MAX_BROKEN = 3
+
+
+class BulkRpcError(grpc.RpcError):
+    """A bulk transfer's outcome in the shape of the gRPC error the same outcome gets on the
+    gRPC path, so callers handle one kind of error (code(), details())."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    @classmethod
+    def of(cls, status: bulk.Status) -> BulkRpcError:
+        code = getattr(grpc.StatusCode, status.code, grpc.StatusCode.UNKNOWN)
+        return cls(code, status.message or status.reason)
+
+
+class BulkPath:
+    def __init__(self, address: str, tls: TlsFiles | None) -> None:
+        self.host = bulk.host_of(address)
+        self.tls = tls
+        self.port = 0
+        self.error: str | None = None
+        self._broken = 0
+
+    def reset(self, port: int) -> None:
+        """A registration told us the aggregator's bulk port (0: none)."""
+        self.port = port
+        self.error = None
+        self._broken = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.port > 0 and self.error is None
+
+    def fall_back(self, why: str) -> None:
+        if self.error is None:
+            log.warning("bulk data path unusable (%s): moving weights over gRPC from now on "
+                        "(is TCP port %d of %s open between this site and the aggregator?)",
+                        why, self.port, self.host)
+        self.error = why
+
+    def _broke(self, exc: BaseException) -> None:
+        self._broken += 1
+        if self._broken >= MAX_BROKEN:
+            self.fall_back(f"{self._broken} transfers broke off in a row, the last: {exc}")
+
+    def download(self, ticket: str, port: int, asm: codec.Assembler | bulk.DigestSink,
+                 idle_s: float = 60.0) -> None:
+        """Fill `asm` from the bulk port. BulkUnreachable: fall back (already recorded);
+        bulk.RefusedError / OSError / TimeoutError: ask for the task again; codec errors:
+        the payload is damaged."""
+        try:
+            bulk.download(self.host, port or self.port, self.tls, ticket, asm, idle_s)
+        except bulk.BulkUnreachable as exc:
+            self.fall_back(str(exc))
+            raise
+        except (OSError, bulk.BulkProtocolError) as exc:
+            self._broke(exc)
+            raise
+        self._broken = 0
+
+    def upload(self, ticket: str, port: int, payload: Path, idle_s: float = 60.0) -> str:
+        """Send an update's payload; the aggregator's message. BulkRpcError: its refusal, or
+        UNAVAILABLE when the connection broke (send again); BulkUnreachable: fall back."""
+        try:
+            status = bulk.upload(self.host, port or self.port, self.tls, ticket, payload,
+                                 idle_s)
+        except bulk.BulkUnreachable as exc:
+            self.fall_back(str(exc))
+            raise
+        except (OSError, bulk.BulkProtocolError) as exc:
+            self._broke(exc)
+            raise BulkRpcError(grpc.StatusCode.UNAVAILABLE,
+                               f"bulk upload broke off: {exc}") from None
+        self._broken = 0
+        if not status.ok:
+            raise BulkRpcError.of(status)
+        return status.message
