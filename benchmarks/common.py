@@ -109,7 +109,8 @@ def write_job(path: Path, **job: Any) -> Path:
     return path
 
 
-def start_aggregator(job: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_aggregator(job: Path, log: Path, *extra: str, tls: Any = None
+                     ) -> tuple[subprocess.Popen[bytes], str]:
     from fedgpu.core import admin_client
     from fedgpu.core.errors import FedgpuError
 
@@ -122,7 +123,7 @@ def start_aggregator(job: Path, log: Path, *extra: str) -> tuple[subprocess.Pope
         if proc.poll() is not None:
             raise RuntimeError(f"aggregator exited: {log.read_text()[-2000:]}")
         try:
-            if admin_client.health(address, timeout=1) == "SERVING":
+            if admin_client.health(address, timeout=1, tls=tls) == "SERVING":
                 return proc, address
         except FedgpuError:
             time.sleep(0.2)

@@ -46,11 +46,14 @@ class WeightedSum:
     clamped back to it, which is where the exact mean lies.
     """
 
-    def __init__(self, like: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, like: Mapping[str, np.ndarray],
+                 reuse: Mapping[str, np.ndarray] | None = None) -> None:
         self._dtypes = {k: v.dtype for k, v in like.items()}
         # Uninitialised on purpose: the first add writes c * x straight into it, which saves
-        # a pass over zeros the size of the model.
-        self._acc = {k: np.empty(v.shape, acc_dtype(v.dtype)) for k, v in like.items()}
+        # a pass over zeros the size of the model. `reuse`: arrays of an earlier sum nothing
+        # uses any more, taken over where they fit (no page faults for a fresh model's worth).
+        self._acc = {k: _scratch_or_new(reuse, k, v.shape, acc_dtype(v.dtype))
+                     for k, v in like.items()}
         self._scratch = {
             dt: np.empty(BLOCK, dt) for dt in {a.dtype for a in self._acc.values()}
         }
@@ -113,6 +116,15 @@ class WeightedSum:
         # The mean may share the accumulator's buffers: this sum is used up.
         self._acc = {}
         return out
+
+
+def _scratch_or_new(reuse: Mapping[str, np.ndarray] | None, name: str,
+                    shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    old = (reuse or {}).get(name)
+    if (old is not None and old.shape == shape and old.dtype == dtype
+            and old.flags.c_contiguous and old.flags.writeable):
+        return old
+    return np.empty(shape, dtype)
 
 
 def weighted_mean(updates: list[tuple[Mapping[str, np.ndarray], float]]) -> dict[str, np.ndarray]:

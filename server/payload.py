@@ -68,12 +68,10 @@ class ModelPayload:
                 sock.sendall(seg)
             return
         if not isinstance(sock, ssl.SSLSocket):
-            offset = 0
-            while offset < self.size:
-                sent = os.sendfile(sock.fileno(), self._fd, offset, self.size - offset)
-                if sent == 0:
-                    raise OSError(f"model file shorter than its {self.size} bytes")
-                offset += sent
+            # socket.sendfile: os.sendfile with the socket's timeout honoured.
+            sent = sock.sendfile(_Descriptor(self._fd), 0, self.size)
+            if sent != self.size:
+                raise OSError(f"model file shorter than its {self.size} bytes")
             return
         buf = bytearray(min(SEND_BLOCK, self.size))
         view = memoryview(buf)
@@ -84,3 +82,14 @@ class ModelPayload:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             sock.sendall(view[:n])
             offset += n
+
+
+class _Descriptor:
+    """An open descriptor as socket.sendfile wants a file: shared by concurrent downloads,
+    which each pass their own offset (no seek, so no shared file position)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.buffers import BufferPool
 from fedgpu.proto import pb
 from fedgpu.server.states import Reject
 from fedgpu.server.validation import UpdateRejected
@@ -123,11 +124,15 @@ class Uploads:
     timed_out: int = 0
     _active: dict[int, _Upload] = field(default_factory=dict)
     _budget: ByteBudget | None = None
+    _pool: BufferPool = field(init=False)
     # The bulk port's figures (server/bulk_server.py), shown beside these; None: no bulk port.
     bulk: Callable[[], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self._budget = ByteBudget(self.budget_bytes)
+        # Buffers of finished uploads, kept warm for the next update of the same model
+        # (fedgpu.core.buffers): within the budget, let go when unused for a while.
+        self._pool = BufferPool(self.budget_bytes)
 
     async def next_message(self, stream: AsyncIterator[pb.UpdateChunk], deadline: float
                            ) -> pb.UpdateChunk | None:
@@ -180,6 +185,8 @@ class Uploads:
                 del self._active[id(up)]
             yield Received(payload, up.seconds)
         finally:
+            # The caller's block is over: nothing views the payload any more.
+            asm.release()
             if reserved:
                 self._budget.release(reserved)
 
@@ -215,6 +222,8 @@ class Uploads:
                 del self._active[id(up)]
             yield Received(payload, up.seconds)
         finally:
+            # The caller's block is over: nothing views the payload any more.
+            asm.release()
             if reserved:
                 self._budget.release(reserved)
 
@@ -223,7 +232,8 @@ class Uploads:
         over the limit or names no digest this version knows."""
         try:
             algo, digest = digests.of_header(header)
-            return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo)
+            return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo,
+                                   self._pool)
         except digests.UnknownDigest as exc:
             raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
         except codec.CodecError as exc:
@@ -250,6 +260,7 @@ class Uploads:
     def stats(self) -> dict[str, Any]:
         """The `uploads` object of `fedgpu status --json`."""
         assert self._budget is not None
+        self._pool.trim()
         now = time.time()
         active = list(self._active.values())
         return {

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.core import logs
+from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
+from fedgpu.core import logs, tls
 from fedgpu.core.errors import ConfigError, FedgpuError
 
 
@@ -34,6 +35,9 @@ def sim(
         "big-model benchmarks within one machine's memory.")] = None,
     stats: Annotated[Path | None, typer.Option(
         help="Write registration/push/pull timings here as JSON.")] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run simulated nodes (real wire protocol, synthetic updates, no torch) until the
@@ -50,7 +54,7 @@ def sim(
     cfg = SimConfig(aggregator=aggregator, token=token, nodes=nodes, prefix=prefix,
                     start_index=start_index, params=params, tensors=tensors, poll_s=poll_s,
                     nodes_per_channel=nodes_per_channel, stats_file=stats,
-                    update_file=update_file)
+                    update_file=update_file, tls=tls.from_options(tls_cert, tls_key, tls_ca))
     try:
         result = asyncio.run(run_sim(cfg))
     except grpc.aio.AioRpcError as exc:

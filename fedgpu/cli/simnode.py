@@ -33,6 +33,7 @@ import numpy as np
 
 import fedgpu
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.tls import TlsFiles, channel_credentials
 from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
 from fedgpu.proto import pb, pb_grpc
 
@@ -55,6 +56,8 @@ class SimConfig:
     stats_file: Path | None = None
     # Send this safetensors file as every update, and keep no downloaded model.
     update_file: Path | None = None
+    # TLS (mutual with a certificate) on gRPC and on the bulk port, as `fedgpu node start`.
+    tls: TlsFiles | None = None
 
 
 @functools.lru_cache(maxsize=4)
@@ -238,8 +241,8 @@ class SimNode:
         transport = "grpc"
         if header.HasField("bulk") and asm is not None:
             try:
-                await asyncio.to_thread(bulk.download, self.bulk_host, header.bulk.port, None,
-                                        header.bulk.ticket, asm)
+                await asyncio.to_thread(bulk.download, self.bulk_host, header.bulk.port,
+                                        self.cfg.tls, header.bulk.ticket, asm)
                 transport = "bulk"
             except bulk.BulkUnreachable as exc:
                 self._fall_back(str(exc))
@@ -327,8 +330,8 @@ class SimNode:
         ticket = await self.stub.OpenUpload(update, metadata=self.metadata, timeout=60)
         data = source if isinstance(source, Path) else source.segments
         try:
-            status = await asyncio.to_thread(bulk.upload, self.bulk_host, ticket.port, None,
-                                             ticket.ticket, data)
+            status = await asyncio.to_thread(bulk.upload, self.bulk_host, ticket.port,
+                                             self.cfg.tls, ticket.ticket, data)
         except bulk.BulkUnreachable as exc:
             self._fall_back(str(exc))
             return "grpc"
@@ -352,7 +355,13 @@ class SimNode:
 async def run_sim(cfg: SimConfig) -> SimStats:
     stats = SimStats()
     noise = _Noise()
-    channels = [grpc.aio.insecure_channel(cfg.aggregator, options=CHANNEL_OPTIONS)
+    def open_channel() -> grpc.aio.Channel:
+        if cfg.tls is None:
+            return grpc.aio.insecure_channel(cfg.aggregator, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(cfg.aggregator, channel_credentials(cfg.tls),
+                                       options=CHANNEL_OPTIONS)
+
+    channels = [open_channel()
                 for _ in range(math.ceil(cfg.nodes / max(1, cfg.nodes_per_channel)))]
     nodes = [SimNode(cfg.start_index + i, cfg, channels[i // max(1, cfg.nodes_per_channel)],
                      stats, noise) for i in range(cfg.nodes)]

@@ -29,6 +29,8 @@ import blake3
 import ml_dtypes
 import numpy as np
 
+from fedgpu.core.buffers import FRESH, BufferPool
+
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
 HASH_BLOCK = 1 << 20
@@ -290,7 +292,8 @@ class Assembler:
     """
 
     def __init__(self, size: int, digest: str, limit: int,
-                 algorithm: DigestAlgo = DigestAlgo.SHA256) -> None:
+                 algorithm: DigestAlgo = DigestAlgo.SHA256,
+                 pool: BufferPool | None = None) -> None:
         if size < 0:
             raise CodecError(f"payload size {size} is negative")
         if size > limit:
@@ -298,11 +301,9 @@ class Assembler:
         self.size = size
         self.algorithm = algorithm
         self.expected = digest.lower()
-        self._buf: mmap.mmap | bytearray = mmap.mmap(-1, size) if size else bytearray()
-        if size and hasattr(mmap, "MADV_HUGEPAGE"):
-            # 2 MiB pages where the kernel allows them: a 3 GB payload then takes ~1,500
-            # page faults as it arrives instead of ~800,000.
-            self._buf.madvise(mmap.MADV_HUGEPAGE)
+        self._pool = pool if size else None
+        self._buf: mmap.mmap | bytearray = (
+            (pool or FRESH).take(size) if size else bytearray())
         self._pos = 0
         # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
         self._hashed = 0
@@ -348,3 +349,10 @@ class Assembler:
             raise DigestMismatch(f"{self.algorithm} mismatch: payload hashes to {actual}, "
                                  f"header says {self.expected or '(none)'}")
         return memoryview(self._buf)
+
+    def release(self) -> None:
+        """Give the buffer back to its pool: the payload must no longer be in use."""
+        if self._pool is not None and isinstance(self._buf, mmap.mmap):
+            self._pool.give(self._buf)
+        self._pool = None
+        self._buf = bytearray()

@@ -16,9 +16,19 @@ class FedAvg(Strategy):
     def __init__(self, params: Mapping[str, object] | None = None) -> None:
         super().__init__(params)
         self._sum: WeightedSum | None = None
+        # The accumulators of the last two rounds. A round's mean becomes the global model,
+        # which the next round still serves and may fall back to; two rounds later nothing
+        # holds it, and its memory (already faulted in) takes the next round's sum.
+        self._spares: list[dict[str, np.ndarray]] = []
 
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
-        self._sum = WeightedSum(global_weights)
+        live = [a for a in global_weights.values() if isinstance(a, np.ndarray)]
+        reuse = next((s for s in self._spares
+                      if not any(np.may_share_memory(x, g) for x in s.values() for g in live)),
+                     None)
+        self._sum = WeightedSum(global_weights, reuse)
+        if reuse is not None:
+            self._spares.remove(reuse)
 
     def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
         assert self._sum is not None, "begin_round first"
@@ -28,4 +38,6 @@ class FedAvg(Strategy):
         assert self._sum is not None, "begin_round first"
         weights = self._sum.mean()
         self._sum = None
+        self._spares = [*self._spares[-1:], {k: v for k, v in weights.items()
+                                             if isinstance(v, np.ndarray) and v.flags.owndata}]
         return weights
