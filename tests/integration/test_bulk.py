@@ -1,0 +1,390 @@
+"""The bulk data path on a real aggregator: weights over the bulk port with mutual TLS, a node
+that cannot reach that port falling back to gRPC by itself, and the port's refusals (forged,
+reused and other sites' tickets, truncated streams, idle connections) leaving the model as
+it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from fedgpu.core import bulk, certs, codec, digests
+from fedgpu.core.tls import TlsFiles, channel_credentials
+from fedgpu.core.transport import token_metadata
+from fedgpu.proto import pb, pb_grpc
+from tests.fixtures.federation import Federation, free_port, job_dir, write_job
+
+GLOBAL = {"b": np.ones(3, np.float32), "w": np.full((4, 3), 2.0, np.float32)}
+
+
+def flags(t: TlsFiles) -> list[str]:
+    return ["--tls-cert", str(t.cert), "--tls-key", str(t.key), "--tls-ca", str(t.ca)]
+
+
+def wait_for(check, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {timeout}s")
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    """The other side hung up (an orderly close, or a reset for the bytes it left unread)."""
+    s.settimeout(30)
+    try:
+        return s.recv(16) == b""
+    except ConnectionResetError:
+        return True
+
+
+# ---- real nodes -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
+    ours = tmp_path_factory.mktemp("pki")
+    certs.init_ca(ours)
+    server = certs.issue_server(ours)
+    out = {"server": TlsFiles(server.cert, server.key, server.ca)}
+    for name in ("site-a", "site-b"):
+        i = certs.issue_node(ours, name)
+        out[name] = TlsFiles(i.cert, i.key, i.ca)
+    op = certs.issue_operator(ours)
+    out["operator"] = TlsFiles(op.cert, op.key, op.ca)
+    return out
+
+
+def test_weights_move_over_the_bulk_port_with_mutual_tls(
+        federation: Federation, tmp_path: Path, digits_split: list[Path],
+        pki: dict[str, TlsFiles]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=2, min_nodes=2, round_deadline_s=120)
+    federation.tls = pki["operator"]
+    bulk_port = free_port()
+    server = federation.start_server(job, "--bulk-port", str(bulk_port), *flags(pki["server"]))
+    assert f"bulk data path on port {bulk_port}" in server.text()
+    for name, data in (("site-a", digits_split[0]), ("site-b", digits_split[1])):
+        federation.start_node(name, data, *flags(pki[name]))
+    federation.wait_state(("finished",))
+
+    rounds = federation.query("ListRounds")["rounds"]
+    train = [u for r in rounds if r["round"] >= 1 for u in r["updates"]]
+    assert len(train) == 4 and {u["transport"] for u in train} == {"bulk"}, train
+    assert all(u["upload_s"] > 0 for u in train)
+    nodes = federation.query("ListNodes")["nodes"]
+    assert {(n["name"], n["transport"], n["bulk_error"]) for n in nodes} == {
+        ("site-a", "bulk", None), ("site-b", "bulk", None)}
+    status = federation.query("GetStatus")
+    stats = status["bulk"]
+    assert stats["port"] == bulk_port and stats["tls"] == "mutual"
+    # Init model in; per training round two models out and two updates in.
+    assert stats["downloads"] >= 4 and stats["uploads"] >= 5, stats
+    assert stats["refused"] == {}
+    for name in ("site-a", "site-b"):
+        assert "moving weights over gRPC" not in (tmp_path / f"{name}.log").read_text()
+
+
+
+def test_a_ticket_presented_with_another_sites_certificate_is_refused(
+        federation: Federation, tmp_path: Path, pki: dict[str, TlsFiles]) -> None:
+    init = tmp_path / "init.safetensors"
+    init.write_bytes(codec.encode(GLOBAL).to_bytes())
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, round_deadline_s=120,
+                    evaluate=False, initial_weights=str(init))
+    federation.tls = pki["operator"]
+    bulk_port = free_port()
+    federation.start_server(job, "--bulk-port", str(bulk_port), *flags(pki["server"]))
+    with grpc.secure_channel(federation.address, channel_credentials(pki["site-a"])) as ch:
+        stub = pb_grpc.FederationStub(ch)
+        md = token_metadata(federation.token)
+        reg = stub.Register(pb.RegisterRequest(node_name="site-a", tasks=["digits"]),
+                            metadata=md, timeout=10)
+
+        def task() -> pb.TaskHeader:
+            for _ in range(30):
+                for msg in stub.PullTask(pb.PullTaskRequest(node_id=reg.node_id, wait_s=5,
+                                                            bulk=True), metadata=md,
+                                         timeout=60):
+                    if msg.header.kind == pb.TASK_KIND_TRAIN:
+                        return msg.header
+            raise AssertionError("no task was offered")
+
+        first = task()
+        algo, digest = digests.of_header(first)
+        asm = codec.Assembler(first.payload_size, digest, 1 << 20, algo)
+        with pytest.raises(bulk.RefusedError, match="certificate for site-b") as err:
+            bulk.download("localhost", bulk_port, pki["site-b"], first.bulk.ticket, asm)
+        assert err.value.status.reason == "wrong_peer"
+        # Without a client certificate the TLS handshake itself fails (under TLS 1.3 the
+        # client learns it with its first write).
+        with pytest.raises((bulk.BulkUnreachable, ssl.SSLError)):
+            bulk.download("localhost", bulk_port, TlsFiles(ca=pki["site-a"].ca),
+                          task().bulk.ticket, asm)
+        # The site's own certificate, with a ticket asked for again, gets the model.
+        bulk.download("localhost", bulk_port, pki["site-a"], task().bulk.ticket, asm)
+        got, _ = codec.decode(asm.finish())
+        assert np.array_equal(got["w"], GLOBAL["w"])
+    refused = federation.query("GetStatus")["bulk"]["refused"]
+    assert refused["wrong_peer"] == 1 and refused["handshake"] == 1, refused
+
+
+# ---- a bulk port the node cannot reach --------------------------------------------------
+
+
+class GrpcOnlyForwarder:
+    """A site's firewall that lets one port through: 127.0.0.2:PORT is forwarded to the
+    aggregator's gRPC port, and nothing else is reachable at 127.0.0.2."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.2", 0))
+        self.port = self.listener.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.listener.close()
+
+
+def test_a_node_that_cannot_reach_the_bulk_port_falls_back_to_grpc(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=2, min_nodes=1, round_deadline_s=120)
+    bulk_port = free_port()
+    federation.start_server(job, "--bulk-port", str(bulk_port))
+    port = int(federation.address.rsplit(":", 1)[1])
+    fw = GrpcOnlyForwarder(("127.0.0.1", port))
+    try:
+        federation.spawn("site-c", ["node", "start", "--aggregator", f"127.0.0.2:{fw.port}",
+                                    "--data", str(digits_split[2]), "--name", "site-c",
+                                    "--torch-threads", "1"])
+        federation.wait_state(("finished",))
+    finally:
+        fw.close()
+    rounds = federation.query("ListRounds")["rounds"]
+    train = [u for r in rounds if r["round"] >= 1 for u in r["updates"]]
+    assert len(train) == 2 and {u["transport"] for u in train} == {"grpc"}, train
+    (node,) = federation.query("ListNodes")["nodes"]
+    assert node["transport"] == "grpc"
+    assert f"127.0.0.2:{bulk_port}" in node["bulk_error"], node["bulk_error"]
+    log = (tmp_path / "site-c.log").read_text()
+    # Said once, though the node moved four payloads after it.
+    assert log.count("moving weights over gRPC from now on") == 1, log[-3000:]
+    assert federation.query("GetStatus")["bulk"]["uploads"] == 0
+
+
+# ---- the port's refusals, with a raw client ---------------------------------------------
+
+
+@dataclass
+class Wire:
+    fed: Federation
+    state_dir: Path
+    stub: pb_grpc.FederationStub
+    node_id: str
+    bulk_port: int
+
+    @property
+    def md(self) -> tuple[tuple[str, str], ...]:
+        return token_metadata(self.fed.token)
+
+    def task(self, use_bulk: bool = True) -> pb.TaskHeader:
+        for _ in range(30):
+            header = None
+            for msg in self.stub.PullTask(pb.PullTaskRequest(node_id=self.node_id, wait_s=5,
+                                                             bulk=use_bulk),
+                                          metadata=self.md, timeout=60):
+                if msg.HasField("header"):
+                    header = msg.header
+            assert header is not None
+            if header.kind == pb.TASK_KIND_TRAIN:
+                return header
+        raise AssertionError("no task was offered")
+
+    def header(self, task: pb.TaskHeader, enc: codec.Encoded) -> pb.UpdateHeader:
+        h = pb.UpdateHeader(node_id=self.node_id, task_id=task.task_id, round=task.round,
+                            kind=task.kind, num_examples=10, payload_size=enc.size)
+        digests.stamp(h, codec.DigestAlgo.BLAKE3, enc.digest)
+        return h
+
+    def global_digest(self) -> str:
+        return hashlib.sha256((job_dir(self.state_dir) / "global.safetensors").read_bytes()
+                              ).hexdigest()
+
+    def status(self) -> dict:  # type: ignore[type-arg]
+        return self.fed.query("GetStatus")
+
+    def connect(self) -> socket.socket:
+        return bulk.connect("127.0.0.1", self.bulk_port, None)
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
+    tmp = tmp_path_factory.mktemp("bulk")
+    init = tmp / "init.safetensors"
+    init.write_bytes(codec.encode(GLOBAL).to_bytes())
+    # Every refused answer ends that attempt; plenty of retries keep the job open.
+    job = write_job(tmp / "job.toml", rounds=1, min_nodes=1, round_deadline_s=120,
+                    evaluate=False, round_retries=80, initial_weights=str(init))
+    fed = Federation(tmp)
+    port = free_port()
+    try:
+        fed.start_server(job, "--state-dir", str(tmp / "state"), "--bulk-port", str(port),
+                         "--upload-idle-s", "2")
+        with grpc.insecure_channel(fed.address) as ch:
+            stub = pb_grpc.FederationStub(ch)
+            reg = stub.Register(pb.RegisterRequest(node_name="probe", tasks=["digits"]),
+                                metadata=token_metadata(fed.token), timeout=10)
+            yield Wire(fed, tmp / "state", stub, reg.node_id, port)
+    finally:
+        fed.stop()
+
+
+def test_a_download_ticket_serves_once_and_forged_ones_not_at_all(wire: Wire) -> None:
+    task = wire.task()
+    assert task.HasField("bulk") and task.bulk.port == wire.bulk_port
+    algo, digest = digests.of_header(task)
+    assert algo is codec.DigestAlgo.BLAKE3
+    asm = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
+    bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, asm)
+    got, _ = codec.decode(asm.finish())
+    assert all(np.array_equal(got[k], GLOBAL[k]) for k in GLOBAL)
+    before = dict(wire.status()["bulk"]["refused"])
+
+    again = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
+    with pytest.raises(bulk.RefusedError, match="already used") as used:
+        bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, again)
+    assert used.value.status.reason == "used"
+    with pytest.raises(bulk.RefusedError, match="not one this aggregator issued") as forged:
+        bulk.download("127.0.0.1", wire.bulk_port, None, secrets.token_urlsafe(32), again)
+    assert forged.value.status.reason == "unknown"
+    refused = wire.status()["bulk"]["refused"]
+    assert refused.get("used", 0) == before.get("used", 0) + 1
+    assert refused.get("unknown", 0) == before.get("unknown", 0) + 1
+    # Not a bulk conversation at all: refused and counted too.
+    with wire.connect() as s:
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert closed_by_peer(s)
+    wait_for(lambda: wire.status()["bulk"]["refused"].get("malformed", 0)
+             == before.get("malformed", 0) + 1, what="malformed refusal counted")
+
+
+def test_an_upload_ticket_cannot_be_used_twice(wire: Wire) -> None:
+    task = wire.task()
+    enc = codec.encode({k: v * 0 + 1 for k, v in GLOBAL.items()})
+    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
+    # Spent by a connection that sends the ticket and goes away before any payload.
+    with wire.connect() as s:
+        bulk.send_ticket(s, ticket.ticket)
+        assert bulk.read_status(s).ok
+    status = bulk.upload("127.0.0.1", wire.bulk_port, None, ticket.ticket, enc.segments)
+    assert not status.ok and status.reason == "used" and status.code == "PERMISSION_DENIED"
+
+
+def test_a_truncated_bulk_upload_is_refused_and_the_model_is_unchanged(wire: Wire) -> None:
+    task = wire.task()
+    before = wire.global_digest()
+    truncated_before = wire.status()["rejections"].get("truncated", 0)
+    enc = codec.encode({k: v + 1 for k, v in GLOBAL.items()})
+    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
+    data = enc.to_bytes()
+    with wire.connect() as s:
+        s.settimeout(30)
+        bulk.send_ticket(s, ticket.ticket)
+        assert bulk.read_status(s).ok
+        s.sendall(data[: len(data) // 2])
+        s.shutdown(socket.SHUT_WR)  # the sender stops halfway
+        verdict = bulk.read_status(s)
+    assert not verdict.ok and verdict.reason == "truncated", verdict
+    assert verdict.code == "INVALID_ARGUMENT" and "stream truncated" in verdict.message
+    assert wire.status()["rejections"]["truncated"] == truncated_before + 1
+    assert wire.global_digest() == before
+    rounds = wire.fed.query("ListRounds")["rounds"]
+    assert any(r["reason"] == "truncated" for rec in rounds for r in rec["rejected"]) or \
+        wire.fed.query("GetStatus")["current_round"] is not None
+
+
+def test_idle_bulk_connections_are_dropped(wire: Wire) -> None:
+    before = wire.status()
+    refused = before["bulk"]["refused"].get("handshake", 0)
+    # Connected, never says a word: dropped after the handshake timeout (the upload idle
+    # timeout here, 2 s).
+    with wire.connect() as s:
+        s.settimeout(30)
+        t0 = time.monotonic()
+        assert closed_by_peer(s)
+        assert time.monotonic() - t0 < 15
+    wait_for(lambda: wire.status()["bulk"]["refused"].get("handshake", 0) == refused + 1,
+             what="idle connection counted")
+    # Holding an upload ticket, told to go ahead, then silent: the upload times out.
+    task = wire.task()
+    enc = codec.encode(GLOBAL)
+    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
+    with wire.connect() as s:
+        s.settimeout(30)
+        bulk.send_ticket(s, ticket.ticket)
+        assert bulk.read_status(s).ok
+        s.sendall(enc.to_bytes()[:10])
+        verdict = bulk.read_status(s)
+    assert not verdict.ok and verdict.reason == "timeout" and verdict.code == "DEADLINE_EXCEEDED"
+    assert "no data for 2s" in verdict.message
+    after = wire.status()
+    assert after["uploads"]["timed_out"] == before["uploads"]["timed_out"] + 1
+    assert after["uploads"]["in_flight"] == 0
+
+
+def test_a_good_bulk_upload_finishes_the_round(wire: Wire) -> None:
+    task = wire.task()
+    before = wire.global_digest()
+    update = {k: v * 3 for k, v in GLOBAL.items()}
+    enc = codec.encode(update)
+    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
+    status = bulk.upload("127.0.0.1", wire.bulk_port, None, ticket.ticket, enc.segments)
+    assert status.ok, status
+    wire.fed.wait_state(("finished",), timeout=60)
+    assert wire.global_digest() != before
+    model = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")
+    assert all(np.array_equal(model[k], update[k]) for k in update)
+    (rec,) = [r for r in wire.fed.query("ListRounds")["rounds"] if r["status"] == "finished"]
+    (up,) = rec["updates"]
+    assert up["transport"] == "bulk" and up["upload_s"] > 0
+    assert json.dumps(rec)  # strict JSON
