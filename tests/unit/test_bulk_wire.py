@@ -1,0 +1,163 @@
+"""The bulk path's pieces without a server: tickets, the conversation's frames over a real
+socket pair, payloads from a checkpoint file, and the receive loop's limits."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedgpu.core import bulk, codec
+from fedgpu.core.buffers import BufferPool
+from fedgpu.server.payload import ModelPayload
+from fedgpu.server.tickets import TicketBook, TicketRefused
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_ticket_is_spent_once_and_expires() -> None:
+    clock = Clock()
+    book = TicketBook(ttl_s=30, clock=clock)
+    t = book.issue(bulk.Direction.DOWNLOAD, "n1", "site-a", "task", 100)
+    assert book.redeem(t.token, None).task_id == "task"
+    with pytest.raises(TicketRefused, match="already used") as used:
+        book.redeem(t.token, None)
+    assert used.value.reason == "used"
+    late = book.issue(bulk.Direction.UPLOAD, "n1", "site-a", "task", 100)
+    clock.now += 31
+    with pytest.raises(TicketRefused, match="expired") as expired:
+        book.redeem(late.token, None)
+    assert expired.value.reason == "expired"
+    with pytest.raises(TicketRefused, match="not one this aggregator issued") as forged:
+        book.redeem("x" * 43, None)
+    assert forged.value.reason == "unknown"
+    assert dict(book.refused) == {"used": 1, "expired": 1, "unknown": 1}
+    assert book.outstanding == 0
+
+
+def test_under_mutual_tls_a_ticket_binds_its_node_certificate() -> None:
+    book = TicketBook()
+    t = book.issue(bulk.Direction.DOWNLOAD, "n1", "site-a", "task", 1)
+    with pytest.raises(TicketRefused, match="certificate for site-b") as err:
+        book.redeem(t.token, frozenset({"site-b"}))
+    assert err.value.reason == "wrong_peer"
+    # Spent by the attempt: the rightful owner asks for a new one.
+    with pytest.raises(TicketRefused, match="already used"):
+        book.redeem(t.token, frozenset({"site-a"}))
+    ok = book.issue(bulk.Direction.DOWNLOAD, "n1", "site-a", "task", 1)
+    assert book.redeem(ok.token, frozenset({"site-a", "10.0.0.5"})).node_name == "site-a"
+
+
+def test_tokens_are_unguessable_and_distinct() -> None:
+    book = TicketBook()
+    tokens = {book.issue(bulk.Direction.UPLOAD, "n", "n", str(i), 1).token for i in range(500)}
+    assert len(tokens) == 500 and all(len(t) >= 40 for t in tokens)
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    return a, b
+
+
+def test_ticket_and_status_frames_round_trip_and_bad_ones_are_refused() -> None:
+    a, b = _pair()
+    with a, b:
+        bulk.send_ticket(a, "abc")
+        assert bulk.read_ticket(b) == "abc"
+        bulk.write_status(b, bulk.Status(False, "PERMISSION_DENIED", "used", "no"))
+        assert bulk.read_status(a) == bulk.Status(False, "PERMISSION_DENIED", "used", "no")
+        a.sendall(b"HTTP/1.1")
+        with pytest.raises(bulk.BulkProtocolError, match="bad magic"):
+            bulk.read_ticket(b)
+    a, b = _pair()
+    with a, b:
+        a.sendall(bulk.MAGIC + (60000).to_bytes(2, "big"))
+        with pytest.raises(bulk.BulkProtocolError, match="at most"):
+            bulk.read_ticket(b)
+        b.sendall((1 << 30).to_bytes(4, "big"))
+        with pytest.raises(bulk.BulkProtocolError, match="status frame"):
+            bulk.read_status(a)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_payload_lands_in_the_buffer_with_its_digest(pooled: bool) -> None:
+    enc = codec.encode({"w": np.arange(300_000, dtype=np.float32)})
+    pool = BufferPool(1 << 30) if pooled else None
+    for _ in range(2):
+        a, b = _pair()
+        with a, b:
+            sender = threading.Thread(target=bulk.send_payload, args=(a, enc.segments))
+            sender.start()
+            asm = codec.Assembler(enc.size, enc.digest, 1 << 30, enc.algorithm, pool)
+            seen: list[int] = []
+            bulk.recv_payload(b, asm, idle_s=10, on_bytes=seen.append)
+            sender.join()
+            got, _ = codec.decode(asm.finish())
+            assert np.array_equal(got["w"], np.arange(300_000)) and sum(seen) == enc.size
+            asm.release()
+    if pool is not None:
+        assert pool.held == enc.size  # one buffer, warm for the next payload
+
+
+def test_the_receive_loop_ends_on_early_close_and_on_silence() -> None:
+    enc = codec.encode({"w": np.ones(1000, np.float32)})
+    a, b = _pair()
+    with a, b:
+        a.sendall(enc.to_bytes()[:100])
+        a.shutdown(socket.SHUT_WR)
+        asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
+        with pytest.raises(codec.Truncated, match="got 100 of"):
+            bulk.recv_payload(b, asm, idle_s=5)
+    a, b = _pair()
+    with a, b:
+        asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
+        with pytest.raises(TimeoutError):
+            bulk.recv_payload(b, asm, idle_s=0.2)
+
+
+def test_a_digest_sink_checks_without_keeping() -> None:
+    enc = codec.encode({"w": np.arange(50_000, dtype=np.float32)})
+    a, b = _pair()
+    with a, b:
+        threading.Thread(target=bulk.send_payload, args=(a, enc.segments)).start()
+        sink = bulk.DigestSink(enc.size, enc.digest, codec.DigestAlgo.BLAKE3, block=4096)
+        bulk.recv_payload(b, sink, idle_s=10)
+        sink.finish()
+    bad = bulk.DigestSink(enc.size, "0" * 64, codec.DigestAlgo.BLAKE3)
+    bad.add(enc.to_bytes())
+    with pytest.raises(codec.DigestMismatch):
+        bad.finish()
+
+
+def test_a_model_payload_from_its_file_sends_the_same_bytes(tmp_path: Path) -> None:
+    enc = codec.encode({"w": np.arange(700_000, dtype=np.float32)})
+    path = tmp_path / "global.safetensors"
+    path.write_bytes(enc.to_bytes())
+    payload = ModelPayload.from_file(path, enc.digest, codec.DigestAlgo.BLAKE3)
+    assert payload.size == enc.size
+    assert b"".join(payload.chunks(1 << 16)) == enc.to_bytes()
+    # Replaced by a newer model while downloads still use it: the open file stays readable.
+    path.unlink()
+    a, b = _pair()
+    with a, b:
+        threading.Thread(target=payload.send, args=(a,)).start()
+        asm = codec.Assembler(enc.size, enc.digest, 1 << 30, enc.algorithm)
+        bulk.recv_payload(b, asm, idle_s=10)
+        assert bytes(asm.finish()) == enc.to_bytes()
+
+
+def test_host_of_a_grpc_target() -> None:
+    assert bulk.host_of("agg.example.org:50051") == "agg.example.org"
+    assert bulk.host_of("[::1]:50051") == "::1"
+    assert bulk.host_of("127.0.0.1:1") == "127.0.0.1"
