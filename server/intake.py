@@ -17,6 +17,7 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.proto import pb
+from fedgpu.server.payload import ModelPayload, wire_spec
 from fedgpu.server.records import (
     EvalEntry,
     Failure,
@@ -34,7 +35,6 @@ from fedgpu.server.wire_limits import shown
 if TYPE_CHECKING:
     from fedgpu.core.config import Job
     from fedgpu.server.history import History
-    from fedgpu.server.payload import ModelPayload
     from fedgpu.server.plans import Plan
     from fedgpu.server.strategies.base import Strategy
 
@@ -55,8 +55,9 @@ class Intake:
 
     @property
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
-        """What a training update must match: the global model's names, shapes and dtypes."""
-        return self.global_spec
+        """What a training update must match: the global model's names, shapes and dtypes,
+        float32 as the job's wire_dtype when it has one."""
+        return wire_spec(self.global_spec, self.job.wire_dtype)
 
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""

@@ -15,14 +15,45 @@ import os
 import socket
 import ssl
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from fedgpu.core import codec
 
 # Bytes per send from a file on a TLS socket (sendfile cannot encrypt).
 SEND_BLOCK = 4 << 20
+# A job's wire_dtype: what float32 tensors travel as (both ways), by codec dtype name.
+WIRE_DTYPES = {"bf16": "BF16", "fp16": "F16"}
+
+
+def to_wire(weights: Mapping[str, np.ndarray], wire_dtype: str | None) -> dict[str, np.ndarray]:
+    """The global model as nodes receive it: float32 tensors in the job's wire_dtype (float16
+    clipped to its range, so a large weight arrives as the largest float16, not infinity)."""
+    if wire_dtype is None:
+        return dict(weights)
+    target = codec.DTYPES[WIRE_DTYPES[wire_dtype]]
+    out: dict[str, np.ndarray] = {}
+    for name, arr in weights.items():
+        if arr.dtype != np.float32:
+            out[name] = arr
+            continue
+        if target == np.float16:
+            top = float(np.finfo(np.float16).max)
+            arr = np.clip(arr, -top, top)
+        out[name] = arr.astype(target)
+    return out
+
+
+def wire_spec(spec: Mapping[str, tuple[str, tuple[int, ...]]] | None, wire_dtype: str | None
+              ) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """What a training update must match when float32 travels as `wire_dtype`."""
+    if spec is None or wire_dtype is None:
+        return dict(spec) if spec is not None else None
+    return {k: (WIRE_DTYPES[wire_dtype] if dt == "F32" else dt, shape)
+            for k, (dt, shape) in spec.items()}
 
 
 @dataclass(eq=False)

@@ -23,7 +23,7 @@ from fedgpu.server.aggregate import weighted_metric
 from fedgpu.server.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.history import History
 from fedgpu.server.intake import Intake
-from fedgpu.server.payload import ModelPayload
+from fedgpu.server.payload import ModelPayload, to_wire
 from fedgpu.server.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.records import RoundRecord
 from fedgpu.server.registry import Node, Registry
@@ -203,7 +203,8 @@ class Orchestrator(Intake):
         # checkpoint it is the checkpoint's file (set in commit).
         if self._payload is None:
             assert self.global_weights is not None
-            enc = codec.encode(self.global_weights, {"global_round": str(self.global_round)})
+            enc = codec.encode(to_wire(self.global_weights, self.job.wire_dtype),
+                               {"global_round": str(self.global_round)})
             self._payload = ModelPayload.from_encoded(enc)
         return self._payload
 
@@ -305,7 +306,9 @@ class Orchestrator(Intake):
         is freed (a multi-GB model is not kept twice)."""
         if saved is None:
             return
-        self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
+        if self.job.wire_dtype is None:
+            # In half precision the nodes get an encoding of their own (_model_payload).
+            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
         self.global_weights = map_weights(saved.path)
 
     def checkpoint_state(self) -> dict[str, Any]:

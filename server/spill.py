@@ -41,7 +41,10 @@ class UpdateSpill:
 
     def write(self, tensors: Mapping[str, np.ndarray]) -> None:
         path = self.directory / f"update-{len(self._files):06d}.safetensors"
-        enc = codec.encode(tensors, digest=None)
+        # In the model's dtypes: updates sent in a half-precision wire_dtype are read back
+        # as the model's tensors.
+        enc = codec.encode({k: np.asarray(v).astype(self._like[k][0], copy=False)
+                            for k, v in tensors.items()}, digest=None)
         with open(path, "wb") as fh:
             for seg in enc.segments:
                 fh.write(seg)

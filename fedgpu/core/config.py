@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedgpu.core.constants import MODES, STRATEGIES
+from fedgpu.core.constants import MODES, STRATEGIES, WIRE_DTYPES
 from fedgpu.core.errors import ConfigError
 
 Scalar = int | float | str | bool
@@ -49,6 +49,9 @@ class Job:
     local_steps: int = 1
     iterations: int = 100
     ring_timeout_s: float = 60.0
+    # "bf16" | "fp16": float32 weights travel in half precision both ways (half the bytes),
+    # averaged in float32 on the aggregator. Lossy; None (the default): full precision.
+    wire_dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +126,13 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     ):
         raise _fail(source, "max_examples_per_node", "a positive integer", max_examples)
     ring = _ring_fields(raw, source, mode, rounds, min_nodes, fraction)
+    wire_dtype = raw.get("wire_dtype")
+    if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
+        raise _fail(source, "wire_dtype", f"one of {', '.join(WIRE_DTYPES)} (or absent: full "
+                    "precision)", wire_dtype)
+    if wire_dtype is not None and mode != "star":
+        raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
+                    "themselves in their own precision)", wire_dtype)
     return Job(
         task=task,
         name=name,
@@ -141,6 +151,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         round_retries=retries,
         initial_weights=initial,
         max_examples_per_node=max_examples,
+        wire_dtype=wire_dtype,
         **ring,
     )
 

@@ -388,3 +388,23 @@ def test_a_good_bulk_upload_finishes_the_round(wire: Wire) -> None:
     (up,) = rec["updates"]
     assert up["transport"] == "bulk" and up["upload_s"] > 0
     assert json.dumps(rec)  # strict JSON
+
+
+def test_half_precision_on_the_wire_keeps_a_float32_model(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=2, min_nodes=1, round_deadline_s=120,
+                    wire_dtype="bf16")
+    state = tmp_path / "state"
+    federation.start_server(job, "--bulk-port", str(free_port()), "--state-dir", str(state))
+    federation.start_node("site-a", digits_split[0])
+    status = federation.wait_state(("finished",))
+    assert status["job"]["wire_dtype"] == "bf16" and status["accuracy"] is not None
+    model = codec.read_file(job_dir(state) / "global.safetensors")
+    f32 = sum(a.nbytes for a in model.values() if a.dtype == np.float32)
+    assert f32 and all(a.dtype != np.dtype("V2") for a in model.values())
+    assert {codec.dtype_name(a.dtype) for a in model.values()} <= {"F32", "I64"}
+    rounds = federation.query("ListRounds")["rounds"]
+    for rec in (r for r in rounds if r["round"] >= 1):
+        # The update came in bfloat16: about half the float32 bytes.
+        assert rec["bytes_received"] < 0.6 * f32, (rec["bytes_received"], f32)
+        assert rec["updates"][0]["transport"] == "bulk"

@@ -12,7 +12,9 @@ import pytest
 
 from fedgpu.core import bulk, codec
 from fedgpu.core.buffers import BufferPool
-from fedgpu.server.payload import ModelPayload
+from fedgpu.core.config import parse_job
+from fedgpu.core.errors import ConfigError
+from fedgpu.server.payload import ModelPayload, to_wire, wire_spec
 from fedgpu.server.tickets import TicketBook, TicketRefused
 
 
@@ -161,3 +163,28 @@ def test_host_of_a_grpc_target() -> None:
     assert bulk.host_of("agg.example.org:50051") == "agg.example.org"
     assert bulk.host_of("[::1]:50051") == "::1"
     assert bulk.host_of("127.0.0.1:1") == "127.0.0.1"
+
+
+def test_wire_dtype_halves_float32_and_leaves_the_rest() -> None:
+    weights = {"w": np.array([1.0, 1e6, -3.5], np.float32), "steps": np.array([7], np.int64)}
+    bf = to_wire(weights, "bf16")
+    assert codec.dtype_name(bf["w"].dtype) == "BF16" and bf["steps"].dtype == np.int64
+    fp = to_wire(weights, "fp16")
+    # Clipped to float16's range, never infinity.
+    assert fp["w"].dtype == np.float16 and np.isfinite(fp["w"]).all()
+    assert to_wire(weights, None)["w"] is weights["w"]
+    spec = codec.spec(weights)
+    assert wire_spec(spec, "bf16") == {"w": ("BF16", (3,)), "steps": ("I64", (1,))}
+    assert wire_spec(spec, None) == spec
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"wire_dtype": "int8"}, "one of bf16, fp16"),
+    ({"wire_dtype": "bf16", "mode": "ring", "min_nodes": 2, "iterations": 10},
+     "absent in ring mode"),
+])
+def test_the_job_refuses_a_wire_dtype_it_cannot_honour(raw: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=message):
+        parse_job({"task": "digits", **raw})
+    assert parse_job({"task": "digits", "wire_dtype": "fp16"}).wire_dtype == "fp16"
+    assert parse_job({"task": "digits"}).wire_dtype is None
