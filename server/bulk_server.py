@@ -147,6 +147,9 @@ class BulkServer:
         try:
             try:
                 sock, token, names = await self._blocking(self._handshake, conn)
+            except bulk.ClosedQuietly:
+                log.debug("bulk port probed from %s", peer)
+                return
             except bulk.BulkProtocolError as exc:
                 self.tickets.refuse(TicketRefusal.MALFORMED, str(exc))
                 log.warning("refused a bulk connection from %s: %s", peer, exc)

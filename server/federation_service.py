@@ -140,7 +140,7 @@ class FederationService(pb_grpc.FederationServicer):
         await self.auth.node(context)
         node = self.registry.get(request.node_id)
         if node is None:
-            return pb.HeartbeatReply(known=False)
+            return pb.HeartbeatReply(known=False, bulk_port=self.bulk_port)
         await self.auth.bind(context, node.name, "heartbeat")
         try:
             wire_limits.check_heartbeat(request)
@@ -150,7 +150,8 @@ class FederationService(pb_grpc.FederationServicer):
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
-        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set())
+        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
+                                 bulk_port=self.bulk_port)
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:

@@ -415,6 +415,10 @@ def run_checks(profile: str | None = None, address: str | None = None,
     checks.append(gpus_check(snap, severity))
     if address is not None:
         checks.append(aggregator_check(address, token, tls, operator_token))
+        if checks[-1].status != FAIL:
+            from fedgpu.cli.doctor_bulk import bulk_check
+
+            checks.append(bulk_check(address, token, tls, operator_token))
     if tls is not None:
         if tls.cert is not None:
             checks.append(cert_check("cert", tls.cert, tls.ca, tls.key))

@@ -71,6 +71,11 @@ class BulkProtocolError(ValueError):
     """The other side broke the bulk conversation (bad magic, oversized frame, early EOF)."""
 
 
+class ClosedQuietly(BulkProtocolError):
+    """The client hung up without sending a byte: a reachability probe (`fedgpu doctor`, a
+    load balancer's TCP check), not a refusal."""
+
+
 def host_of(address: str) -> str:
     """The host part of a gRPC target "host:port" (brackets of an IPv6 literal removed)."""
     host = address.rpartition(":")[0] if ":" in address else address
@@ -119,7 +124,10 @@ def send_ticket(sock: socket.socket, ticket: str) -> None:
 
 
 def read_ticket(sock: socket.socket) -> str:
-    head = recv_exact(sock, len(MAGIC) + 2)
+    first = sock.recv(1)
+    if not first:
+        raise ClosedQuietly("closed before sending anything")
+    head = first + recv_exact(sock, len(MAGIC) + 1)
     if head[: len(MAGIC)] != MAGIC:
         raise BulkProtocolError("not a fedgpu bulk connection (bad magic)")
     (length,) = struct.unpack(">H", head[len(MAGIC):])

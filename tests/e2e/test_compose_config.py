@@ -195,7 +195,11 @@ def test_aggregator_service() -> None:
     assert "profiles" not in aggregator, "the aggregator starts with every profile"
     assert aggregator["healthcheck"]["test"][:3] == ["CMD", "fedgpu", "health"]
     ports = {p["target"]: p for p in aggregator["ports"]}
-    assert set(ports) == {50051, 8080}
+    assert set(ports) == {50051, 50052, 8080}
+    # The bulk data port is published beside gRPC, and the aggregator is told to open it.
+    assert ports[50052]["host_ip"] == ports[50051]["host_ip"]
+    command = aggregator["command"]
+    assert command[command.index("--bulk-port") + 1] == "50052"
     # The dashboard is plain HTTP: published on the host's loopback only.
     assert ports[8080]["host_ip"] == "127.0.0.1"
     assert aggregator["environment"]["FEDGPU_UI_PORT"] == "8080"

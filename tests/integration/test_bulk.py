@@ -10,7 +10,6 @@ import json
 import secrets
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from fedgpu.core.tls import TlsFiles, channel_credentials
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.federation import Federation, free_port, job_dir, write_job
+from tests.fixtures.forwarder import GrpcOnlyForwarder
 
 GLOBAL = {"b": np.ones(3, np.float32), "w": np.full((4, 3), 2.0, np.float32)}
 
@@ -143,47 +143,6 @@ def test_a_ticket_presented_with_another_sites_certificate_is_refused(
 
 
 # ---- a bulk port the node cannot reach --------------------------------------------------
-
-
-class GrpcOnlyForwarder:
-    """A site's firewall that lets one port through: 127.0.0.2:PORT is forwarded to the
-    aggregator's gRPC port, and nothing else is reachable at 127.0.0.2."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.2", 0))
-        self.port = self.listener.getsockname()[1]
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        self.listener.settimeout(0.5)
-        while not self._stop.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._stop.set()
-        self.listener.close()
 
 
 def test_a_node_that_cannot_reach_the_bulk_port_falls_back_to_grpc(

@@ -16,6 +16,7 @@ from fedgpu.core import certs
 from tests.e2e.dockerutil import engine_available
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.federation import ROOT, Federation, base_env, free_port, write_job
+from tests.fixtures.forwarder import GrpcOnlyForwarder
 
 GPU = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "memory_used_mib": 1000,
        "compute_capability": "8.0"}
@@ -195,7 +196,7 @@ def test_aggregator(env_for: Any, fake_nvml: FakeNvml, federation: Federation,
     federation.start_server(write_job(tmp_path / "job.toml"))
     env = env_for()
     _, doc = doctor(env, "--address", federation.address)
-    assert doc["checks"][-1]["name"] == "aggregator"
+    assert [c["name"] for c in doc["checks"]][-2:] == ["aggregator", "bulk_port"]
     check = by_name(doc)["aggregator"]
     assert check["status"] == "ok" and "SERVING" in check["detail"]
     env["FEDGPU_TOKEN"] = federation.token
@@ -250,3 +251,28 @@ def test_bad_flags(env_for: Any) -> None:
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == ("error: unknown profile 'gpu': one of cpu, gpu-offered, "
                                 "gpu-enforced, hetero, ring")
+
+
+def test_bulk_port(env_for: Any, fake_nvml: FakeNvml, federation: Federation,
+                   tmp_path: Path) -> None:
+    fake_nvml.write([GPU])
+    bulk_port = free_port()
+    federation.start_server(write_job(tmp_path / "job.toml"), "--bulk-port", str(bulk_port))
+    env = env_for()
+    env["FEDGPU_TOKEN"] = federation.token
+    check = by_name(doctor(env, "--address", federation.address)[1])["bulk_port"]
+    assert check["status"] == "ok", check
+    assert f"bulk port 127.0.0.1:{bulk_port} reachable" in check["detail"]
+    # The probe is not a refusal in the aggregator's counters.
+    status = federation.query("GetStatus")["bulk"]
+    assert status["refused"] == {} and status["port"] == bulk_port
+    # Behind a firewall that lets the gRPC port through and nothing else.
+    fw = GrpcOnlyForwarder(("127.0.0.1", int(federation.address.rsplit(":", 1)[1])))
+    try:
+        rc, doc = doctor(env, "--address", f"127.0.0.2:{fw.port}")
+    finally:
+        fw.close()
+    check = by_name(doc)["bulk_port"]
+    assert check["status"] == "warn" and "move weights over gRPC" in check["detail"], check
+    assert f"open TCP port {bulk_port}" in check["fix"]
+    assert by_name(doc)["aggregator"]["status"] == "ok"

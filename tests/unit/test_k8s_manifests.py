@@ -180,6 +180,7 @@ def check_meaning(c: k8s.Container, argv: list[str], params: dict[str, Any],
             assert params["ring_host"] == k8s.POD_IP and params["ring_port"] == 29500
     elif argv[:2] == ["server", "start"]:
         assert params["port"] == 50051 and params["metrics_port"] == 9464
+        assert params["bulk_port"] == 50052
         assert str(params["state_dir"]) == "/var/lib/fedgpu"
         assert str(params["job"]) == "/etc/fedgpu/job.toml"
         assert str(params["tls_ca"]) == "/certs/ca.crt"

@@ -337,9 +337,11 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "shutdown")
+    __slots__ = ("known", "shutdown", "bulk_port")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    BULK_PORT_FIELD_NUMBER: _ClassVar[int]
     known: bool
     shutdown: bool
-    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ...) -> None: ...
+    bulk_port: int
+    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., bulk_port: _Optional[int] = ...) -> None: ...
