@@ -223,7 +223,8 @@ class LocalRun:
         server = Proc("aggregator", [
             *py, "server", "start", "--job", str(job), "--host", "127.0.0.1",
             "--port", str(port), "--state-dir", str(self.run_dir / "state"),
-            "--exit-when-done",
+            # Weights beside gRPC on a port of their own (the nodes find it at registration).
+            "--bulk-port", str(free_port()), "--exit-when-done",
         ], self.run_dir / "logs" / "aggregator.log",
             self._env({"FEDGPU_OPERATOR_TOKEN": self.operator_token}))
         self.procs.append(server)
