@@ -87,6 +87,8 @@ def emit(doc: dict[str, Any]) -> None:
 
 FEDGPU = [sys.executable, "-m", "fedgpu.cli.app"]
 TOKEN = "bench-token"
+# The aggregator's operator token (it must differ from the nodes'): what query() asks with.
+OPERATOR_TOKEN = "bench-operator-token"
 
 
 def free_port() -> int:
@@ -98,7 +100,8 @@ def free_port() -> int:
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FEDGPU_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FEDGPU_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
+               FEDGPU_OPERATOR_TOKEN=OPERATOR_TOKEN)
     return subprocess.Popen([*FEDGPU, *args], cwd=ROOT, env=env,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
@@ -134,7 +137,7 @@ def start_aggregator(job: Path, log: Path, *extra: str, tls: Any = None
 def query(address: str, method: str) -> dict[str, Any]:
     from fedgpu.core import admin_client
 
-    return admin_client.query(address, TOKEN, method)
+    return admin_client.query(address, OPERATOR_TOKEN, method)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

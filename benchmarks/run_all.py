@@ -22,9 +22,8 @@ from typing import Any
 
 from benchmarks.common import ROOT, bench_python, run_case
 
-CHUNKS_KIB = [256, 512, 1024, 2048, 4096, 8192]
 SECTIONS = ("aggregation", "transport", "serialization", "scale", "isolation", "throughput",
-            "many")
+            "many", "bigmodel")
 RESULTS = ROOT / "benchmarks" / "results.json"
 
 
@@ -77,13 +76,7 @@ def run_sections(r: dict[str, Any], only: set[str]) -> None:
     if "aggregation" in only:
         _aggregation(r, flower)
     if "transport" in only:
-        log("transport")
-        r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
-        r["bare"] = run_case("benchmarks.transport", ["bare", "--chunk-kib", "1024"])
-        r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", str(c)])
-                     for c in CHUNKS_KIB]
-        r["e2e"] = [run_case("benchmarks.wire_e2e", ["--chunk-kib", str(c)])
-                    for c in CHUNKS_KIB]
+        _transport(r)
     if "serialization" in only:
         log("serialization")
         r["ser"] = [run_case("benchmarks.serialization", ["--impl", "fedgpu"]),
@@ -96,10 +89,37 @@ def run_sections(r: dict[str, Any], only: set[str]) -> None:
         r["iso"] = run_case("benchmarks.isolation", ["--rounds", "5"])
     if "many" in only:
         _many(r, flower)
+    if "bigmodel" in only:
+        _bigmodel(r)
     if "throughput" in only:
         log("throughput (CPU version; the GPU one: docs/gpu-throughput.md)")
         r["tput"] = run_case("benchmarks.gpu_throughput", ["--device", "cpu"], timeout=1800)
         r["tput_machine"] = machine()
+
+
+def _transport(r: dict[str, Any]) -> None:
+    """Raw sockets, gRPC and the bulk port side by side, one after the other in one run."""
+    log("transport: raw TCP, raw TLS, gRPC, fedgpu gRPC and bulk paths (plain and TLS)")
+    r["transport_machine"] = {**machine(), "load_before": os.getloadavg()[0]}
+    r["raw"] = run_case("benchmarks.transport", ["raw", "--chunk-kib", "1024"])
+    r["tls_raw"] = run_case("benchmarks.transport", ["tls", "--chunk-kib", "1024"])
+    r["bare"] = run_case("benchmarks.transport", ["bare", "--chunk-kib", "1024"])
+    r["grpc"] = [run_case("benchmarks.transport", ["grpc", "--chunk-kib", "1024"])]
+    e2e = ["--rounds", "5", "--chunk-kib", "1024"]
+    r["e2e"] = [run_case("benchmarks.wire_e2e", ["--path", "grpc", *e2e])]
+    r["e2e_bulk"] = run_case("benchmarks.wire_e2e", ["--path", "bulk", *e2e])
+    r["e2e_bulk_tls"] = run_case("benchmarks.wire_e2e", ["--path", "bulk", "--tls", *e2e])
+    r["transport_machine"]["load_after"] = os.getloadavg()[0]
+
+
+def _bigmodel(r: dict[str, Any]) -> None:
+    """Six 3.4 GB updates into one FedAvg round, over the bulk port and over gRPC only."""
+    log("big model round: 6 x 3.4 GB, bulk then gRPC only")
+    big: dict[str, Any] = {"machine": {**machine(), "load_before": os.getloadavg()[0]}}
+    for path in ("bulk", "grpc"):
+        big[path] = run_case("benchmarks.big_round", ["--path", path], timeout=3600)
+    big["machine"]["load_after"] = os.getloadavg()[0]
+    r["big"] = big
 
 
 def _aggregation(r: dict[str, Any], flower: str) -> None:

@@ -22,8 +22,12 @@ def main() -> None:
         from fedgpu.core import codec
 
         named = {f"t{i:02d}": x for i, x in enumerate(arrays)}
-        # Wire-ready: segments to send plus the sha256 the wire contract requires.
+        # Wire-ready: segments to send plus the digest the wire contract requires (BLAKE3),
+        # and with sha256, the contract's digest before it.
+        doc["digest"] = str(codec.WIRE_DIGEST)
         doc["encode_s"] = best_of(lambda: codec.encode(named))
+        doc["encode_sha256_s"] = best_of(
+            lambda: codec.encode(named, digest=codec.DigestAlgo.SHA256))
         doc["encode_no_digest_s"] = best_of(lambda: codec.encode(named, digest=None))
         # What a receiver holds: one contiguous buffer (the Assembler's).
         payload = codec.encode(named).to_bytes()

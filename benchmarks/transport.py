@@ -1,9 +1,12 @@
 """One large update node -> aggregator over loopback: raw TCP, fedgpu's gRPC stream, end to end.
 
 Each receiver runs in its own process (as the aggregator would), the sender in this one:
-    python -m benchmarks.transport raw|bare|grpc --size-mib 256 [--chunk-kib 1024]
+    python -m benchmarks.transport raw|tls|bare|grpc --size-mib 256 [--chunk-kib 1024]
 prints {"seconds", "gb_per_s"} for the best of --repeat sends. `bare` is gRPC's own ceiling
-here: a stream of plain bytes messages, no protobuf and no fedgpu code on either side.
+here: a stream of plain bytes messages, no protobuf and no fedgpu code on either side. `tls` is
+the raw socket again inside TLS (Python's ssl, the aggregator's kind of certificate made for
+the run): the ceiling of the bulk port over TLS. The fedgpu paths end to end, through the real
+aggregator, are `python -m benchmarks.wire_e2e --path grpc|bulk [--tls]`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -21,16 +25,24 @@ import numpy as np
 from benchmarks.common import MIB, ROOT, emit
 
 
-def _receiver_raw(port_file: str) -> None:
+def _receiver_raw(port_file: str, tls_dir: str = "") -> None:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     print(srv.getsockname()[1], file=open(port_file, "w"), flush=True)  # noqa: SIM115
+    ctx = None
+    if tls_dir:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(f"{tls_dir}/server/server.crt", f"{tls_dir}/server/server.key")
     buf = bytearray(0)
     while True:
         conn, _ = srv.accept()
+        if ctx is not None:
+            conn = ctx.wrap_socket(conn, server_side=True)
         with conn:
-            head = conn.recv(8, socket.MSG_WAITALL)
+            head = b""
+            while len(head) < 8 and (part := conn.recv(8 - len(head))):
+                head += part
             if len(head) < 8:
                 return
             (size,) = struct.unpack("<Q", head)
@@ -42,9 +54,11 @@ def _receiver_raw(port_file: str) -> None:
             conn.sendall(b"k")
 
 
-def _send_raw(port: int, payload: memoryview, chunk: int) -> float:
+def _send_raw(port: int, payload: memoryview, chunk: int, ctx: ssl.SSLContext | None = None
+              ) -> float:
     start = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.create_connection(("127.0.0.1", port)) as raw, (
+            ctx.wrap_socket(raw, server_hostname="localhost") if ctx else raw) as s:
         s.sendall(struct.pack("<Q", payload.nbytes))
         for pos in range(0, payload.nbytes, chunk):
             s.sendall(payload[pos : pos + chunk])
@@ -148,8 +162,10 @@ def _send_grpc(port: int, payload: np.ndarray, chunk: int, repeat: int) -> float
 
 def _start(kind: str, tmp: str) -> tuple[subprocess.Popen[bytes], int]:
     port_file = f"{tmp}/{kind}.port"
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.transport", f"_{kind}_receiver",
-                             "--port-file", port_file], cwd=ROOT)
+    extra = ["--tls-dir", tmp] if kind == "tls" else []
+    receiver = "raw" if kind == "tls" else kind
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.transport", f"_{receiver}_receiver",
+                             "--port-file", port_file, *extra], cwd=ROOT)
     for _ in range(200):
         try:
             return proc, int(open(port_file).read())
@@ -159,19 +175,31 @@ def _start(kind: str, tmp: str) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError(f"{kind} receiver did not start")
 
 
+def _tls_material(tmp: str) -> ssl.SSLContext:
+    """A CA and an aggregator certificate as `fedgpu certs` makes them; the client context."""
+    from pathlib import Path
+
+    from fedgpu.core import certs
+
+    certs.init_ca(Path(tmp))
+    server = certs.issue_server(Path(tmp))
+    return ssl.create_default_context(cafile=str(server.ca))
+
+
 def main() -> None:
     import tempfile
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["raw", "bare", "grpc", "_raw_receiver", "_bare_receiver",
-                                     "_grpc_receiver"])
+    ap.add_argument("mode", choices=["raw", "tls", "bare", "grpc", "_raw_receiver",
+                                     "_bare_receiver", "_grpc_receiver"])
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--chunk-kib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--port-file", default="")
+    ap.add_argument("--tls-dir", default="")
     a = ap.parse_args()
     if a.mode == "_raw_receiver":
-        return _receiver_raw(a.port_file)
+        return _receiver_raw(a.port_file, a.tls_dir)
     if a.mode == "_grpc_receiver":
         return asyncio.run(_receiver_grpc(a.port_file))
     if a.mode == "_bare_receiver":
@@ -179,11 +207,13 @@ def main() -> None:
     size = a.size_mib * MIB
     payload = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
     with tempfile.TemporaryDirectory() as tmp:
+        ctx = _tls_material(tmp) if a.mode == "tls" else None
         proc, port = _start(a.mode, tmp)
         try:
             view = memoryview(payload.view(np.uint8))
-            if a.mode == "raw":
-                seconds = min(_send_raw(port, view, a.chunk_kib << 10) for _ in range(a.repeat))
+            if a.mode in ("raw", "tls"):
+                seconds = min(_send_raw(port, view, a.chunk_kib << 10, ctx)
+                              for _ in range(a.repeat))
             elif a.mode == "bare":
                 seconds = _send_bare(port, view, a.chunk_kib << 10, a.repeat)
             else:

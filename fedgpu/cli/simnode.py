@@ -206,7 +206,7 @@ class SimNode:
             kind = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
                     pb.TASK_KIND_EVALUATE: "evaluate"}.get(header.kind, "unknown")
             self.stats.tasks[kind] = self.stats.tasks.get(kind, 0) + 1
-            if payload is not None:
+            if header.payload_size:
                 self.stats.pulls.append(pull)
             await self._answer(header, payload)
 

@@ -91,11 +91,12 @@ class Hasher(Protocol):
     def hexdigest(self) -> str: ...
 
 
-def hasher(algo: DigestAlgo) -> Hasher:
-    """A fresh digest of `algo`. BLAKE3 on one thread: the bytes arrive block by block and
-    the other core is busy receiving them (both release the GIL while they hash)."""
+def hasher(algo: DigestAlgo, all_cores: bool = False) -> Hasher:
+    """A fresh digest of `algo`. BLAKE3 on one thread by default: received bytes arrive block
+    by block while the other core is busy receiving them; `all_cores` for a payload that is
+    all in memory already (encode), which BLAKE3's tree splits across the cores."""
     if algo is DigestAlgo.BLAKE3:
-        return blake3.blake3()
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if all_cores else 1)
     return hashlib.sha256()
 
 
@@ -171,7 +172,7 @@ def encode(
     size = sum(s.nbytes for s in segments)
     if digest is None:
         return Encoded(tuple(segments), size, "")
-    h = hasher(digest)
+    h = hasher(digest, all_cores=True)
     for seg in segments:
         h.update(seg)
     return Encoded(tuple(segments), size, h.hexdigest(), digest)
