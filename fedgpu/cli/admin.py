@@ -86,7 +86,8 @@ def nodes(address: Address = "localhost:50051", token: Token = None, as_json: As
 
 
 def _show_nodes(doc: dict[str, Any]) -> None:
-    table = Table("name", "state", "device", "gpu", "reason", "rounds", "mem before/peak/after")
+    table = Table("name", "state", "device", "gpu", "reason", "rounds", "mem before/peak/after",
+                  "weights via")
     for n in doc["nodes"]:
         d = n["gpu_decision"] or {}
         r = n["last_resources"] or {}
@@ -96,8 +97,15 @@ def _show_nodes(doc: dict[str, Any]) -> None:
             mem = f"rss {fmt_value(r.get('rss_peak_mib'))}"
         table.add_row(n["name"], n["state"], d.get("device", "-"),
                       d.get("gpu_name") or "-", d.get("reason", "-"),
-                      str(n["rounds_completed"]), mem if r else "-")
+                      str(n["rounds_completed"]), mem if r else "-", _via(n))
     Console().print(table)
+
+
+def _via(n: dict[str, Any]) -> str:
+    """How the node's weights move: the bulk port, or gRPC (and why, when it fell back)."""
+    if n.get("bulk_error"):
+        return f"grpc (bulk port unreachable: {n['bulk_error']})"
+    return n.get("transport") or "-"
 
 
 def rounds(address: Address = "localhost:50051", token: Token = None, as_json: AsJson = False,
