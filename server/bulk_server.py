@@ -76,6 +76,9 @@ class BulkServer:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        # Open connections' sockets: shut down at close, so that a thread blocked reading one
+        # returns at once instead of at its timeout (and the process can exit).
+        self._socks: set[socket.socket] = set()
 
     async def start(self) -> int:
         """Listen; the port bound (the one asked for, or a free one for 0)."""
@@ -91,6 +94,9 @@ class BulkServer:
         return self.port
 
     async def close(self) -> None:
+        for s in list(self._socks):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
         for task in (self._accepting, *self._conns):
             if task is not None:
                 task.cancel()
@@ -144,6 +150,7 @@ class BulkServer:
         conn.settimeout(self.handshake_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = conn
+        self._socks.add(conn)
         try:
             try:
                 sock, token, names = await self._blocking(self._handshake, conn)
@@ -174,6 +181,7 @@ class BulkServer:
         except OSError as exc:
             log.info("bulk connection from %s broke off: %s", peer, exc)
         finally:
+            self._socks.discard(conn)
             sock.close()
 
     async def _download(self, sock: socket.socket, ticket: Ticket) -> None:

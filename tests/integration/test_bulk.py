@@ -367,3 +367,33 @@ def test_half_precision_on_the_wire_keeps_a_float32_model(
         # The update came in bfloat16: about half the float32 bytes.
         assert rec["bytes_received"] < 0.6 * f32, (rec["bytes_received"], f32)
         assert rec["updates"][0]["transport"] == "bulk"
+
+
+def test_the_aggregator_stops_at_once_with_a_bulk_upload_stalled(
+        federation: Federation, tmp_path: Path) -> None:
+    init = tmp_path / "init.safetensors"
+    init.write_bytes(codec.encode(GLOBAL).to_bytes())
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, round_deadline_s=300,
+                    evaluate=False, initial_weights=str(init))
+    bulk_port = free_port()
+    server = federation.start_server(job, "--bulk-port", str(bulk_port),
+                                     "--upload-idle-s", "120")
+    md = token_metadata(federation.token)
+    with grpc.insecure_channel(federation.address) as ch:
+        stub = pb_grpc.FederationStub(ch)
+        reg = stub.Register(pb.RegisterRequest(node_name="slow", tasks=["digits"]),
+                            metadata=md, timeout=10)
+        wire = Wire(federation, tmp_path, stub, reg.node_id, bulk_port)
+        task = wire.task(use_bulk=False)
+        enc = codec.encode(GLOBAL)
+        ticket = stub.OpenUpload(wire.header(task, enc), metadata=md, timeout=10)
+    with wire.connect() as s:
+        bulk.send_ticket(s, ticket.ticket)
+        assert bulk.read_status(s).ok
+        s.sendall(enc.to_bytes()[:10])  # and then nothing: its reader waits up to 120 s
+        wait_for(lambda: federation.query("GetStatus")["uploads"]["in_flight"] == 1,
+                 what="upload in flight")
+        t0 = time.monotonic()
+        server.popen.terminate()
+        assert server.popen.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 20, "the stalled reader held the aggregator up"
