@@ -21,12 +21,14 @@ import grpc
 
 import fedgpu
 from fedgpu.core import tls
+from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.constants import DEFAULT_RING_PORT
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import data, messages, nvml, policy, ring, workfiles
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
+from fedgpu.node.liveness import Liveness
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
 from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Worker, run_task, simulated_gpus
 from fedgpu.node.status import write_status
@@ -88,6 +90,8 @@ class Agent:
         self._factory = factory if cfg.prestart else None
         self._owns_factory = False
         self._worker: Worker | None = None
+        # Heartbeats: the task in hand and the GPUs' free memory out, "abandon it" back.
+        self.liveness = Liveness(self.client, cfg.gpu)
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -119,6 +123,7 @@ class Agent:
             ring_host=self.cfg.ring_host,
             ring_port=self.cfg.ring_port,
             num_examples=data.train_examples(self.cfg.data_dir),
+            capacity=self.liveness.capacity(self.snapshot),
         )
 
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
@@ -281,12 +286,18 @@ class Agent:
             log.warning("ignoring task of unknown kind %d", header.kind)
             return
         self._set_state("training" if kind != "evaluate" else "evaluating")
+        # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
         outcome: RoundOutcome | None = None
+        cancel = self.liveness.working_on(header.task_id)
         try:
             try:
-                decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=header.use_gpu)
-            except policy.EnforceError as exc:
+                decision = policy.decide_for_job(snap, self.cfg.gpu, resources_from_wire(header))
+            except policy.Ineligible as exc:
+                log.info("round %d %s: ineligible: %s", header.round, kind, exc)
+                self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
+                return
+            except (policy.EnforceError, ValueError) as exc:
                 decision = None
                 error = str(exc)
             if decision is not None:
@@ -317,11 +328,17 @@ class Agent:
                         node_name=self.cfg.name,
                         output=self.cfg.worker_output,
                         track=self._track,
+                        cancel=cancel,
                         **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
                     )
                     error = outcome.error
+                    if outcome.abandoned:
+                        # Its answer would be refused: nothing is sent.
+                        log.warning("round %d %s abandoned: %s", header.round, kind, error)
+                        return
             self._report(header, outcome, error)
         finally:
+            self.liveness.done()
             if outcome is not None:
                 outcome.cleanup()
             self._set_state("idle")
@@ -370,10 +387,8 @@ class Agent:
         while not self._stop.wait(self.heartbeat_s):
             if self.node_id is None or self._reregister.is_set():
                 continue
-            req = pb.HeartbeatRequest(node_id=self.node_id, state=self.state)
-            try:
-                reply = self.client.heartbeat(req, timeout=max(2, self.heartbeat_s))
-            except grpc.RpcError:
+            reply = self.liveness.beat(self.node_id, self.state, timeout=max(2, self.heartbeat_s))
+            if reply is None:
                 continue
             if not reply.known:
                 self._reregister.set()

@@ -12,6 +12,8 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from fedgpu.core.admission import SiteCapacity
+from fedgpu.core.admission_wire import capacity_from_wire
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
@@ -42,6 +44,19 @@ STATUS_OF: dict[Reject, grpc.StatusCode] = {
 def _as_dict(msg: Any) -> dict[str, Any]:
     return MessageToDict(msg, preserving_proto_field_name=True,
                          always_print_fields_with_no_presence=True)
+
+
+async def _capacity(request: pb.RegisterRequest | pb.HeartbeatRequest,
+                    context: grpc.aio.ServicerContext) -> SiteCapacity | None:
+    """The node's reported GPU capacity (None when it reports none); a malformed one is
+    refused with the reason."""
+    if not request.HasField("capacity"):
+        return None
+    try:
+        return capacity_from_wire(request.capacity)
+    except ValueError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"capacity refused: {exc}")
+        raise  # abort raises; this line only tells the type checker
 
 
 class FederationService(pb_grpc.FederationServicer):
@@ -95,6 +110,7 @@ class FederationService(pb_grpc.FederationServicer):
         # A node without some job's task still joins: it is left out of that job, and
         # `fedgpu job status` says why.
         await self.auth.bind(context, name, "registration")
+        capacity = await _capacity(request, context)
         try:
             node = self.registry.register(
                 name=name,
@@ -109,6 +125,7 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
+        node.capacity = capacity
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -134,7 +151,14 @@ class FederationService(pb_grpc.FederationServicer):
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
-        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set())
+        capacity = await _capacity(request, context)
+        if capacity is not None:
+            self.registry.report_capacity(node, capacity)
+        # A task no open round waits for (its job was stopped, its round closed): the node
+        # kills its worker instead of training for an update that would be refused.
+        abandon = bool(request.task_id) and not self.orch.wants(node, request.task_id)
+        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
+                                 abandon=abandon)
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:
@@ -192,6 +216,9 @@ class FederationService(pb_grpc.FederationServicer):
             except WireError as exc:
                 raise UpdateRejected(exc.reason, str(exc)) from None
             rnd = orch.check_update(node, header)
+            if header.ineligible:
+                orch.record_ineligible(node, header, rnd)
+                return pb.PushReply(accepted=True, message="ineligibility noted")
             if header.failed:
                 orch.record_failure(node, header, rnd)
                 return pb.PushReply(accepted=True, message="failure recorded")

@@ -31,8 +31,9 @@ from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.server import resume
 from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.eligibility import eligibility
 from fedgpu.server.jobstore import JobRow, JobStore
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import Registry
 from fedgpu.server.ring import RingPlan
 from fedgpu.server.rounds import Orchestrator
 
@@ -81,16 +82,6 @@ def job_from_row(row: JobRow) -> Job:
     # directory has no file, only the job as that version parsed it.
     raw = tomllib.loads(row.job_toml) if row.job_toml else dict(row.job)
     return parse_job(raw, f"job {row.job_id}")
-
-
-def eligibility(job: Job, node: Node, alive: bool) -> str | None:
-    """Why `node` cannot take part in `job` now; None when it can."""
-    if not alive:
-        return "not connected (no heartbeat)"
-    if node.tasks and job.task not in node.tasks:
-        shown = ", ".join(node.tasks[:8]) + (", ..." if len(node.tasks) > 8 else "")
-        return f"task {job.task!r} is not installed there (installed: {shown})"
-    return None
 
 
 class JobManager:
@@ -325,7 +316,7 @@ class JobManager:
             if row.state is JobState.QUEUED and active is not None:
                 return JobState.QUEUED, f"after job {active.row.job_id}"
             return row.state, row.reason
-        if active.orch.state == RunState.WAITING:
+        if active.orch.state == RunState.WAITING or active.orch.waiting_for_nodes:
             return JobState.WAITING, self.waiting_reason(active.job)
         return JobState.RUNNING, None
 

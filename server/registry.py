@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedgpu.core.admission import SiteCapacity
+from fedgpu.core.config import Resources
+
 
 @dataclass
 class Node:
@@ -39,6 +42,10 @@ class Node:
     # Training examples the node stated (at registration, or with its first training
     # update); 0 while unstated. Updates may not claim more.
     stated_examples: int = 0
+    # Its GPU policy and free memory as it last reported them (None: it reports none), and
+    # its own last "ineligible" answer: (what that job needed, why), until it reports again.
+    capacity: SiteCapacity | None = None
+    refusal: tuple[Resources, str] | None = None
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -114,6 +121,14 @@ class Registry:
     def _notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def report_capacity(self, node: Node, capacity: SiteCapacity) -> None:
+        """A node's GPUs as they are now: its last "ineligible" answer is superseded (it is
+        asked again), and a round waiting for nodes that can take its job looks again."""
+        node.refusal = None
+        if capacity != node.capacity:
+            node.capacity = capacity
+            self._notify()
 
     def get(self, node_id: str) -> Node | None:
         node = self._nodes.get(node_id)

@@ -142,5 +142,6 @@ def check_update_header(header: pb.UpdateHeader) -> None:
         raise WireError("iteration_loss holds NaN or Infinity: losses must be finite",
                         Reject.NON_FINITE)
     header.error = truncate(header.error)
+    header.ineligible_reason = truncate(header.ineligible_reason, MAX_TEXT)
     check_message(header, "UpdateHeader", skip=frozenset(
-        {"train_metrics", "eval_metrics", "iteration_loss", "error"}))
+        {"train_metrics", "eval_metrics", "iteration_loss", "error", "ineligible_reason"}))

@@ -53,6 +53,26 @@ class Mode(StrEnum):
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 
+
+class GpuNeed(StrEnum):
+    """What a job asks of a node's GPU (the job file's `[resources] gpu`)."""
+
+    REQUIRED = "required"    # a GPU that fits, or the node is ineligible
+    PREFERRED = "preferred"  # a GPU that fits, else the CPU
+    NONE = "none"            # never a GPU
+
+
+GPU_NEEDS: tuple[str, ...] = tuple(g.value for g in GpuNeed)
+
+
+class GpuMode(StrEnum):
+    """A site's own GPU policy (the node's `--gpu`)."""
+
+    NONE = "none"
+    OFFER = "offer"
+    ENFORCE = "enforce"
+
+
 class RunState(StrEnum):
     """A run's lifecycle as `fedgpu status --json` reports it (`state`)."""
 

@@ -82,7 +82,9 @@ class FederationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Field numbers 30-39 of the messages below belong to GPU-aware admission and abandoning a
+        stopped job's task (issue 16): NodeCapacity, JobResources, ineligible, task_id, abandon.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
