@@ -222,6 +222,10 @@ class FederationService(pb_grpc.FederationServicer):
             if header.failed:
                 orch.record_failure(node, header, rnd)
                 return pb.PushReply(accepted=True, message="failure recorded")
+            if header.HasField("decision"):
+                # Decided for this task (the job's [resources], the GPUs now): the update's
+                # record and `fedgpu nodes` show this one, not the one made at registration.
+                node.decision = _as_dict(header.decision)
             # From here on this stream holds the node's slot; others are duplicates.
             orch.claim(node, rnd)
             claimed = True
