@@ -166,10 +166,10 @@ class Intake:
         rnd.settle(node.node_id, SlotState.INELIGIBLE, time.time())
 
     def wants(self, node: Node, task_id: str) -> bool:
-        """Is `task_id` an open task of `node`'s? (Else a heartbeat tells it to abandon it.)"""
+        """Is `task_id` `node`'s task in the open round? Else a heartbeat tells the node to
+        abandon it: its job was stopped, or its round closed (an answer would be refused)."""
         rnd = self.current
-        return (rnd is not None and not rnd.closed and rnd.task_ids.get(node.node_id) == task_id
-                and rnd.slots.get(node.node_id) in (SlotState.ASSIGNED, SlotState.UPLOADING))
+        return rnd is not None and not rnd.closed and rnd.task_ids.get(node.node_id) == task_id
 
     async def accept(
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,

@@ -202,3 +202,28 @@ def test_a_nodes_own_refusal_holds_until_it_reports_again() -> None:
     registry.report_capacity(node, site("offer", 20000))
     assert node.refusal is None and eligibility(job, node, True) is None
     assert eligibility(job, node, False) == "not connected (no heartbeat)"
+
+
+def test_an_attempt_is_hopeless_once_an_ineligible_answer_leaves_too_few() -> None:
+    import time
+
+    from fedgpu.server.records import Ineligibility
+    from fedgpu.server.ring import block_error
+    from fedgpu.server.round_state import RoundState
+    from fedgpu.server.states import SlotState
+
+    registry = Registry()
+    a, b, c = (registry.register(n, "peer", "0", {}, {}, {}, []) for n in ("a", "b", "c"))
+    rnd = RoundState(number=3, kind=pb.TASK_KIND_TRAIN, attempt=1, required=2,
+                     deadline=time.time() + 60, started=time.time())
+    for n in (a, b, c):
+        rnd.slots[n.node_id] = SlotState.ASSIGNED
+    assert not rnd.hopeless()
+    rnd.ineligible.append(Ineligibility(a.node_id, a.name, "GPU 0 is full"))
+    rnd.settle(a.node_id, SlotState.INELIGIBLE, time.time())
+    assert not rnd.hopeless()  # b and c may still make up min_nodes
+    rnd.settle(b.node_id, SlotState.FAILED, time.time())
+    assert rnd.hopeless()
+    # A ring block lost to it names the node and its reason.
+    assert "rank 0 (a)" in block_error(rnd, [a, b, c])
+    assert "a: cannot take the job now: GPU 0 is full" in block_error(rnd, [a, b, c])
