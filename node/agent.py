@@ -4,6 +4,8 @@ It survives the aggregator going away: register, pull and report go through one 
 (node/retry.py: exponential backoff with jitter, a deadline per call site), and a node the
 aggregator no longer knows registers again. A task it cannot take (a payload over its limit, a
 round that cannot start) is reported to the aggregator as a failed task; the agent stays up.
+A job whose [resources] its GPUs cannot give now is answered "ineligible" (no failure), and a
+task the aggregator abandons (node/liveness.py) has its worker killed and is not answered.
 """
 
 from __future__ import annotations
