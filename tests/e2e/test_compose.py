@@ -171,6 +171,15 @@ def test_fake_nvml_inside_the_node_image(built_images, tmp_path: Path) -> None:
     assert doc["decision"]["gpu_uuid"] == fake_uuid(0), doc["decision"]
 
 
+def container_id(project: ComposeProject, service: str) -> str:
+    """The service's container ID: a restarted container keeps it, a recreated one does not.
+    `compose ps --format json` spells the key "ID" (compose v2); older releases wrote "Id"."""
+    c = project.container(service)
+    found = c.get("ID") or c.get("Id")
+    assert found, f"compose ps gave no container ID for {service}: {c}"
+    return str(found)
+
+
 def job_cli(project: ComposeProject, *args: str) -> Any:
     proc = subprocess.run([fedgpu_cli(), "job", *args, "--address", project.address, "--json"],
                           capture_output=True, text=True, timeout=120, env=project.admin_env)
@@ -196,7 +205,7 @@ def test_two_jobs_on_the_same_nodes_across_an_aggregator_restart(
         return probe
 
     wait_for("the example job to finish", jobs_ended(1), FEDERATION_TIMEOUT_S)
-    nodes_before = {n: project.container(n)["Id"] for n in
+    nodes_before = {n: container_id(project, n) for n in
                     ("node-cpu-1", "node-cpu-2", "node-cpu-3")}
     project.compose("restart", "aggregator", timeout=120)
     wait_for("the aggregator to be healthy again",
@@ -210,7 +219,7 @@ def test_two_jobs_on_the_same_nodes_across_an_aggregator_restart(
     listed = wait_for("the second job to finish", jobs_ended(2), FEDERATION_TIMEOUT_S)
     assert [j["name"] for j in listed][-1] == "second" and len(listed) == 2
     # The restart did not queue the example job again, and the nodes are the same containers.
-    assert {n: project.container(n)["Id"] for n in nodes_before} == nodes_before
+    assert {n: container_id(project, n) for n in nodes_before} == nodes_before
     assert all(project.container(n)["State"] == "running" for n in nodes_before)
     status = job_cli(project, "status", submitted["job_id"])
     assert status["rounds_done"] == status["rounds"]
