@@ -122,6 +122,10 @@ class BundleKeeper:
             data = self._fetch(sha)
         try:
             bundle = open_archive(data, sha)
+            if fresh:
+                # Kept even when this node cannot run it: the site sees what it was sent.
+                self.site.keep(bundle, offer.job_id)
+                self._announce(bundle, offer.job_id)
             unmet = unmet_requirements(bundle.manifest.requires)
             if unmet:
                 raise BundleError(f"task {bundle.manifest.name!r} requires what this node "
@@ -131,9 +135,6 @@ class BundleKeeper:
             with self._lock:
                 self._unusable[sha] = str(exc)
             raise
-        if fresh:
-            self.site.keep(bundle, offer.job_id)
-            self._announce(bundle, offer.job_id)
         return bundle
 
     def _announce(self, bundle: Bundle, job_id: str) -> None:
