@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedgpu.cli.bundle_jobs import task_dir_of
 from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import Address, AsJson, OperatorToken, TlsCa, TlsCert, TlsKey
 from fedgpu.core import admin_client
@@ -39,18 +39,6 @@ def _print(doc: Any) -> None:
     typer.echo(json.dumps(doc, indent=2))
 
 
-def _task_dir(job_file: Path, text: str, given: Path | None) -> Path | None:
-    """--task-dir, else the job file's `task_dir` (relative to the job file)."""
-    if given is not None:
-        return given
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return None  # the aggregator refuses the file, naming the problem
-    value = raw.get("task_dir")
-    return job_file.parent / value if isinstance(value, str) and value.strip() else None
-
-
 @job_app.command("submit")
 def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")],
            task_dir: Annotated[Path | None, typer.Option(
@@ -70,7 +58,7 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
                           f"{MAX_JOB_FILE_BYTES}")
     text = job_file.read_text()
     bundle = None
-    folder = _task_dir(job_file, text, task_dir)
+    folder = task_dir_of(job_file, text, task_dir)
     if folder is not None:
         bundle = pack_dir(folder)
         # On stderr: with --json, stdout is the one document.

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tests.fixtures.federation import Federation, base_env, cli, write_job
+from tests.fixtures.federation import FEDGPU, ROOT, Federation, base_env, cli, write_job
 from tests.integration.test_jobs import job_cli, wait_job
 
 
@@ -173,3 +175,22 @@ def test_bundle_code_is_imported_only_in_round_workers(
     assert node.popen.pid not in pids and not set(factory) & set(pids), (pids, factory)
     assert os.getpid() not in pids
     assert "--task-approval any: this node runs EVERY task bundle" in node.text()
+
+
+def test_fedgpu_run_runs_a_bundle_job_on_nodes_that_take_any(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    assert cli("task", "new", "demo", "--dir", str(work / "demo")).returncode == 0
+    job = write_job(work / "job.toml", task=None, task_dir="demo", rounds=2, min_nodes=2)
+    run_dir = tmp_path / "run"
+    # The run copies the job file into its own directory: task_dir still finds the sources.
+    r = subprocess.run([*FEDGPU, "run", "--nodes", "2", "--job", str(job), "--run-dir",
+                        str(run_dir)], capture_output=True, text=True, env=base_env(),
+                       cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"round 2/2: finished, train loss [\d.]+, 2/2 nodes", r.stdout), r.stdout
+    (archive,) = (run_dir / "state" / "bundles").glob("*.tar")
+    node_log = (run_dir / "logs" / "node-1.log").read_text()
+    assert "--task-approval any: this node runs EVERY task bundle" in node_log
+    assert f"running task bundle {archive.stem} (task 'demo') without the site's approval" \
+        in node_log
