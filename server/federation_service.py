@@ -12,10 +12,12 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from fedgpu.core.bundles import BundleError
+from fedgpu.core.constants import TaskApproval
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
-from fedgpu.server.jobs import JobManager
+from fedgpu.server.jobs import JobError, JobManager
 from fedgpu.server.registry import Node, Registry, RegistryFull
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
@@ -109,6 +111,7 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
+        node.task_approval = request.task_approval
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -117,7 +120,14 @@ class FederationService(pb_grpc.FederationServicer):
             heartbeat_interval_s=self.registry.heartbeat_interval_s,
             max_update_bytes=self.max_update_bytes,
             chunk_size=self.jobs.chunk_size,
+            offers=self._offers_for(node),
         )
+
+    def _offers_for(self, node: Node) -> list[pb.TaskBundle]:
+        # A site that runs installed tasks only has nothing to say about bundles.
+        if (node.task_approval or TaskApproval.INSTALLED) == TaskApproval.INSTALLED:
+            return []
+        return self.jobs.offers()
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> pb.HeartbeatReply:
@@ -134,7 +144,27 @@ class FederationService(pb_grpc.FederationServicer):
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
-        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set())
+        offers = self._offers_for(node)
+        # Only answers about bundles still offered are kept: the map stays bounded.
+        offered = {o.sha256 for o in offers}
+        node.bundle_states = {b.sha256: (b.state, b.reason) for b in request.bundles
+                              if b.sha256 in offered}
+        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
+                                 offers=offers)
+
+    async def FetchBundle(self, request: pb.FetchBundleRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.BundleChunk]:
+        await self.auth.node(context)
+        await self._node(request.node_id, context)
+        try:
+            header, data = self.jobs.bundle_for_node(request.sha256)
+        except (JobError, BundleError) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise
+        yield pb.BundleChunk(header=header)
+        step = self.jobs.chunk_size
+        for start in range(0, len(data), step):
+            yield pb.BundleChunk(data=data[start:start + step])
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:

@@ -39,6 +39,10 @@ class Node:
     # Training examples the node stated (at registration, or with its first training
     # update); 0 while unstated. Updates may not claim more.
     stated_examples: int = 0
+    # Which code from the wire the node's site runs (TaskApproval; "" from older nodes), and
+    # its latest answer about each offered bundle: sha256 -> (BundleState, reason).
+    task_approval: str = ""
+    bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -160,6 +164,7 @@ class Registry:
                 "last_resources": n.last_resources,
                 "labels": n.labels,
                 "tasks": n.tasks,
+                "task_approval": n.task_approval or None,
                 "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
             }

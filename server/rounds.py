@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import codec, jsondoc
+from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import RoundStatus, RunState
 from fedgpu.proto import pb
 from fedgpu.server.aggregate import weighted_metric
 from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.eligibility import eligible_nodes
 from fedgpu.server.history import History
 from fedgpu.server.intake import Intake
 from fedgpu.server.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
@@ -42,8 +44,16 @@ class Orchestrator(Intake):
         checkpointer: Checkpointer | None = None,
         initial_weights: Mapping[str, np.ndarray] | None = None,
         plan: TrainPlan | None = None,
+        bundle: BundleRef | None = None,
+        job_id: str = "",
     ) -> None:
         self.job = job
+        # The task's bundle (None: installed on the nodes): named in every task header, and
+        # only nodes whose site allows it are sampled (server/eligibility.py).
+        self.bundle = bundle
+        self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
+                                          name=bundle.name, entry=bundle.entry, job_id=job_id)
+                            if bundle is not None else None)
         self.registry = registry
         self.chunk_size = chunk_size
         self.checkpointer = checkpointer
@@ -184,11 +194,12 @@ class Orchestrator(Intake):
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
         while True:
-            alive = [n for n in self.registry.alive() if self.job.task in n.tasks or not n.tasks]
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
             if len(alive) >= needed:
                 return alive
             if time.monotonic() - last_log > 30:
-                log.info("waiting for nodes: %d of %d needed are connected", len(alive), needed)
+                log.info("waiting for nodes: %d of %d needed are connected and can take the "
+                         "job", len(alive), needed)
                 last_log = time.monotonic()
             try:
                 await asyncio.wait_for(self.registry.changed.wait(), timeout=1.0)
@@ -226,6 +237,7 @@ class Orchestrator(Intake):
                 payload_size=size,
                 payload_sha256=digest,
                 evaluated_round=self.global_round,
+                bundle=self._bundle_msg,
                 **fields,
             )
             node.pending = Task(task_id, number, plan.kind, header, chunks)

@@ -81,7 +81,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class RegisterRequest(_message.Message):
     RING_HOST_FIELD_NUMBER: _ClassVar[int]
     RING_PORT_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TASK_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     devices: DeviceInventory
@@ -107,21 +108,24 @@ class RegisterRequest(_message.Message):
     ring_host: str
     ring_port: int
     num_examples: int
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ...) -> None: ...
+    task_approval: str
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
+    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size", "offers")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     run_id: str
     heartbeat_interval_s: int
     max_update_bytes: int
     chunk_size: int
-    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    offers: _containers.RepeatedCompositeFieldContainer[TaskBundle]
+    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
     __slots__ = ("node_id", "wait_s")
@@ -132,7 +136,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bundle")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +149,7 @@ class TaskHeader(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -157,7 +162,48 @@ class TaskHeader(_message.Message):
     seed: int
     message: str
     ring: RingAssignment
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ...) -> None: ...
+    bundle: TaskBundle
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ...) -> None: ...
+
+class TaskBundle(_message.Message):
+    __slots__ = ("sha256", "size", "name", "entry", "job_id")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    name: str
+    entry: str
+    job_id: str
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., entry: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class FetchBundleRequest(_message.Message):
+    __slots__ = ("node_id", "sha256")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    sha256: str
+    def __init__(self, node_id: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class BundleChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TaskBundle
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TaskBundle, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BundleStatus(_message.Message):
+    __slots__ = ("sha256", "state", "reason")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    state: str
+    reason: str
+    def __init__(self, sha256: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RingAssignment(_message.Message):
     __slots__ = ("run_id", "rank", "world_size", "master_addr", "master_port", "first_iteration", "iterations", "total_iterations", "local_steps", "mixing", "peers", "restart", "timeout_s")
@@ -292,19 +338,23 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "state", "decision")
+    __slots__ = ("node_id", "state", "decision", "bundles")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     state: str
     decision: GpuDecision
-    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ...) -> None: ...
+    bundles: _containers.RepeatedCompositeFieldContainer[BundleStatus]
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "shutdown")
+    __slots__ = ("known", "shutdown", "offers")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     shutdown: bool
-    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ...) -> None: ...
+    offers: _containers.RepeatedCompositeFieldContainer[TaskBundle]
+    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
