@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import grpc
 
@@ -51,13 +52,14 @@ class Liveness:
                 snapshot = nvml.snapshot()
         return capacity_to_wire(policy.capacity(snapshot, self.flags))
 
-    def beat(self, node_id: str, state: str, timeout: float) -> pb.HeartbeatReply | None:
+    def beat(self, node_id: str, state: str, timeout: float,
+             bundles: Sequence[pb.BundleStatus] = ()) -> pb.HeartbeatReply | None:
         """One heartbeat; None when it did not get through. An abandoned task is cancelled
         here, if it is still the one running."""
         with self._lock:
             task_id = self._task_id
         req = pb.HeartbeatRequest(node_id=node_id, state=state, task_id=task_id,
-                                  capacity=self.capacity())
+                                  capacity=self.capacity(), bundles=bundles)
         try:
             reply = self.client.heartbeat(req, timeout=timeout)
         except grpc.RpcError:

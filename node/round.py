@@ -113,9 +113,13 @@ def run_task(
         proc: Worker | None = None
         # Ring blocks always spawn their own worker (every rank must run at once: no slots).
         if factory is not None and worker_module == WORKER_MODULE:
+            # The factory warms up installed tasks only: a bundle's code is imported by the
+            # round's own worker and nowhere else.
+            warm = None if (extra or {}).get("bundle") else {
+                "task_name": task_name, "hyperparameters": hyperparameters,
+                "data_dir": task["data_dir"]}
             proc = _from_factory(factory, workdir, env, decision, node_name, torch_threads,
-                                 {"task_name": task_name, "hyperparameters": hyperparameters,
-                                  "data_dir": task["data_dir"]}, output)
+                                 warm, output)
             queued = proc.queued_s if proc is not None else 0.0
         before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
         peak: int | None = None
@@ -220,7 +224,7 @@ def _wait(proc: Worker, timeout_s: float | None, cancel: threading.Event | None)
 
 def _from_factory(factory: FactoryClient, workdir: Path, env: dict[str, str],
                   decision: Decision, node: str, torch_threads: int | None,
-                  warm: dict[str, Any], output: int | None) -> FactoryWorker | None:
+                  warm: dict[str, Any] | None, output: int | None) -> FactoryWorker | None:
     """The round's worker from the factory; None: spawn one instead (the factory is down)."""
     on_gpu = decision.device == "cuda" and decision.gpu_uuid is not None
     need = Need("cuda" if on_gpu else "cpu", decision.gpu_uuid if on_gpu else None,

@@ -14,10 +14,12 @@ from google.protobuf.json_format import MessageToDict
 
 from fedgpu.core.admission import SiteCapacity
 from fedgpu.core.admission_wire import capacity_from_wire
+from fedgpu.core.bundles import BundleError
+from fedgpu.core.constants import TaskApproval
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
-from fedgpu.server.jobs import JobManager
+from fedgpu.server.jobs import JobError, JobManager
 from fedgpu.server.registry import Node, Registry, RegistryFull
 from fedgpu.server.rounds import Orchestrator
 from fedgpu.server.states import Reject
@@ -126,6 +128,7 @@ class FederationService(pb_grpc.FederationServicer):
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
         node.capacity = capacity
+        node.task_approval = request.task_approval
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -134,7 +137,14 @@ class FederationService(pb_grpc.FederationServicer):
             heartbeat_interval_s=self.registry.heartbeat_interval_s,
             max_update_bytes=self.max_update_bytes,
             chunk_size=self.jobs.chunk_size,
+            offers=self._offers_for(node),
         )
+
+    def _offers_for(self, node: Node) -> list[pb.TaskBundle]:
+        # A site that runs installed tasks only has nothing to say about bundles.
+        if (node.task_approval or TaskApproval.INSTALLED) == TaskApproval.INSTALLED:
+            return []
+        return self.jobs.offers()
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> pb.HeartbeatReply:
@@ -157,8 +167,27 @@ class FederationService(pb_grpc.FederationServicer):
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
         abandon = bool(request.task_id) and not self.orch.wants(node, request.task_id)
+        offers = self._offers_for(node)
+        # Only answers about bundles still offered are kept: the map stays bounded.
+        offered = {o.sha256 for o in offers}
+        node.bundle_states = {b.sha256: (b.state, b.reason) for b in request.bundles
+                              if b.sha256 in offered}
         return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
-                                 abandon=abandon)
+                                 abandon=abandon, offers=offers)
+
+    async def FetchBundle(self, request: pb.FetchBundleRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.BundleChunk]:
+        await self.auth.node(context)
+        await self._node(request.node_id, context)
+        try:
+            header, data = self.jobs.bundle_for_node(request.sha256)
+        except (JobError, BundleError) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise
+        yield pb.BundleChunk(header=header)
+        step = self.jobs.chunk_size
+        for start in range(0, len(data), step):
+            yield pb.BundleChunk(data=data[start:start + step])
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:

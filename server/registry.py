@@ -46,6 +46,10 @@ class Node:
     # its own last "ineligible" answer: (what that job needed, why), until it reports again.
     capacity: SiteCapacity | None = None
     refusal: tuple[Resources, str] | None = None
+    # Which code from the wire the node's site runs (TaskApproval; "" from older nodes), and
+    # its latest answer about each offered bundle: sha256 -> (BundleState, reason).
+    task_approval: str = ""
+    bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -175,6 +179,7 @@ class Registry:
                 "last_resources": n.last_resources,
                 "labels": n.labels,
                 "tasks": n.tasks,
+                "task_approval": n.task_approval or None,
                 "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
             }

@@ -17,6 +17,7 @@ import numpy as np
 
 from fedgpu.core import codec, jsondoc
 from fedgpu.core.admission_wire import resources_to_wire
+from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
 from fedgpu.proto import pb
@@ -44,8 +45,16 @@ class Orchestrator(Intake):
         checkpointer: Checkpointer | None = None,
         initial_weights: Mapping[str, np.ndarray] | None = None,
         plan: TrainPlan | None = None,
+        bundle: BundleRef | None = None,
+        job_id: str = "",
     ) -> None:
         self.job = job
+        # The task's bundle (None: installed on the nodes): named in every task header, and
+        # only nodes whose site allows it are sampled (server/eligibility.py).
+        self.bundle = bundle
+        self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
+                                          name=bundle.name, entry=bundle.entry, job_id=job_id)
+                            if bundle is not None else None)
         self.registry = registry
         self.chunk_size = chunk_size
         self.checkpointer = checkpointer
@@ -195,7 +204,7 @@ class Orchestrator(Intake):
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
         while True:
-            alive = eligible_nodes(self.job, self.registry.alive())
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
                 return alive
@@ -241,6 +250,7 @@ class Orchestrator(Intake):
                 payload_size=size,
                 payload_sha256=digest,
                 evaluated_round=self.global_round,
+                bundle=self._bundle_msg,
                 **fields,
             )
             node.pending = Task(task_id, number, plan.kind, header, chunks)

@@ -34,6 +34,7 @@ class Resources:
 
 @dataclass(frozen=True)
 class Job:
+    # The task's name: installed on the nodes, or the `name` of the bundle `task_dir` packs.
     task: str
     # A label for `fedgpu job list`; the task name when not given.
     name: str | None = None
@@ -68,6 +69,9 @@ class Job:
     # `use_gpu` is the short form: false is `[resources] gpu = "none"`. parse_job keeps the two
     # in step; `needs` reads them together for a Job built in code.
     resources: Resources = field(default_factory=Resources)
+    # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
+    # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
+    task_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,8 +95,12 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         raise ConfigError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
-    if "task" not in raw:
-        raise ConfigError(f"{source}: 'task' is required (e.g. task = \"digits\")")
+    task_dir = raw.get("task_dir")
+    if task_dir is not None and not (isinstance(task_dir, str) and task_dir.strip()):
+        raise _fail(source, "task_dir", "a directory (relative to the job file)", task_dir)
+    if "task" not in raw and task_dir is None:
+        raise ConfigError(f"{source}: 'task' is required (e.g. task = \"digits\"), or "
+                          "'task_dir' naming a task bundle directory")
 
     def get(key: str, kind: type | tuple[type, ...], expected: str) -> Any:
         value = raw.get(key, Job.__dataclass_fields__[key].default)
@@ -103,8 +111,10 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
             raise _fail(source, key, expected, value)
         return value
 
-    task = get("task", str, "a task name")
-    if not _is_name(task):
+    # With a bundle and no `task`, the task is named by the bundle's manifest (filled in when
+    # the bundle is packed: `with_task`).
+    task = get("task", str, "a task name") if "task" in raw else ""
+    if "task" in raw and not _is_name(task):
         raise _fail(source, "task", "a task name (1-128 printable characters)", task)
     name = raw.get("name")
     if name is not None and not (isinstance(name, str) and _is_name(name)):
@@ -178,6 +188,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         initial_weights=initial,
         max_examples_per_node=max_examples,
         resources=resources,
+        task_dir=task_dir,
         **ring,
     )
 
@@ -211,6 +222,18 @@ def _resources(raw: dict[str, Any], source: str, default: GpuNeed) -> Resources:
         raise ConfigError(f"{source}: [resources] {what} asks something of a GPU, but the "
                           "job uses none (gpu = \"none\", or use_gpu = false)")
     return Resources(gpu=need, min_gpu_free_mib=min_free, gpu_memory_mib=cap)
+
+
+def with_bundle_task(job: Job, bundle_name: str, source: str = "job") -> Job:
+    """The job with its task named by its bundle's manifest; a `task` that names another task
+    is refused (the job would wait for nodes that have neither)."""
+    from dataclasses import replace
+
+    if job.task and job.task != bundle_name:
+        raise ConfigError(f"{source}: 'task' is {job.task!r} but the task bundle is named "
+                          f"{bundle_name!r} (its fedgpu-task.toml): make them agree, or leave "
+                          "'task' out")
+    return replace(job, task=bundle_name)
 
 
 def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_nodes: int,

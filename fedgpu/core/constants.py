@@ -120,3 +120,27 @@ class JobState(StrEnum):
 JOB_STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 ENDED_JOB_STATES: frozenset[JobState] = frozenset(
     {JobState.FINISHED, JobState.FAILED, JobState.STOPPED})
+
+
+class TaskApproval(StrEnum):
+    """Which code from the wire a node's site runs (`node start --task-approval`)."""
+
+    INSTALLED = "installed"  # only tasks installed in the image (entry points)
+    APPROVED = "approved"    # also bundles whose sha256 is on the site's allow-list
+    ANY = "any"              # every bundle (local demos: `fedgpu run`)
+
+
+TASK_APPROVALS: tuple[str, ...] = tuple(a.value for a in TaskApproval)
+
+
+class BundleState(StrEnum):
+    """A bundle at a site: on its allow-list or not (`fedgpu node tasks`), and, on the wire,
+    whether that node can run it (`unusable`: e.g. a requirement it lacks)."""
+
+    PENDING = "pending"      # seen (fetched with a job), not yet decided by the site
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    UNUSABLE = "unusable"
+
+
+BUNDLE_STATES: tuple[str, ...] = tuple(s.value for s in BundleState)

@@ -81,7 +81,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "capacity")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "capacity")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class RegisterRequest(_message.Message):
     RING_HOST_FIELD_NUMBER: _ClassVar[int]
     RING_PORT_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TASK_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
@@ -108,8 +109,9 @@ class RegisterRequest(_message.Message):
     ring_host: str
     ring_port: int
     num_examples: int
+    task_approval: str
     capacity: NodeCapacity
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
 
 class NodeCapacity(_message.Message):
     __slots__ = ("gpu_mode", "gpu_min_free_mib", "nvml_available", "nvml_reason", "gpus")
@@ -126,18 +128,20 @@ class NodeCapacity(_message.Message):
     def __init__(self, gpu_mode: _Optional[str] = ..., gpu_min_free_mib: _Optional[int] = ..., nvml_available: _Optional[bool] = ..., nvml_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size")
+    __slots__ = ("node_id", "run_id", "heartbeat_interval_s", "max_update_bytes", "chunk_size", "offers")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     run_id: str
     heartbeat_interval_s: int
     max_update_bytes: int
     chunk_size: int
-    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    offers: _containers.RepeatedCompositeFieldContainer[TaskBundle]
+    def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
     __slots__ = ("node_id", "wait_s")
@@ -148,7 +152,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "resources")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bundle", "resources")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +165,7 @@ class TaskHeader(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
@@ -174,8 +179,9 @@ class TaskHeader(_message.Message):
     seed: int
     message: str
     ring: RingAssignment
+    bundle: TaskBundle
     resources: JobResources
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ...) -> None: ...
 
 class JobResources(_message.Message):
     __slots__ = ("gpu", "min_gpu_free_mib", "gpu_memory_mib")
@@ -186,6 +192,46 @@ class JobResources(_message.Message):
     min_gpu_free_mib: int
     gpu_memory_mib: int
     def __init__(self, gpu: _Optional[str] = ..., min_gpu_free_mib: _Optional[int] = ..., gpu_memory_mib: _Optional[int] = ...) -> None: ...
+
+class TaskBundle(_message.Message):
+    __slots__ = ("sha256", "size", "name", "entry", "job_id")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    name: str
+    entry: str
+    job_id: str
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., name: _Optional[str] = ..., entry: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class FetchBundleRequest(_message.Message):
+    __slots__ = ("node_id", "sha256")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    sha256: str
+    def __init__(self, node_id: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class BundleChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: TaskBundle
+    data: bytes
+    def __init__(self, header: _Optional[_Union[TaskBundle, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BundleStatus(_message.Message):
+    __slots__ = ("sha256", "state", "reason")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    state: str
+    reason: str
+    def __init__(self, sha256: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RingAssignment(_message.Message):
     __slots__ = ("run_id", "rank", "world_size", "master_addr", "master_port", "first_iteration", "iterations", "total_iterations", "local_steps", "mixing", "peers", "restart", "timeout_s")
@@ -324,25 +370,29 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "state", "decision", "task_id", "capacity")
+    __slots__ = ("node_id", "state", "decision", "task_id", "capacity", "bundles")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     state: str
     decision: GpuDecision
     task_id: str
     capacity: NodeCapacity
-    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
+    bundles: _containers.RepeatedCompositeFieldContainer[BundleStatus]
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "shutdown", "abandon")
+    __slots__ = ("known", "shutdown", "abandon", "offers")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     ABANDON_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     shutdown: bool
     abandon: bool
-    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., abandon: _Optional[bool] = ...) -> None: ...
+    offers: _containers.RepeatedCompositeFieldContainer[TaskBundle]
+    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., abandon: _Optional[bool] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
