@@ -75,7 +75,8 @@ LABEL org.opencontainers.image.title="fedgpu node" \
 RUN groupadd --system --gid 10001 fedgpu \
  && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/fedgpu \
       --shell /usr/sbin/nologin fedgpu \
- && install -d -o 10001 -g 10001 -m 0750 /data
+ && install -d -o 10001 -g 10001 -m 0750 /data \
+ && install -d -o 10001 -g 10001 -m 0700 /var/lib/fedgpu/node
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /build/dist/ /tmp/dist/
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -86,7 +87,9 @@ RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.wh
 # NVIDIA_* make the NVIDIA Container Toolkit inject the driver, libnvidia-ml
 # (NVML) and the device nodes; "utility" is what NVML needs, "compute" CUDA.
 # FEDGPU_GPU=offer: use a GPU when the job asks for one and a usable GPU exists,
-# otherwise train on CPU and report why.
+# otherwise train on CPU and report why. FEDGPU_TASK_APPROVAL=approved: a task bundle sent
+# with a job runs once this site approved its sha256 (`fedgpu node approve`), kept with the
+# bundle cache in FEDGPU_NODE_STATE (mount a volume there to keep approvals).
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     PATH=/opt/venv/bin:${PATH} \
@@ -94,7 +97,9 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     PYTHONDONTWRITEBYTECODE=1 \
     FEDGPU_GPU=offer \
     FEDGPU_DATA=/data \
-    FEDGPU_NODE_STATUS=/tmp/fedgpu-node-status.json
+    FEDGPU_NODE_STATUS=/tmp/fedgpu-node-status.json \
+    FEDGPU_TASK_APPROVAL=approved \
+    FEDGPU_NODE_STATE=/var/lib/fedgpu/node
 USER 10001:10001
 WORKDIR /home/fedgpu
 # Fails when the agent stopped refreshing its status file (hung or dead loop).

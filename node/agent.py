@@ -4,6 +4,8 @@ It survives the aggregator going away: register, pull and report go through one 
 (node/retry.py: exponential backoff with jitter, a deadline per call site), and a node the
 aggregator no longer knows registers again. A task it cannot take (a payload over its limit, a
 round that cannot start) is reported to the aggregator as a failed task; the agent stays up.
+A job whose [resources] its GPUs cannot give now is answered "ineligible" (no failure), and a
+task the aggregator abandons (node/liveness.py) has its worker killed and is not answered.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ import grpc
 
 import fedgpu
 from fedgpu.core import tls
-from fedgpu.core.constants import DEFAULT_RING_PORT
+from fedgpu.core.admission_wire import resources_from_wire
+from fedgpu.core.bundles import MAX_BUNDLE_BYTES
+from fedgpu.core.constants import DEFAULT_RING_PORT, TaskApproval
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import data, messages, nvml, policy, ring, workfiles
+from fedgpu.node.approvals import default_state_dir
+from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
+from fedgpu.node.liveness import Liveness
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
 from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Worker, run_task, simulated_gpus
 from fedgpu.node.status import write_status
@@ -70,6 +77,10 @@ class AgentConfig:
     retry_cap_s: float = 15.0
     # An update the aggregator cannot be reached for is useless once its round has closed.
     report_timeout_s: float = 120.0
+    # Code from the wire (README: Your own task): which bundles this site runs, and where its
+    # allow-list and bundle cache live (None: node/approvals.py default_state_dir()).
+    task_approval: TaskApproval = TaskApproval.INSTALLED
+    state_dir: Path | None = None
 
 
 class Agent:
@@ -88,6 +99,13 @@ class Agent:
         self._factory = factory if cfg.prestart else None
         self._owns_factory = False
         self._worker: Worker | None = None
+        # Heartbeats: the task in hand and the GPUs' free memory out, "abandon it" back.
+        self.liveness = Liveness(self.client, cfg.gpu)
+        self.bundles = BundleKeeper(
+            cfg.task_approval, cfg.state_dir or default_state_dir(),
+            lambda sha: self.client.fetch_bundle(self.node_id or "", sha, MAX_BUNDLE_BYTES))
+        # The bundles the aggregator last offered; every heartbeat answers about them.
+        self._offers: list[pb.TaskBundle] = []
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -119,6 +137,8 @@ class Agent:
             ring_host=self.cfg.ring_host,
             ring_port=self.cfg.ring_port,
             num_examples=data.train_examples(self.cfg.data_dir),
+            capacity=self.liveness.capacity(self.snapshot),
+            task_approval=str(self.bundles.mode),
         )
 
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
@@ -166,6 +186,7 @@ class Agent:
                                   reply.max_update_bytes or self.cfg.max_payload_bytes)
         if reply.chunk_size:
             self.client.chunk_size = reply.chunk_size
+        self._offers = list(reply.offers)
         self._reregister.clear()
         log.info("registered with %s as %s (run %s)", self.cfg.aggregator, self.node_id,
                  reply.run_id)
@@ -175,6 +196,8 @@ class Agent:
 
     def run(self) -> int:
         self.start_decision()
+        (log.warning if self.bundles.mode == TaskApproval.ANY else log.info)(
+            "%s", self.bundles.start_line())
         self._sampler.__enter__()
         try:
             self.register(deadline_s=self.cfg.connect_timeout_s)
@@ -281,12 +304,18 @@ class Agent:
             log.warning("ignoring task of unknown kind %d", header.kind)
             return
         self._set_state("training" if kind != "evaluate" else "evaluating")
+        # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
         outcome: RoundOutcome | None = None
+        cancel = self.liveness.working_on(header.task_id)
         try:
             try:
-                decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=header.use_gpu)
-            except policy.EnforceError as exc:
+                decision = policy.decide_for_job(snap, self.cfg.gpu, resources_from_wire(header))
+            except policy.Ineligible as exc:
+                log.info("round %d %s: ineligible: %s", header.round, kind, exc)
+                self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
+                return
+            except (policy.EnforceError, ValueError) as exc:
                 decision = None
                 error = str(exc)
             if decision is not None:
@@ -297,9 +326,14 @@ class Agent:
                     hparams = json.loads(header.hyperparameters_json or "{}")
                 except json.JSONDecodeError:
                     hparams = None
+                args = ring.task_args(header, self.cfg.name, self.cfg.work_root, decision)
+                section, error = (self.bundles.prepare(header.bundle)
+                                  if header.HasField("bundle") else ({}, ""))
                 if not isinstance(hparams, dict):
                     error = "hyperparameters are not a JSON object"
-                else:
+                elif section is not None:
+                    # A bundle's section rides in task.json beside the mode's (ring's) own.
+                    args["extra"] = {**args.get("extra", {}), **section}
                     # OSError starting the round is caught inside run_task (a failed outcome).
                     outcome = run_task(
                         kind=kind,
@@ -317,11 +351,17 @@ class Agent:
                         node_name=self.cfg.name,
                         output=self.cfg.worker_output,
                         track=self._track,
-                        **ring.task_args(header, self.cfg.name, self.cfg.work_root, decision),
+                        cancel=cancel,
+                        **args,
                     )
                     error = outcome.error
+                    if outcome.abandoned:
+                        # Its answer would be refused: nothing is sent.
+                        log.warning("round %d %s abandoned: %s", header.round, kind, error)
+                        return
             self._report(header, outcome, error)
         finally:
+            self.liveness.done()
             if outcome is not None:
                 outcome.cleanup()
             self._set_state("idle")
@@ -370,13 +410,13 @@ class Agent:
         while not self._stop.wait(self.heartbeat_s):
             if self.node_id is None or self._reregister.is_set():
                 continue
-            req = pb.HeartbeatRequest(node_id=self.node_id, state=self.state)
-            try:
-                reply = self.client.heartbeat(req, timeout=max(2, self.heartbeat_s))
-            except grpc.RpcError:
+            reply = self.liveness.beat(self.node_id, self.state, timeout=max(2, self.heartbeat_s),
+                                       bundles=self.bundles.answer(self._offers))
+            if reply is None:
                 continue
             if not reply.known:
                 self._reregister.set()
+            self._offers = list(reply.offers)
             self._write_status()
 
     def _set_state(self, state: str) -> None:

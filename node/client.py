@@ -5,6 +5,7 @@ gRPC streaming otherwise, or when that port cannot be reached."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,6 +106,37 @@ class AggregatorClient:
         except codec.CodecError as exc:
             stream.cancel()
             raise PayloadError(str(exc), header) from None
+
+    def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int, timeout: float = 120
+                     ) -> bytes:
+        """A task bundle's bytes, whole and matching `sha256`; PayloadError otherwise."""
+        stream = self._stub.FetchBundle(pb.FetchBundleRequest(node_id=node_id, sha256=sha256),
+                                        metadata=self._metadata, timeout=timeout)
+        header: pb.TaskBundle | None = None
+        data = bytearray()
+        try:
+            for msg in stream:
+                if msg.HasField("header"):
+                    header = msg.header
+                    if header.sha256 != sha256 or not 0 < header.size <= max_bytes:
+                        raise PayloadError(f"bundle header for {header.sha256[:12]} of "
+                                           f"{header.size} bytes: not the bundle asked for, "
+                                           f"or over this node's limit of {max_bytes} bytes")
+                elif header is None:
+                    raise PayloadError("bundle bytes before the bundle header")
+                else:
+                    data += msg.data
+                    if len(data) > header.size:
+                        raise PayloadError(f"bundle {sha256[:12]}: more bytes than the "
+                                           f"{header.size} announced")
+        except PayloadError:
+            stream.cancel()
+            raise
+        if header is None or len(data) != header.size:
+            raise PayloadError(f"bundle {sha256[:12]}: the stream ended early")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise PayloadError(f"bundle {sha256[:12]} arrived damaged (digest mismatch)")
+        return bytes(data)
 
     def push(self, header: pb.UpdateHeader, payload: Path | None) -> pb.PushReply:
         if payload is not None:

@@ -103,6 +103,20 @@ class FactoryWorker:
         self._sock.close()
 
 
+# sun_path holds 108 bytes with its NUL: a longer socket path cannot be bound at all.
+MAX_SOCKET_PATH = 107
+
+
+def socket_dir() -> Path:
+    """A new private directory for the factory's socket: under TMPDIR, or under /tmp where
+    TMPDIR is too deep for a unix socket path (a mapped volume, a test's temporary folder)."""
+    made = Path(tempfile.mkdtemp(prefix="fedgpu-factory-"))
+    if len(os.fsencode(made / SOCKET_NAME)) <= MAX_SOCKET_PATH:
+        return made
+    made.rmdir()
+    return Path(tempfile.mkdtemp(prefix="fedgpu-factory-", dir="/tmp"))
+
+
 class LocalFactory:
     """A factory process of this agent's own, started with the agent and ended with it."""
 
@@ -110,7 +124,7 @@ class LocalFactory:
         self._env = {k: v for k, v in (env or os.environ).items() if k not in ROUND_ENV_KEYS}
         self._cpu_slots = cpu_slots
         # Private to this user: the factory refuses a socket directory anyone else can open.
-        self.dir = Path(tempfile.mkdtemp(prefix="fedgpu-factory-"))
+        self.dir = socket_dir()
         self.path = self.dir / SOCKET_NAME
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()

@@ -95,6 +95,14 @@ def update_header(task: pb.TaskHeader, node_id: str, gpu: Decision | None,
     return update
 
 
+def ineligible(task: pb.TaskHeader, node_id: str, reason: str) -> pb.UpdateHeader:
+    """The answer to a task this node cannot take now, with the reason (kept short: the
+    aggregator shows it per node in `fedgpu job status`)."""
+    return pb.UpdateHeader(node_id=node_id, task_id=task.task_id, round=task.round,
+                           kind=task.kind, evaluated_round=task.evaluated_round,
+                           ineligible=True, ineligible_reason=reason[:1000])
+
+
 def _floats(d: Any) -> dict[str, float]:
     if not isinstance(d, dict):
         return {}

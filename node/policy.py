@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
 
+from fedgpu.core import admission
+from fedgpu.core.config import Resources
+from fedgpu.core.constants import GpuMode, GpuNeed
 from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 
 Mode = Literal["none", "offer", "enforce"]
@@ -32,6 +35,11 @@ class PolicyError(ValueError):
 
 class EnforceError(RuntimeError):
     """``--gpu enforce`` and no usable GPU; the message names the likely cause."""
+
+
+class Ineligible(Exception):
+    """This node cannot take the job now (its [resources] against the live GPUs and the
+    site's policy); the message is the reason sent to the aggregator."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +244,50 @@ def decide(snapshot: NvmlSnapshot, flags: GpuFlags, job_use_gpu: bool) -> Decisi
     if flags.mode == "enforce" and not job_use_gpu:
         why = f"node enforces a GPU though the job does not ask for one; {why}"
     return _gpu(flags, chosen, why, warnings)
+
+
+def capacity(snapshot: NvmlSnapshot, flags: GpuFlags) -> admission.SiteCapacity:
+    """What admission reads of this node: its policy and its GPUs as the snapshot saw them."""
+    return admission.SiteCapacity(
+        mode=GpuMode(flags.mode),
+        min_free_mib=flags.min_free_mib,
+        nvml_available=snapshot.available,
+        nvml_reason=snapshot.reason,
+        gpus=tuple(admission.GpuFree(g.index, g.uuid, g.memory_free_mib, g.memory_total_mib,
+                                     g.healthy) for g in snapshot.gpus),
+    )
+
+
+def decide_for_job(snapshot: NvmlSnapshot, flags: GpuFlags, need: Resources) -> Decision:
+    """The device for one task of a job that needs `need`, from the GPUs as they are now.
+
+    Raises Ineligible (with the reason the aggregator shows) when the job cannot run here: the
+    rule is fedgpu.core.admission's, the one the aggregator samples by. Otherwise the site's
+    policy table applies with the job's min_gpu_free_mib raising the site's minimum, and the
+    job's gpu_memory_mib becomes a fraction of the chosen card.
+    """
+    site = capacity(snapshot, flags)
+    why = admission.refusal(need, site)
+    if why is not None:
+        raise Ineligible(why)
+    minimum = admission.minimum_free(need, site)
+    effective = replace(flags, min_free_mib=minimum)
+    decision = decide(snapshot, effective, job_use_gpu=need.gpu is not GpuNeed.NONE)
+    if minimum > flags.min_free_mib:
+        decision = replace(decision, reason=f"{decision.reason} (the job asks for "
+                           f"min_gpu_free_mib {need.min_gpu_free_mib})")
+    if decision.device != "cuda" or need.gpu_memory_mib is None:
+        return decision
+    total = next((g.memory_total_mib for g in snapshot.gpus if g.uuid == decision.gpu_uuid),
+                 None)
+    fraction = admission.memory_fraction(need, total, flags.memory_fraction)
+    if total is None:
+        warning = (f"the job caps GPU memory at {need.gpu_memory_mib} MiB but "
+                   f"{decision.gpu_uuid}'s total memory is unknown: not capped by the job")
+        return replace(decision, warnings=(*decision.warnings, warning))
+    return replace(decision, memory_fraction=fraction,
+                   reason=f"{decision.reason}; memory capped at {fraction} of {total} MiB "
+                   f"(job gpu_memory_mib {need.gpu_memory_mib})")
 
 
 def check_startup(snapshot: NvmlSnapshot, flags: GpuFlags) -> None:

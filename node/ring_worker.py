@@ -33,7 +33,6 @@ import torch.distributed as dist
 from fedgpu.core import codec, lifetime
 from fedgpu.node import gossip, runner, weights
 from fedgpu.node.runner import BadInputError, DivergedError, RoundResult, RoundSpec
-from fedgpu.node.tasks import load_task
 from fedgpu.node.tasks.base import RingTask
 from fedgpu.node.worker import _fail
 from fedgpu.node.workfiles import (
@@ -97,7 +96,7 @@ def run_block(spec: RoundSpec, ring: RingSpec, workdir: Path) -> dict[str, Any]:
     device = runner._prepare_device(spec)
     # Per rank, so dropout and any other randomness differ between the copies.
     runner._seed_everything(spec.seed * 1009 + ring.rank)
-    task = load_task(spec.task_name)
+    task = runner.task_for(spec, workdir)
     if not isinstance(task, RingTask):
         raise BadInputError(f"task {spec.task_name!r} cannot run in ring mode: it needs "
                             "optimizer, batch_size, train_size and batch_loss (RingTask in "

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ SIMULATED_GPUS_ENV = "FEDGPU_SIMULATED_GPUS"
 WORKER_MODULE = "fedgpu.node.worker"
 # A round's process: spawned by the agent, or forked by the worker factory.
 Worker = subprocess.Popen[bytes] | FactoryWorker
+# RoundOutcome.error_kind of a round the aggregator no longer wanted (its worker was killed).
+ABANDONED = "abandoned"
+# How often the wait for a worker looks at the cancel event: the worker is gone this soon
+# after the agent hears its task was abandoned.
+_CANCEL_POLL_S = 0.25
 
 
 def simulated_gpus() -> bool:
@@ -54,6 +60,10 @@ class RoundOutcome:
     weights: Path | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     workdir: Path | None = None
+
+    @property
+    def abandoned(self) -> bool:
+        return self.error_kind == ABANDONED
 
     def cleanup(self) -> None:
         if self.workdir is not None:
@@ -80,10 +90,12 @@ def run_task(
     node_name: str = "",
     output: int | None = None,
     track: Callable[[Worker | None], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> RoundOutcome:
     """Run one task in a process of its own. `output`: where that process writes its log (a
     file descriptor; None: where the agent writes); `track` is told the worker while it runs
-    (so another thread can kill it when the agent stops)."""
+    (so another thread can kill it when the agent stops); `cancel`, once set, kills it (the
+    aggregator abandoned the task) and the outcome is ABANDONED."""
     started = time.monotonic()
     workdir: Path | None = None
     queued = 0.0
@@ -101,9 +113,13 @@ def run_task(
         proc: Worker | None = None
         # Ring blocks always spawn their own worker (every rank must run at once: no slots).
         if factory is not None and worker_module == WORKER_MODULE:
+            # The factory warms up installed tasks only: a bundle's code is imported by the
+            # round's own worker and nowhere else.
+            warm = None if (extra or {}).get("bundle") else {
+                "task_name": task_name, "hyperparameters": hyperparameters,
+                "data_dir": task["data_dir"]}
             proc = _from_factory(factory, workdir, env, decision, node_name, torch_threads,
-                                 {"task_name": task_name, "hyperparameters": hyperparameters,
-                                  "data_dir": task["data_dir"]}, output)
+                                 warm, output)
             queued = proc.queued_s if proc is not None else 0.0
         before = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
         peak: int | None = None
@@ -128,14 +144,10 @@ def run_task(
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
-                code = proc.wait(timeout=timeout_s)
+                code = _wait(proc, timeout_s, cancel)
             peak = watch.peak_mib
         else:
-            code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        code = None
+            code = _wait(proc, timeout_s, cancel)
     except BaseException:
         # Ctrl-C or a shutdown must not leave a training child holding the GPU.
         proc.kill()
@@ -157,6 +169,11 @@ def run_task(
         "round_seconds": time.monotonic() - started,
         "queued_seconds": queued,
     }
+    if cancel is not None and cancel.is_set():
+        outcome.error = "the aggregator no longer wants this task (its job was stopped or its "
+        outcome.error += "round closed): its worker was killed"
+        outcome.error_kind = ABANDONED
+        return outcome
     lost = proc.lost if isinstance(proc, FactoryWorker) else None
     if lost:
         outcome.error, outcome.error_kind = lost, "crash"
@@ -186,9 +203,28 @@ def run_task(
     return outcome
 
 
+def _wait(proc: Worker, timeout_s: float | None, cancel: threading.Event | None) -> int | None:
+    """The worker's exit status; None when it ran past `timeout_s`. It is killed then, and as
+    soon as `cancel` is set."""
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = None if end is None else max(end - time.monotonic(), 0.001)
+        step = left if cancel is None else min(left or _CANCEL_POLL_S, _CANCEL_POLL_S)
+        try:
+            return proc.wait(timeout=step)
+        except subprocess.TimeoutExpired:
+            if cancel is not None and cancel.is_set():
+                proc.kill()
+                return proc.wait()
+            if end is not None and time.monotonic() >= end:
+                proc.kill()
+                proc.wait()
+                return None
+
+
 def _from_factory(factory: FactoryClient, workdir: Path, env: dict[str, str],
                   decision: Decision, node: str, torch_threads: int | None,
-                  warm: dict[str, Any], output: int | None) -> FactoryWorker | None:
+                  warm: dict[str, Any] | None, output: int | None) -> FactoryWorker | None:
     """The round's worker from the factory; None: spawn one instead (the factory is down)."""
     on_gpu = decision.device == "cuda" and decision.gpu_uuid is not None
     need = Need("cuda" if on_gpu else "cpu", decision.gpu_uuid if on_gpu else None,

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from fedgpu.core import codec
+from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
 from fedgpu.node.loop import Loop, autocast
@@ -39,6 +40,7 @@ from fedgpu.node.tasks import (
     UnknownTaskError,
     load_task,
 )
+from fedgpu.node.tasks.bundled import BundleSpec, load_bundle_task
 from fedgpu.node.workfiles import (
     EXIT_CODES,
     KINDS,
@@ -71,6 +73,8 @@ class RoundSpec:
     device: str
     memory_fraction: float | None = None
     torch_threads: int | None = None
+    # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
+    bundle: BundleSpec | None = None
 
 
 @dataclass
@@ -146,7 +150,15 @@ def parse_spec(raw: object) -> RoundSpec:
         device=device,
         memory_fraction=float(fraction) if fraction is not None else None,
         torch_threads=threads,
+        bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
     )
+
+
+def task_for(spec: RoundSpec, workdir: Path) -> Task | DatasetTask:
+    """The round's task: installed (by name), or imported from its checked bundle here."""
+    if spec.bundle is not None:
+        return load_bundle_task(spec.bundle, workdir)
+    return load_task(spec.task_name)
 
 
 def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
@@ -155,7 +167,7 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     started = time.perf_counter()
     device = _prepare_device(spec)
     _seed_everything(spec.seed)
-    task = load_task(spec.task_name)
+    task = task_for(spec, workdir)
     streaming = isinstance(task, DatasetTask)
     switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
@@ -281,6 +293,7 @@ def classify(exc: BaseException) -> Failure:
         )
     bad_input = (
         BadInputError,
+        BundleError,
         UnknownTaskError,
         HyperparameterError,
         DataDirError,

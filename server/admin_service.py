@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from fedgpu.core import jsondoc
+from fedgpu.core.bundles import MAX_BUNDLE_BYTES, Bundle, BundleError, check_sha256, open_archive
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
@@ -103,16 +104,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if len(head.job_toml.encode()) > MAX_JOB_FILE_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes")
-        if head.bundle_size:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "this aggregator takes no task bundles; install the task on "
-                                "the nodes (entry-point group fedgpu.tasks)")
-        async for _ in request_iterator:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "bytes after a job without a bundle")
+        try:
+            bundle = await _receive_bundle(head, request_iterator)
+        except BundleError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task bundle refused: {exc}")
+            raise
         filename = (head.filename or "job.toml")[:256]
         try:
-            row = self.jobs.submit(head.job_toml, filename, _who(caller))
+            row = self.jobs.submit(head.job_toml, filename, _who(caller), bundle=bundle)
         except ConfigError as exc:
             await self._fail(context, exc)
             raise
@@ -180,6 +179,29 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             fh.seek(0)
             while chunk := await asyncio.to_thread(fh.read, MODEL_CHUNK):
                 yield admin_pb2.ModelChunk(data=chunk)
+
+
+async def _receive_bundle(head: admin_pb2.SubmitJobHeader,
+                          stream: AsyncIterator[admin_pb2.SubmitJobChunk]) -> Bundle | None:
+    """The bundle announced in the header, received whole (within MAX_BUNDLE_BYTES) and
+    checked like a node checks it; None when none was announced. BundleError otherwise."""
+    if not head.bundle_size:
+        async for _ in stream:
+            raise BundleError("bytes after a job without a bundle")
+        return None
+    if not 0 < head.bundle_size <= MAX_BUNDLE_BYTES:
+        raise BundleError(f"{head.bundle_size} bytes announced; the limit is "
+                          f"{MAX_BUNDLE_BYTES} bytes")
+    sha = check_sha256(head.bundle_sha256, "bundle_sha256")
+    data = bytearray()
+    async for msg in stream:
+        data += msg.data
+        if len(data) > head.bundle_size:
+            raise BundleError(f"more bytes than the {head.bundle_size} announced")
+    if len(data) != head.bundle_size:
+        raise BundleError(f"{len(data)} of the {head.bundle_size} bytes announced arrived")
+    # Parsing, the canonical-form check and the entry's syntax tree are CPU work.
+    return await asyncio.to_thread(open_archive, bytes(data), sha)
 
 
 def _model_round(fh: Any) -> int:

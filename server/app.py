@@ -68,6 +68,10 @@ class ServerConfig:
     tls: TlsFiles | None = None
     # Prometheus text format on this port (same --host); 0 = off.
     metrics_port: int = 0
+    # grpc.health.v1 alone, in plaintext, on this port (same --host); 0 = off. For probes
+    # that cannot present a client certificate (Kubernetes' native `grpc:` probes): it
+    # answers SERVING or NOT_SERVING and nothing else.
+    health_port: int = 0
     # The web dashboard (server/dashboard.py) on ui_host:ui_port; 0 = off. Loopback unless
     # asked: it is plain HTTP, reached from elsewhere through an SSH tunnel.
     ui_port: int = 0
@@ -169,6 +173,18 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
             raise FedgpuError(str(exc)) from None
         closers.append(bulk)
         uploads.bulk = bulk.stats
+    probe_server = None
+    if cfg.health_port:
+        probe_server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe_server)
+        probe_address = f"{cfg.host}:{cfg.health_port}"
+        try:
+            probe_bound = probe_server.add_insecure_port(probe_address)
+        except RuntimeError:
+            probe_bound = 0
+        if probe_bound == 0:
+            raise FedgpuError(f"cannot serve the health probe on {probe_address}: is the port "
+                              "in use? pick another --health-port (0 turns it off)")
     if cfg.metrics_port:
         from fedgpu.server.metrics import serve_metrics
 
@@ -176,6 +192,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if cfg.ui_port:
         closers.append(await _serve_dashboard(cfg, jobs))
     await server.start()
+    if probe_server is not None:
+        await probe_server.start()
     for name in ("", *names[:2]):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("aggregator %s listening on %s (%s); %s; %d job(s) queued", federation_id,
@@ -220,6 +238,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     for closer in closers:
         await closer.close()
     await health_servicer.enter_graceful_shutdown()
+    if probe_server is not None:
+        await probe_server.stop(grace=1)
     await server.stop(grace=3)
     if stop.is_set():
         log.info("stopped cleanly; restart with the same --state-dir to resume the queue")

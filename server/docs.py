@@ -190,6 +190,6 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     engine = active.orch if active is not None and active.row.job_id == job_id else None
     doc["current_round"] = current_round(engine) if engine is not None else None
     doc["run_id"] = engine.run_id if engine is not None else row.run_id
-    doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row))
+    doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
     doc["job"] = row.job
     return doc

@@ -17,13 +17,16 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from fedgpu.core.admission import SiteCapacity
+from fedgpu.core.admission_wire import capacity_from_wire
 from fedgpu.core.bulk import Direction
-from fedgpu.core.constants import Transport
+from fedgpu.core.bundles import BundleError
+from fedgpu.core.constants import TaskApproval, Transport
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
 from fedgpu.server.ingest import check_header, ingest
-from fedgpu.server.jobs import JobManager
+from fedgpu.server.jobs import JobError, JobManager
 from fedgpu.server.registry import Node, Registry, RegistryFull
 from fedgpu.server.round_state import RoundState
 from fedgpu.server.rounds import Orchestrator
@@ -52,6 +55,19 @@ STATUS_OF: dict[Reject, grpc.StatusCode] = {
 def _as_dict(msg: Any) -> dict[str, Any]:
     return MessageToDict(msg, preserving_proto_field_name=True,
                          always_print_fields_with_no_presence=True)
+
+
+async def _capacity(request: pb.RegisterRequest | pb.HeartbeatRequest,
+                    context: grpc.aio.ServicerContext) -> SiteCapacity | None:
+    """The node's reported GPU capacity (None when it reports none); a malformed one is
+    refused with the reason."""
+    if not request.HasField("capacity"):
+        return None
+    try:
+        return capacity_from_wire(request.capacity)
+    except ValueError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"capacity refused: {exc}")
+        raise  # abort raises; this line only tells the type checker
 
 
 class FederationService(pb_grpc.FederationServicer):
@@ -110,6 +126,7 @@ class FederationService(pb_grpc.FederationServicer):
         # A node without some job's task still joins: it is left out of that job, and
         # `fedgpu job status` says why.
         await self.auth.bind(context, name, "registration")
+        capacity = await _capacity(request, context)
         try:
             node = self.registry.register(
                 name=name,
@@ -124,6 +141,8 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
+        node.capacity = capacity
+        node.task_approval = request.task_approval
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         return pb.RegisterReply(
@@ -133,7 +152,14 @@ class FederationService(pb_grpc.FederationServicer):
             max_update_bytes=self.max_update_bytes,
             chunk_size=self.jobs.chunk_size,
             bulk_port=self.bulk_port,
+            offers=self._offers_for(node),
         )
+
+    def _offers_for(self, node: Node) -> list[pb.TaskBundle]:
+        # A site that runs installed tasks only has nothing to say about bundles.
+        if (node.task_approval or TaskApproval.INSTALLED) == TaskApproval.INSTALLED:
+            return []
+        return self.jobs.offers()
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> pb.HeartbeatReply:
@@ -150,8 +176,34 @@ class FederationService(pb_grpc.FederationServicer):
         node.state = request.state or node.state
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
+        capacity = await _capacity(request, context)
+        if capacity is not None:
+            self.registry.report_capacity(node, capacity)
+        # A task no open round waits for (its job was stopped, its round closed): the node
+        # kills its worker instead of training for an update that would be refused.
+        abandon = bool(request.task_id) and not self.orch.wants(node, request.task_id)
+        offers = self._offers_for(node)
+        # Only answers about bundles still offered are kept: the map stays bounded.
+        offered = {o.sha256 for o in offers}
+        node.bundle_states = {b.sha256: (b.state, b.reason) for b in request.bundles
+                              if b.sha256 in offered}
         return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
+                                 abandon=abandon, offers=offers,
                                  bulk_port=self.bulk_port)
+
+    async def FetchBundle(self, request: pb.FetchBundleRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.BundleChunk]:
+        await self.auth.node(context)
+        await self._node(request.node_id, context)
+        try:
+            header, data = self.jobs.bundle_for_node(request.sha256)
+        except (JobError, BundleError) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise
+        yield pb.BundleChunk(header=header)
+        step = self.jobs.chunk_size
+        for start in range(0, len(data), step):
+            yield pb.BundleChunk(data=data[start:start + step])
 
     async def PullTask(self, request: pb.PullTaskRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.TaskChunk]:

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+from google.protobuf.json_format import MessageToDict
+
 from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server import wire_limits
@@ -43,9 +45,17 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     claimed = False
     try:
         rnd = check_header(orch, node, header)
+        if header.ineligible:
+            orch.record_ineligible(node, header, rnd)
+            return "ineligibility noted"
         if header.failed:
             orch.record_failure(node, header, rnd)
             return "failure recorded"
+        if header.HasField("decision"):
+            # Decided for this task (the job's [resources], the GPUs now): the update's
+            # record and `fedgpu nodes` show this one, not the one made at registration.
+            node.decision = MessageToDict(header.decision, preserving_proto_field_name=True,
+                                          always_print_fields_with_no_presence=True)
         # From here on this upload holds the node's slot; others are duplicates.
         orch.claim(node, rnd)
         claimed = True

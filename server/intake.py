@@ -21,6 +21,7 @@ from fedgpu.server.payload import ModelPayload, wire_spec
 from fedgpu.server.records import (
     EvalEntry,
     Failure,
+    Ineligibility,
     Rejection,
     Resources,
     UpdateRecord,
@@ -86,7 +87,7 @@ class Intake:
                                  f"{self.current_plan.series_length()} iterations")
         if header.kind != rnd.kind:
             raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
-        if header.kind == pb.TASK_KIND_TRAIN and not header.failed:
+        if header.kind == pb.TASK_KIND_TRAIN and not (header.failed or header.ineligible):
             self._check_examples(node, header.num_examples)
         return rnd
 
@@ -159,6 +160,23 @@ class Intake:
         log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error,
                     extra={"node": node.name})
         rnd.settle(node.node_id, SlotState.FAILED, time.time())
+
+    def record_ineligible(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
+        """The node cannot take the job now: not its failure, and its answer is remembered
+        (server/eligibility.py) so the next attempt samples among the others."""
+        reason = header.ineligible_reason or "no reason given"
+        rnd.ineligible.append(Ineligibility(node.node_id, node.name, reason))
+        node.refusal = (self.job.needs, reason)
+        node.pending = None
+        log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
+                 extra={"node": node.name})
+        rnd.settle(node.node_id, SlotState.INELIGIBLE, time.time())
+
+    def wants(self, node: Node, task_id: str) -> bool:
+        """Is `task_id` `node`'s task in the open round? Else a heartbeat tells the node to
+        abandon it: its job was stopped, or its round closed (an answer would be refused)."""
+        rnd = self.current
+        return rnd is not None and not rnd.closed and rnd.task_ids.get(node.node_id) == task_id
 
     async def accept(
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,

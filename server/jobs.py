@@ -26,13 +26,17 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import codec
-from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job
+from fedgpu.core.bundles import Bundle, BundleRef, pack_dir
+from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job, with_bundle_task
 from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.proto import pb
 from fedgpu.server import resume
+from fedgpu.server.bundle_store import BundleStore, offers_of
 from fedgpu.server.checkpoint import Checkpointer, SavedWeights
+from fedgpu.server.eligibility import eligibility
 from fedgpu.server.jobstore import JobRow, JobStore
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import Registry
 from fedgpu.server.ring import RingPlan
 from fedgpu.server.rounds import Orchestrator
 
@@ -81,17 +85,8 @@ def job_from_row(row: JobRow) -> Job:
     # The file as submitted, parsed by this version; a job adopted from an old state
     # directory has no file, only the job as that version parsed it.
     raw = tomllib.loads(row.job_toml) if row.job_toml else dict(row.job)
-    return parse_job(raw, f"job {row.job_id}")
-
-
-def eligibility(job: Job, node: Node, alive: bool) -> str | None:
-    """Why `node` cannot take part in `job` now; None when it can."""
-    if not alive:
-        return "not connected (no heartbeat)"
-    if node.tasks and job.task not in node.tasks:
-        shown = ", ".join(node.tasks[:8]) + (", ..." if len(node.tasks) > 8 else "")
-        return f"task {job.task!r} is not installed there (installed: {shown})"
-    return None
+    job = parse_job(raw, f"job {row.job_id}")
+    return with_bundle_task(job, row.bundle_name or row.task) if row.bundle_sha256 else job
 
 
 class JobManager:
@@ -112,6 +107,8 @@ class JobManager:
         self._idle_engine: Orchestrator | None = None
         # The upload receiver (server/uploads.py): its figures are part of the status.
         self.uploads: Any = None
+        self.bundles = BundleStore(state_dir)
+        self._offers: list[pb.TaskBundle] | None = None
 
     @property
     def orch(self) -> Orchestrator:
@@ -130,8 +127,9 @@ class JobManager:
     # ---- submitting ------------------------------------------------------------------
 
     def submit(self, job_toml: str, filename: str, submitted_by: str,
-               source: str = "submit") -> JobRow:
-        """Validate and queue a job file; ConfigError (naming the key) queues nothing."""
+               source: str = "submit", bundle: Bundle | None = None) -> JobRow:
+        """Validate and queue a job file (with the task bundle it came with, checked by the
+        caller); ConfigError (naming the key) queues nothing."""
         if len(job_toml.encode()) > MAX_JOB_FILE_BYTES:
             raise ConfigError(f"{filename}: the job file is larger than {MAX_JOB_FILE_BYTES} "
                               "bytes")
@@ -140,18 +138,32 @@ class JobManager:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{filename}: not valid TOML: {exc}") from None
         job = parse_job(raw, filename)
+        if bundle is not None:
+            job = with_bundle_task(job, bundle.manifest.name, filename)
+        elif job.task_dir is not None:
+            raise ConfigError(f"{filename}: 'task_dir' names a task bundle directory, but no "
+                              "bundle came with the job: submit it with 'fedgpu job submit' "
+                              "(which packs the directory and sends it)")
         from fedgpu.server.strategies import make_strategy
 
         make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now
+        ref = None
+        if bundle is not None:
+            self.bundles.put(bundle)
+            ref = bundle.ref()
         job_id = secrets.token_hex(6)
         row = self.store.add_job(
             job_id=job_id, name=job.name or job.task, task=job.task, job_toml=job_toml,
             job=job.to_dict(), source=source,
             source_sha256=hashlib.sha256(job_toml.encode()).hexdigest(),
-            submitted_by=submitted_by, rounds=job.rounds, state_dir=f"{JOBS_DIR}/{job_id}")
+            submitted_by=submitted_by, rounds=job.rounds, state_dir=f"{JOBS_DIR}/{job_id}",
+            bundle=ref)
+        carried = (f" (bundle {ref.sha256}, {ref.size} bytes, entry {ref.entry})"
+                   if ref is not None else "")
         self.store.add_event(job_id, f"submitted by {submitted_by} from {filename}: task "
-                             f"{job.task}, {job.rounds} rounds, {job.strategy}")
-        log.info("job %s queued (%s, task %s)", job_id, row.name, job.task)
+                             f"{job.task}{carried}, {job.rounds} rounds, {job.strategy}")
+        log.info("job %s queued (%s, task %s%s)", job_id, row.name, job.task, carried)
+        self._offers = None
         self._wake.set()
         return row
 
@@ -214,7 +226,13 @@ class JobManager:
             log.info("job file %s was queued before as job %s (%s); not queued again",
                      path, earlier.job_id, earlier.state)
             return earlier
-        return self.submit(text, str(path), "server start --job", source="server-start")
+        bundle = None
+        task_dir = parse_job(tomllib.loads(text), str(path)).task_dir
+        if task_dir is not None:
+            # Relative to the job file, as `fedgpu job submit` reads it.
+            bundle = pack_dir(path.parent / task_dir)
+        return self.submit(text, str(path), "server start --job", source="server-start",
+                           bundle=bundle)
 
     # ---- stopping --------------------------------------------------------------------
 
@@ -229,6 +247,7 @@ class JobManager:
         else:
             self.store.update(job_id, state=JobState.STOPPED, finished_at=time.time(),
                               reason=None)
+        self._offers = None
         self.store.add_event(job_id, "stop requested by an operator", level="warning")
         log.info("job %s: stop requested", job_id)
         return self.get(job_id)
@@ -295,6 +314,7 @@ class JobManager:
     def _end(self, job_id: str, state: JobState, error: str | None) -> None:
         self.store.update(job_id, state=state, error=error, reason=None,
                           finished_at=time.time())
+        self._offers = None
         self.store.add_event(job_id, f"{state}" + (f": {error}" if error else ""),
                              level="error" if state is JobState.FAILED else "info")
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
@@ -308,7 +328,8 @@ class JobManager:
             resume.check(job, saved[0], saved[1], initial, directory)
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
                             checkpointer=checkpointer, initial_weights=initial,
-                            plan=RingPlan(job) if job.mode == Mode.RING else None)
+                            plan=RingPlan(job) if job.mode == Mode.RING else None,
+                            bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)
             self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
@@ -326,19 +347,20 @@ class JobManager:
             if row.state is JobState.QUEUED and active is not None:
                 return JobState.QUEUED, f"after job {active.row.job_id}"
             return row.state, row.reason
-        if active.orch.state == RunState.WAITING:
-            return JobState.WAITING, self.waiting_reason(active.job)
+        if active.orch.state == RunState.WAITING or active.orch.waiting_for_nodes:
+            return JobState.WAITING, self.waiting_reason(active.job, active.row.bundle)
         return JobState.RUNNING, None
 
-    def waiting_reason(self, job: Job) -> str:
+    def waiting_reason(self, job: Job, bundle: BundleRef | None) -> str:
         nodes = self.registry.all()
-        able = [n for n in nodes if eligibility(job, n, self.registry.is_alive(n)) is None]
+        able = [n for n in nodes
+                if eligibility(job, n, self.registry.is_alive(n), bundle) is None]
         need = job.min_available_nodes or job.min_nodes
         if len(able) >= need:
             return "starting"
         why = {}
         for n in nodes:
-            reason = eligibility(job, n, self.registry.is_alive(n))
+            reason = eligibility(job, n, self.registry.is_alive(n), bundle)
             if reason is not None:
                 why.setdefault(reason, []).append(n.name)
         detail = "; ".join(f"{', '.join(names[:5])}: {reason}" for reason, names in
@@ -346,15 +368,31 @@ class JobManager:
         return (f"{len(able)} of the {need} nodes it needs can take it"
                 + (f" ({detail})" if detail else ""))
 
-    def node_parts(self, job: Job) -> list[dict[str, Any]]:
+    def node_parts(self, job: Job, bundle: BundleRef | None) -> list[dict[str, Any]]:
         out = []
         for n in self.registry.all():
             alive = self.registry.is_alive(n)
-            reason = eligibility(job, n, alive)
+            reason = eligibility(job, n, alive, bundle)
             out.append({"node_id": n.node_id, "name": n.name,
                         "state": n.state if alive else "lost",
                         "eligible": reason is None, "reason": reason})
         return out
+
+    # ---- bundles -------------------------------------------------------------------------
+
+    def offers(self) -> list[pb.TaskBundle]:
+        """The bundles of the jobs not yet ended (oldest first): nodes fetch them ahead of the
+        job's turn, so their sites can approve them, and answer about each in heartbeats."""
+        if self._offers is None:
+            self._offers = offers_of(self.store.pending())
+        return self._offers
+
+    def bundle_for_node(self, sha256: str) -> tuple[pb.TaskBundle, bytes]:
+        """An offered bundle's header and bytes; JobError for any other hash."""
+        offer = next((o for o in self.offers() if o.sha256 == sha256), None)
+        if offer is None:
+            raise JobError(f"no job waiting or running here has bundle {sha256[:64]!r}")
+        return offer, self.bundles.read(sha256)
 
     def model_file(self, job_id: str) -> Path:
         row = self.get(job_id)

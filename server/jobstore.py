@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import ENDED_JOB_STATES, JobState
 from fedgpu.core.errors import FedgpuError
 
@@ -62,6 +63,19 @@ class JobRow:
     loss: float | None
     run_id: str | None
     state_dir: str
+    # The task bundle the job came with (None: an installed task); its archive is
+    # <state dir>/bundles/<bundle_sha256>.tar.
+    bundle_sha256: str | None = None
+    bundle_size: int | None = None
+    bundle_name: str | None = None
+    bundle_entry: str | None = None
+
+    @property
+    def bundle(self) -> BundleRef | None:
+        if self.bundle_sha256 is None:
+            return None
+        return BundleRef(self.bundle_sha256, int(self.bundle_size or 0),
+                         self.bundle_name or self.task, self.bundle_entry or "")
 
     @property
     def ended(self) -> bool:
@@ -76,6 +90,8 @@ class JobRow:
             "finished_at": self.finished_at, "rounds": self.rounds,
             "rounds_done": self.rounds_done, "accuracy": self.accuracy, "loss": self.loss,
             "error": self.error,
+            "bundle_sha256": self.bundle_sha256, "bundle_size": self.bundle_size,
+            "bundle_name": self.bundle_name,
         }
 
 
@@ -152,7 +168,7 @@ class JobStore:
 
     def add_job(self, *, job_id: str, name: str, task: str, job_toml: str,
                 job: dict[str, Any], source: str, source_sha256: str, submitted_by: str,
-                rounds: int, state_dir: str) -> JobRow:
+                rounds: int, state_dir: str, bundle: BundleRef | None = None) -> JobRow:
         now = time.time()
         with self._tx() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -160,11 +176,13 @@ class JobStore:
                 seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
                 db.execute(
                     "INSERT INTO jobs (job_id, seq, name, task, state, job_toml, job_json, "
-                    "source, source_sha256, submitted_by, submitted_at, rounds, state_dir) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "source, source_sha256, submitted_by, submitted_at, rounds, state_dir, "
+                    "bundle_sha256, bundle_size, bundle_name, bundle_entry) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (job_id, seq, name, task, JobState.QUEUED.value, job_toml,
                      json.dumps(job), source, source_sha256, submitted_by, now, rounds,
-                     state_dir))
+                     state_dir, *((bundle.sha256, bundle.size, bundle.name, bundle.entry)
+                                  if bundle is not None else (None,) * 4)))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -175,7 +193,8 @@ class JobStore:
 
     _COLUMNS = ("job_id, seq, name, task, state, reason, error, job_toml, job_json, source, "
                 "source_sha256, submitted_by, submitted_at, started_at, finished_at, rounds, "
-                "rounds_done, accuracy, loss, run_id, state_dir")
+                "rounds_done, accuracy, loss, run_id, state_dir, bundle_sha256, bundle_size, "
+                "bundle_name, bundle_entry")
 
     @staticmethod
     def _row(r: Sequence[Any]) -> JobRow:

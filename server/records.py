@@ -180,6 +180,22 @@ class Failure:
 
 
 @dataclass
+class Ineligibility:
+    """A node's answer that it cannot take the job now (its GPUs, its policy), not a fault."""
+
+    node_id: str
+    node: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Ineligibility:
+        return cls(d.get("node_id", ""), d.get("node", ""), d.get("reason", ""))
+
+
+@dataclass
 class EvalEntry:
     node_id: str
     node: str
@@ -278,6 +294,8 @@ class RoundRecord:
     # Why a round with enough updates was still retried (its result was not finite).
     error: str | None = None
     ring: RingInfo | None = None
+    # Selected nodes that answered they cannot take the job now; listed only when there are.
+    ineligible: list[Ineligibility] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -305,6 +323,8 @@ class RoundRecord:
             d["error"] = self.error
         if self.ring is not None:
             d["ring"] = self.ring.to_dict()
+        if self.ineligible:
+            d["ineligible"] = [i.to_dict() for i in self.ineligible]
         return {**d, **self.extra}
 
     @classmethod
@@ -322,5 +342,6 @@ class RoundRecord:
             rejected_not_listed=d.get("rejected_not_listed", 0),
             eval=EvalSummary.from_dict(d.get("eval")), error=d.get("error"),
             ring=RingInfo.from_dict(d.get("ring")),
+            ineligible=[Ineligibility.from_dict(i) for i in d.get("ineligible") or []],
             extra=_extra(cls, d),
         )

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedgpu.core.admission import SiteCapacity
+from fedgpu.core.config import Resources
+
 
 @dataclass
 class Node:
@@ -43,6 +46,14 @@ class Node:
     # aggregator has a bulk port (it said it cannot reach it); None until known / when fine.
     transport: str | None = None
     bulk_error: str | None = None
+    # Its GPU policy and free memory as it last reported them (None: it reports none), and
+    # its own last "ineligible" answer: (what that job needed, why), until it reports again.
+    capacity: SiteCapacity | None = None
+    refusal: tuple[Resources, str] | None = None
+    # Which code from the wire the node's site runs (TaskApproval; "" from older nodes), and
+    # its latest answer about each offered bundle: sha256 -> (BundleState, reason).
+    task_approval: str = ""
+    bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -119,6 +130,14 @@ class Registry:
         self.changed.set()
         self.changed = asyncio.Event()
 
+    def report_capacity(self, node: Node, capacity: SiteCapacity) -> None:
+        """A node's GPUs as they are now: its last "ineligible" answer is superseded (it is
+        asked again), and a round waiting for nodes that can take its job looks again."""
+        node.refusal = None
+        if capacity != node.capacity:
+            node.capacity = capacity
+            self._notify()
+
     def get(self, node_id: str) -> Node | None:
         node = self._nodes.get(node_id)
         return None if node is None or node.gone else node
@@ -164,6 +183,7 @@ class Registry:
                 "last_resources": n.last_resources,
                 "labels": n.labels,
                 "tasks": n.tasks,
+                "task_approval": n.task_approval or None,
                 "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
                 "transport": n.transport,

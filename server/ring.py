@@ -207,6 +207,7 @@ def block_error(rnd: RoundState, chosen: list[Node]) -> str:
     rank_of = {n.node_id: r for r, n in enumerate(chosen)}
     name = {n.node_id: n.name for n in chosen}
     own = {f.node_id: f.error for f in rnd.failures if not rnd.lost_ranks.get(f.node_id)}
+    own.update({i.node_id: f"cannot take the job now: {i.reason}" for i in rnd.ineligible})
     dropped = rnd.in_state(SlotState.DROPPED)
     causes = sorted({rank_of[nid] for nid in [*own, *dropped] if nid in rank_of})
     if not causes:

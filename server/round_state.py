@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.payload import ModelPayload
-from fedgpu.server.records import Failure, Rejection, UpdateRecord
+from fedgpu.server.records import Failure, Ineligibility, Rejection, UpdateRecord
 from fedgpu.server.states import SlotState
 
 # A slot is open while its node's answer may still come (or is still arriving).
@@ -47,6 +47,8 @@ class RoundState:
     rejected: list[Rejection] = field(default_factory=list)
     rejected_not_listed: int = 0
     failures: list[Failure] = field(default_factory=list)
+    # Nodes that answered they cannot take the job now: an attempt they sink costs no retry.
+    ineligible: list[Ineligibility] = field(default_factory=list)
     # Ring mode: the ranks each failed node says the ring lost (UpdateHeader.lost_ranks).
     lost_ranks: dict[str, list[int]] = field(default_factory=dict)
     # Why an attempt with enough updates still failed (its result was not finite).
@@ -73,6 +75,11 @@ class RoundState:
     def waiting_on(self) -> list[str]:
         """Node ids still expected to answer (or whose answer is still arriving)."""
         return [nid for nid, s in self.slots.items() if s in _OPEN]
+
+    def hopeless(self) -> bool:
+        """Some node answered "ineligible" and the others can no longer make up `required`:
+        closing now (and opening another attempt without it) beats waiting for the deadline."""
+        return bool(self.ineligible) and self.accepted() + self.outstanding() < self.required
 
     def in_state(self, state: SlotState) -> list[str]:
         return sorted(nid for nid, s in self.slots.items() if s == state)

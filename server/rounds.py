@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import codec, digests, jsondoc
+from fedgpu.core.admission_wire import resources_to_wire
+from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
-from fedgpu.core.constants import RoundStatus, RunState
+from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
 from fedgpu.proto import pb
 from fedgpu.server.aggregate import weighted_metric
 from fedgpu.server.checkpoint import Checkpointer, SavedWeights, map_weights
+from fedgpu.server.eligibility import eligible_nodes
 from fedgpu.server.history import History
 from fedgpu.server.intake import Intake
 from fedgpu.server.payload import ModelPayload, to_wire
@@ -43,8 +46,16 @@ class Orchestrator(Intake):
         checkpointer: Checkpointer | None = None,
         initial_weights: Mapping[str, np.ndarray] | None = None,
         plan: TrainPlan | None = None,
+        bundle: BundleRef | None = None,
+        job_id: str = "",
     ) -> None:
         self.job = job
+        # The task's bundle (None: installed on the nodes): named in every task header, and
+        # only nodes whose site allows it are sampled (server/eligibility.py).
+        self.bundle = bundle
+        self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
+                                          name=bundle.name, entry=bundle.entry, job_id=job_id)
+                            if bundle is not None else None)
         self.registry = registry
         self.chunk_size = chunk_size
         self.checkpointer = checkpointer
@@ -72,6 +83,8 @@ class Orchestrator(Intake):
         self._payload: ModelPayload | None = None
         # True once the job has run to its end, here or before a restart (from the checkpoint).
         self.completed = False
+        # True while a round waits for enough nodes that can take the job (`job status`).
+        self.waiting_for_nodes = False
 
     @property
     def rejections(self) -> Counter[str]:
@@ -140,9 +153,14 @@ class Orchestrator(Intake):
         return plan
 
     async def _run_round(self, number: int, plan: Plan) -> None:
-        """Every attempt of round `number` until one succeeds; RunFailed when none did."""
+        """Every attempt of round `number` until one succeeds; RunFailed when none did.
+
+        An attempt that failed because a node answered "ineligible" costs no retry: that node
+        is left out of the next attempt's pool until it reports its GPUs again."""
         error = ""
-        for attempt in range(1, plan.attempts() + 1):
+        attempt = spent = 0
+        while spent < plan.attempts():
+            attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size())
             chosen = plan.choose(pool, number, attempt)
             rnd = self._open(number, attempt, chosen, plan)
@@ -165,6 +183,8 @@ class Orchestrator(Intake):
                 if new is not None:
                     await self.commit(new, number)
                 return
+            if not rnd.ineligible:
+                spent += 1
         raise RunFailed(plan.give_up(number, error))
 
     async def _aggregate(self, rnd: RoundState) -> dict[str, np.ndarray] | None:
@@ -187,11 +207,14 @@ class Orchestrator(Intake):
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
         while True:
-            alive = [n for n in self.registry.alive() if self.job.task in n.tasks or not n.tasks]
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
             if len(alive) >= needed:
+                self.waiting_for_nodes = False
                 return alive
+            self.waiting_for_nodes = True
             if time.monotonic() - last_log > 30:
-                log.info("waiting for nodes: %d of %d needed are connected", len(alive), needed)
+                log.info("waiting for nodes: %d of %d needed are connected and can take the "
+                         "job", len(alive), needed)
                 last_log = time.monotonic()
             try:
                 await asyncio.wait_for(self.registry.changed.wait(), timeout=1.0)
@@ -223,9 +246,11 @@ class Orchestrator(Intake):
                 kind=plan.kind,
                 task_name=self.job.task,
                 hyperparameters_json=json.dumps(self.job.hyperparameters),
-                use_gpu=self.job.use_gpu,
+                use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
+                resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,
                 evaluated_round=self.global_round,
+                bundle=self._bundle_msg,
                 **fields,
             )
             if payload is not None:
@@ -241,7 +266,8 @@ class Orchestrator(Intake):
     async def _await(self, rnd: RoundState, plan: Plan) -> None:
         while not rnd.done.is_set():
             now = time.time()
-            if now >= rnd.deadline or plan.stop_waiting(rnd, self.registry, now):
+            if (now >= rnd.deadline or rnd.hopeless()
+                    or plan.stop_waiting(rnd, self.registry, now)):
                 break
             # Wake regularly: a participant that vanished can't answer, but may be replaced.
             try:
@@ -280,6 +306,7 @@ class Orchestrator(Intake):
             failures=rnd.failures,
             rejected_not_listed=rnd.rejected_not_listed,
             error=rnd.error,
+            ineligible=rnd.ineligible,
         )
         self.history.append(record)
         return record

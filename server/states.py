@@ -15,6 +15,7 @@ class SlotState(StrEnum):
     FAILED = "failed"       # it reported that the round failed on its side
     REJECTED = "rejected"   # its answer was refused; its part in the attempt is over
     DROPPED = "dropped"     # no answer by the deadline
+    INELIGIBLE = "ineligible"  # it cannot take the job now (its GPUs, its policy): no fault
 
 
 class Reject(StrEnum):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from fedgpu.core.constants import BUNDLE_STATES, TASK_APPROVALS
 from fedgpu.proto import pb
 from fedgpu.server.states import Reject
 
@@ -114,12 +115,19 @@ def check_registration(req: pb.RegisterRequest) -> str:
         check_text(key, "a label name", MAX_LABEL_KEY)
         check_text(value, f"label {key!r}", MAX_LABEL_VALUE)
     check_message(req, "RegisterRequest", skip=frozenset({"node_name", "labels"}))
+    if req.task_approval and req.task_approval not in TASK_APPROVALS:
+        raise WireError(f"task_approval {shown(req.task_approval)} is not one of "
+                        f"{', '.join(TASK_APPROVALS)}")
     return name
 
 
 def check_heartbeat(req: pb.HeartbeatRequest) -> None:
     check_text(req.state, "state", MAX_STATE)
     check_message(req, "HeartbeatRequest")
+    for status in req.bundles:
+        if status.state not in BUNDLE_STATES:
+            raise WireError(f"bundle state {shown(status.state)} is not one of "
+                            f"{', '.join(BUNDLE_STATES)}")
 
 
 def check_update_header(header: pb.UpdateHeader) -> None:
@@ -142,5 +150,6 @@ def check_update_header(header: pb.UpdateHeader) -> None:
         raise WireError("iteration_loss holds NaN or Infinity: losses must be finite",
                         Reject.NON_FINITE)
     header.error = truncate(header.error)
+    header.ineligible_reason = truncate(header.ineligible_reason, MAX_TEXT)
     check_message(header, "UpdateHeader", skip=frozenset(
-        {"train_metrics", "eval_metrics", "iteration_loss", "error"}))
+        {"train_metrics", "eval_metrics", "iteration_loss", "error", "ineligible_reason"}))

@@ -37,10 +37,11 @@ def _register_all() -> None:
         run_cmd,
         server_cmd,
         sim_cmd,
+        task_cmd,
     )
 
     for module in (run_cmd, devices, server_cmd, node_cmd, admin, job_cmd, data, sim_cmd,
-                   certs_cmd):
+                   certs_cmd, task_cmd):
         module.register(app)
     from fedgpu.cli import operator_cmds
 

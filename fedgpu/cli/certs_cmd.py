@@ -93,13 +93,18 @@ def k8s_secrets(
         envvar="FEDGPU_TOKEN",
         help="Also write Secret fedgpu-token (the pods' FEDGPU_TOKEN, a second factor).")
     ] = None,
+    operator_token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_OPERATOR_TOKEN",
+        help="Also write Secret fedgpu-operator-token (the aggregator's "
+        "FEDGPU_OPERATOR_TOKEN: jobs, status, the dashboard).")] = None,
     force: Force = False,
 ) -> None:
     """Kubernetes Secrets for deploy/k8s: tls-aggregator and tls-NAME per node, each with only
     that pod's key pair and ca.crt (never ca.key)."""
     from fedgpu.core import certs
 
-    manifests = certs.secret_manifests(directory, namespace, nodes, aggregator, token)
+    manifests = certs.secret_manifests(directory, namespace, nodes, aggregator, token,
+                                       operator_token)
     if out is None:
         typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests},
                               indent=2))

@@ -16,9 +16,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedgpu.cli.bundle_jobs import task_dir_of
 from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import Address, AsJson, OperatorToken, TlsCa, TlsCert, TlsKey
 from fedgpu.core import admin_client
+from fedgpu.core.bundles import pack_dir
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.tls import from_options
@@ -39,10 +41,14 @@ def _print(doc: Any) -> None:
 
 @job_app.command("submit")
 def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")],
+           task_dir: Annotated[Path | None, typer.Option(
+               "--task-dir", help="A task bundle directory (fedgpu-task.toml and sources), "
+                                  "packed and sent with the job; overrides the job file's "
+                                  "task_dir.")] = None,
            address: Address = DEFAULT_ADDRESS, token: OperatorToken = None,
            as_json: AsJson = False, tls_cert: TlsCert = None, tls_key: TlsKey = None,
            tls_ca: TlsCa = None) -> None:
-    """Queue a job; it runs when the jobs before it have ended."""
+    """Queue a job (and its task bundle); it runs when the jobs before it have ended."""
     try:
         size = job_file.stat().st_size
     except OSError as exc:
@@ -51,7 +57,16 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
         raise ConfigError(f"job file {job_file} is {size} bytes; the limit is "
                           f"{MAX_JOB_FILE_BYTES}")
     text = job_file.read_text()
+    bundle = None
+    folder = task_dir_of(job_file, text, task_dir)
+    if folder is not None:
+        bundle = pack_dir(folder)
+        # On stderr: with --json, stdout is the one document.
+        typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
+                   f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
+                   err=True)
     doc = admin_client.submit_job(address, token, text, str(job_file),
+                                  bundle=bundle.data if bundle is not None else None,
                                   tls=from_options(tls_cert, tls_key, tls_ca))
     if as_json:
         _print(doc)
@@ -93,6 +108,9 @@ def status(job_id: JobId, address: Address = DEFAULT_ADDRESS, token: OperatorTok
              + (f" — {doc['reason']}" if doc["reason"] else ""),
              f"rounds {doc['rounds_done']}/{doc['rounds']}  accuracy "
              f"{fmt_value(doc['accuracy'])}  loss {fmt_value(doc['loss'])}"]
+    if doc.get("bundle_sha256"):
+        lines.append(f"task bundle {doc['bundle_name']!r}: sha256 {doc['bundle_sha256']} "
+                     f"({doc['bundle_size']:,} bytes)")
     cur = doc.get("current_round")
     if cur:
         lines.append(f"open: round {cur['round']} ({cur['kind']}, attempt {cur['attempt']}) "

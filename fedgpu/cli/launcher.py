@@ -194,17 +194,23 @@ class LocalRun:
         if self.cfg.rounds < 1:
             raise FedgpuError("--rounds must be at least 1")
         if self.cfg.job is not None:
+            from fedgpu.cli.bundle_jobs import with_absolute_task_dir
             from fedgpu.core.config import load_job
             from fedgpu.node.tasks import available_tasks
 
             # Fail here, with the file's name, not somewhere in a child's log.
             parsed = load_job(self.cfg.job)
             task, self.total_rounds = parsed.task, parsed.rounds
-            if task not in available_tasks():
+            job_text = self.cfg.job.read_text()
+            if parsed.task_dir is not None:
+                # A task bundle (run by these nodes: --task-approval any), trained on the
+                # node data-directory format `fedgpu data split` makes, as `task new` writes.
+                job_text, _ = with_absolute_task_dir(self.cfg.job, job_text)
+                task = "digits"
+            elif task not in available_tasks():
                 raise FedgpuError(
                     f"{self.cfg.job}: task {task!r} is not installed here (installed: "
                     f"{', '.join(available_tasks())}); install its package or fix the name")
-            job_text = self.cfg.job.read_text()
         else:
             job_text = _job_toml(self.cfg)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)

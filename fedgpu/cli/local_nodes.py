@@ -55,7 +55,10 @@ def host_cmd(host: Host, *, address: str, split: Path, socket: Path, logs: Path,
            "--aggregator", address, "--split", str(split), "--first", str(host.first),
            "--count", str(host.count), "--name-prefix", NODE_DIR_PREFIX, "--gpu", gpu,
            "--torch-threads", str(torch_threads), "--worker-factory", str(socket),
-           "--status-dir", str(logs), "--log-dir", str(logs)]
+           "--status-dir", str(logs), "--log-dir", str(logs),
+           # A local demo runs the bundles its own job brings (the agents log it loudly);
+           # their cache lives with the run's logs, not in the user's state directory.
+           "--task-approval", "any", "--state-dir", str(logs / "node-state")]
     if gpu_memory_fraction is not None:
         cmd += ["--gpu-memory-fraction", str(gpu_memory_fraction)]
     if ring_ports:

@@ -12,11 +12,23 @@ import typer
 
 from fedgpu.cli.tls_options import TlsCa, TlsCert, TlsKey
 from fedgpu.core import lifetime, logs
-from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE
+from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE, TaskApproval
 from fedgpu.core.errors import ConfigError, FedgpuError
 
 node_app = typer.Typer(help="The training agent.", no_args_is_help=True)
 STATUS_HELP = "Status file the agent refreshes (read by 'fedgpu node health')."
+# `approved` everywhere (image, compose, plain CLI): a node started by hand behaves like one in
+# a container, and it is as safe as `installed` (no code from the wire runs until the site
+# approves its hash) while a job with a bundle waits visibly instead of failing.
+TaskApprovalOpt = Annotated[TaskApproval, typer.Option(
+    envvar="FEDGPU_TASK_APPROVAL", case_sensitive=False,
+    help="Task bundles sent with jobs: 'installed' runs installed tasks only; 'approved' also "
+         "runs bundles whose sha256 this site approved ('fedgpu node approve'); 'any' runs "
+         "every bundle (local demos only).")]
+StateDirOpt = Annotated[Path | None, typer.Option(
+    envvar="FEDGPU_NODE_STATE",
+    help="The site's state: its bundle cache and allow-list (default: "
+         "$XDG_STATE_HOME/fedgpu/node, i.e. ~/.local/state/fedgpu/node).")]
 
 
 @node_app.command("start")
@@ -72,6 +84,8 @@ def start(
         envvar="FEDGPU_RING_PORT",
         help="Ring mode: TCP port of the rendezvous this node hosts when it is rank 0.")
     ] = DEFAULT_RING_PORT,
+    task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
+    state_dir: StateDirOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks."""
@@ -114,6 +128,8 @@ def start(
         tls=tls_files,
         ring_host=ring_host,
         ring_port=ring_port,
+        task_approval=task_approval,
+        state_dir=state_dir,
     ))
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -159,6 +175,7 @@ def health(
 
 
 def register(app: typer.Typer) -> None:
-    from fedgpu.cli import node_many_cmd  # noqa: F401 - adds start-many and factory to node_app
+    # They add start-many, factory, approve, reject and tasks to node_app.
+    from fedgpu.cli import node_many_cmd, node_tasks_cmd  # noqa: F401
 
     app.add_typer(node_app, name="node")

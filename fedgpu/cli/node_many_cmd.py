@@ -12,8 +12,9 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli.node_cmd import node_app
+from fedgpu.cli.node_cmd import StateDirOpt, TaskApprovalOpt, node_app
 from fedgpu.core import lifetime, logs
+from fedgpu.core.constants import TaskApproval
 from fedgpu.core.datasets import NODE_DIR_PREFIX
 from fedgpu.core.errors import ConfigError
 
@@ -68,6 +69,8 @@ def start_many(
         help="Seconds to keep trying to reach the aggregator at start.")] = 60.0,
     max_task_mib: Annotated[int, typer.Option(
         min=0, help="Largest task payload a node accepts, in MiB (0: the aggregator's).")] = 0,
+    task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
+    state_dir: StateDirOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Host COUNT training nodes in this one process (token authentication only).
@@ -110,6 +113,7 @@ def start_many(
             status_file=status_dir / f"{name}.status.json" if status_dir else None,
             torch_threads=torch_threads, prestart=prestart, worker_factory=worker_factory,
             ring_host=ring_host, **({"ring_port": ports[i]} if ports else {}),
+            task_approval=task_approval, state_dir=state_dir,
         ))
     if status_dir is not None:
         status_dir.mkdir(parents=True, exist_ok=True)

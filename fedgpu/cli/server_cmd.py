@@ -63,6 +63,10 @@ def start(
     metrics_port: Annotated[int, typer.Option(
         envvar="FEDGPU_METRICS_PORT",
         help="Serve Prometheus metrics on http://HOST:PORT/metrics; 0 = off.")] = 0,
+    health_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_HEALTH_PORT", min=0, max=65535,
+        help="Also answer grpc.health.v1 (and nothing else) in plaintext on this port, for "
+        "probes without a client certificate such as Kubernetes' grpc: probes; 0 = off.")] = 0,
     ui_port: Annotated[int, typer.Option(
         envvar="FEDGPU_UI_PORT", min=0, max=65535,
         help="Serve the web dashboard on http://UI_HOST:PORT/ (needs --operator-token); "
@@ -100,6 +104,7 @@ def start(
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),
         metrics_port=metrics_port,
+        health_port=health_port,
         ui_port=ui_port,
         ui_host=ui_host,
         bulk_port=bulk_port,

@@ -58,6 +58,7 @@ DEFAULT_SANS = ("localhost", "127.0.0.1", "aggregator")
 TLS_SECRET_PREFIX = "tls-"
 AGGREGATOR_SECRET = TLS_SECRET_PREFIX + "aggregator"
 TOKEN_SECRET, TOKEN_KEY = "fedgpu-token", "token"
+OPERATOR_TOKEN_SECRET = "fedgpu-operator-token"
 # A site's name is also its pod label value and part of object names: a DNS-1123 label.
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -252,12 +253,14 @@ def _read_all(directory: Path, names: tuple[str, ...]) -> dict[str, bytes]:
 
 
 def secret_manifests(ca_dir: Path, namespace: str = "fedgpu", nodes: list[str] | None = None,
-                     aggregator: bool = True, token: str | None = None) -> list[dict[str, Any]]:
+                     aggregator: bool = True, token: str | None = None,
+                     operator_token: str | None = None) -> list[dict[str, Any]]:
     """Kubernetes Secrets from a `fedgpu certs` directory: one per pod's material.
 
     The aggregator's Secret holds server/{server.crt,server.key,ca.crt}; each node's (every
     directory under nodes/, or only `nodes`) its node.crt, node.key and ca.crt. ca.key is never
-    read. With `token`, also the shared token Secret the pods read as FEDGPU_TOKEN.
+    read. With `token`, also the shared token Secret the pods read as FEDGPU_TOKEN; with
+    `operator_token`, the aggregator's FEDGPU_OPERATOR_TOKEN (never mounted into a node).
     """
     if not _K8S_NAME.match(namespace):
         raise ConfigError(f"namespace {namespace!r} is not a valid Kubernetes name")
@@ -281,10 +284,15 @@ def secret_manifests(ca_dir: Path, namespace: str = "fedgpu", nodes: list[str] |
         out.append(_secret(TLS_SECRET_PREFIX + name, namespace,
                            {"app.kubernetes.io/component": "node", "fedgpu.io/site": name},
                            _read_all(nodes_root / name, (NODE_CERT, NODE_KEY, CA_CERT))))
-    if token is not None:
-        if not token:
-            raise ConfigError("the token is empty")
-        out.append(_secret(TOKEN_SECRET, namespace, {}, {TOKEN_KEY: token.encode()}))
+    for secret, value, what in ((TOKEN_SECRET, token, "token"),
+                                (OPERATOR_TOKEN_SECRET, operator_token, "operator token")):
+        if value is None:
+            continue
+        if not value:
+            raise ConfigError(f"the {what} is empty")
+        out.append(_secret(secret, namespace, {}, {TOKEN_KEY: value.encode()}))
+    if token is not None and token == operator_token:
+        raise ConfigError("the operator token must differ from the nodes' token")
     if not out:
         raise ConfigError(f"nothing to write: {ca_dir} has no aggregator or node certificates")
     return out

@@ -8,16 +8,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedgpu.core.constants import MODES, STRATEGIES, WIRE_DTYPES
+from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
 MAX_JOB_FILE_BYTES = 256 << 10
+# Larger than any GPU made: a figure above it is a unit mistake (bytes, not MiB).
+MAX_GPU_MIB = 16 << 20
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The job file's `[resources]`: what a node's GPU must offer for the job (checked by each
+    node against its live NVML state at every task, and by the aggregator from heartbeats)."""
+
+    gpu: GpuNeed = GpuNeed.PREFERRED
+    # A GPU qualifies only with at least this much free memory now (besides the site's own
+    # --gpu-min-free-mib; the larger of the two applies).
+    min_gpu_free_mib: int = 0
+    # A cap on the round's GPU memory, applied like --gpu-memory-fraction: the node turns it
+    # into a fraction of the chosen GPU's total (the site's own fraction, if smaller, wins).
+    gpu_memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
 class Job:
+    # The task's name: installed on the nodes, or the `name` of the bundle `task_dir` packs.
     task: str
     # A label for `fedgpu job list`; the task name when not given.
     name: str | None = None
@@ -52,9 +69,22 @@ class Job:
     # "bf16" | "fp16": float32 weights travel in half precision both ways (half the bytes),
     # averaged in float32 on the aggregator. Lossy; None (the default): full precision.
     wire_dtype: str | None = None
+    # `use_gpu` is the short form: false is `[resources] gpu = "none"`. parse_job keeps the two
+    # in step; `needs` reads them together for a Job built in code.
+    resources: Resources = field(default_factory=Resources)
+    # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
+    # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
+    task_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def needs(self) -> Resources:
+        """What the job asks of a node's GPU, use_gpu = false included."""
+        if self.use_gpu or self.resources.gpu is GpuNeed.NONE:
+            return self.resources
+        return Resources(gpu=GpuNeed.NONE)
 
 
 def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
@@ -68,8 +98,12 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         raise ConfigError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
-    if "task" not in raw:
-        raise ConfigError(f"{source}: 'task' is required (e.g. task = \"digits\")")
+    task_dir = raw.get("task_dir")
+    if task_dir is not None and not (isinstance(task_dir, str) and task_dir.strip()):
+        raise _fail(source, "task_dir", "a directory (relative to the job file)", task_dir)
+    if "task" not in raw and task_dir is None:
+        raise ConfigError(f"{source}: 'task' is required (e.g. task = \"digits\"), or "
+                          "'task_dir' naming a task bundle directory")
 
     def get(key: str, kind: type | tuple[type, ...], expected: str) -> Any:
         value = raw.get(key, Job.__dataclass_fields__[key].default)
@@ -80,8 +114,10 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
             raise _fail(source, key, expected, value)
         return value
 
-    task = get("task", str, "a task name")
-    if not _is_name(task):
+    # With a bundle and no `task`, the task is named by the bundle's manifest (filled in when
+    # the bundle is packed: `with_task`).
+    task = get("task", str, "a task name") if "task" in raw else ""
+    if "task" in raw and not _is_name(task):
         raise _fail(source, "task", "a task name (1-128 printable characters)", task)
     name = raw.get("name")
     if name is not None and not (isinstance(name, str) and _is_name(name)):
@@ -106,6 +142,16 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if not (deadline > 0 and math.isfinite(deadline)):
         raise _fail(source, "round_deadline_s", "a positive number of seconds", deadline)
     use_gpu = get("use_gpu", bool, "true or false")
+    # use_gpu = false alone means gpu = "none"; both given must agree.
+    table = raw.get("resources")
+    gpu_given = isinstance(table, dict) and "gpu" in table
+    off = "use_gpu" in raw and not use_gpu
+    resources = _resources(raw, source, GpuNeed.NONE if off else GpuNeed.PREFERRED)
+    if "use_gpu" in raw and gpu_given and use_gpu != (resources.gpu is not GpuNeed.NONE):
+        raise ConfigError(
+            f"{source}: 'use_gpu' = {str(use_gpu).lower()} contradicts [resources] gpu = "
+            f"{resources.gpu.value!r}: drop use_gpu (gpu = \"none\" is use_gpu = false)")
+    use_gpu = resources.gpu is not GpuNeed.NONE
     evaluate = get("evaluate", bool, "true or false")
     strategy = get("strategy", str, f"one of {', '.join(STRATEGIES)}")
     if strategy not in STRATEGIES:
@@ -152,8 +198,53 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         initial_weights=initial,
         max_examples_per_node=max_examples,
         wire_dtype=wire_dtype,
+        resources=resources,
+        task_dir=task_dir,
         **ring,
     )
+
+
+def _resources(raw: dict[str, Any], source: str, default: GpuNeed) -> Resources:
+    """`[resources]`, strictly: unknown keys and impossible combinations are named."""
+    table = raw.get("resources", {})
+    if not isinstance(table, dict):
+        raise _fail(source, "resources", "a table ([resources])", table)
+    known = set(Resources.__dataclass_fields__)
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) in [resources]: {', '.join(unknown)}; "
+                          f"allowed: {', '.join(sorted(known))}")
+    gpu = table.get("gpu", default.value)
+    if gpu not in GPU_NEEDS:
+        raise _fail(source, "resources.gpu", f"one of {', '.join(GPU_NEEDS)}", gpu)
+    need = GpuNeed(gpu)
+    min_free = table.get("min_gpu_free_mib", 0)
+    if isinstance(min_free, bool) or not isinstance(min_free, int) or not (
+            0 <= min_free <= MAX_GPU_MIB):
+        raise _fail(source, "resources.min_gpu_free_mib",
+                    f"a whole number of MiB from 0 to {MAX_GPU_MIB}", min_free)
+    cap = table.get("gpu_memory_mib")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
+                            or not 0 < cap <= MAX_GPU_MIB):
+        raise _fail(source, "resources.gpu_memory_mib",
+                    f"a whole number of MiB from 1 to {MAX_GPU_MIB}", cap)
+    if need is GpuNeed.NONE and (min_free or cap is not None):
+        what = "min_gpu_free_mib" if min_free else "gpu_memory_mib"
+        raise ConfigError(f"{source}: [resources] {what} asks something of a GPU, but the "
+                          "job uses none (gpu = \"none\", or use_gpu = false)")
+    return Resources(gpu=need, min_gpu_free_mib=min_free, gpu_memory_mib=cap)
+
+
+def with_bundle_task(job: Job, bundle_name: str, source: str = "job") -> Job:
+    """The job with its task named by its bundle's manifest; a `task` that names another task
+    is refused (the job would wait for nodes that have neither)."""
+    from dataclasses import replace
+
+    if job.task and job.task != bundle_name:
+        raise ConfigError(f"{source}: 'task' is {job.task!r} but the task bundle is named "
+                          f"{bundle_name!r} (its fedgpu-task.toml): make them agree, or leave "
+                          "'task' out")
+    return replace(job, task=bundle_name)
 
 
 def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_nodes: int,

@@ -53,6 +53,26 @@ class Mode(StrEnum):
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 
+
+class GpuNeed(StrEnum):
+    """What a job asks of a node's GPU (the job file's `[resources] gpu`)."""
+
+    REQUIRED = "required"    # a GPU that fits, or the node is ineligible
+    PREFERRED = "preferred"  # a GPU that fits, else the CPU
+    NONE = "none"            # never a GPU
+
+
+GPU_NEEDS: tuple[str, ...] = tuple(g.value for g in GpuNeed)
+
+
+class GpuMode(StrEnum):
+    """A site's own GPU policy (the node's `--gpu`)."""
+
+    NONE = "none"
+    OFFER = "offer"
+    ENFORCE = "enforce"
+
+
 class RunState(StrEnum):
     """A run's lifecycle as `fedgpu status --json` reports it (`state`)."""
 
@@ -112,3 +132,27 @@ class Transport(StrEnum):
 
 # Half-precision transfer of float32 weights (the job's `wire_dtype`): lossy, off by default.
 WIRE_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+
+
+class TaskApproval(StrEnum):
+    """Which code from the wire a node's site runs (`node start --task-approval`)."""
+
+    INSTALLED = "installed"  # only tasks installed in the image (entry points)
+    APPROVED = "approved"    # also bundles whose sha256 is on the site's allow-list
+    ANY = "any"              # every bundle (local demos: `fedgpu run`)
+
+
+TASK_APPROVALS: tuple[str, ...] = tuple(a.value for a in TaskApproval)
+
+
+class BundleState(StrEnum):
+    """A bundle at a site: on its allow-list or not (`fedgpu node tasks`), and, on the wire,
+    whether that node can run it (`unusable`: e.g. a requirement it lacks)."""
+
+    PENDING = "pending"      # seen (fetched with a job), not yet decided by the site
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    UNUSABLE = "unusable"
+
+
+BUNDLE_STATES: tuple[str, ...] = tuple(s.value for s in BundleState)

@@ -111,6 +111,7 @@ class ComposeProject:
         self.name = f"fedgpu-e2e-{uuid.uuid4().hex[:8]}"
         self.port = port
         self.token = uuid.uuid4().hex
+        self.operator_token = uuid.uuid4().hex
         self.files = [COMPOSE_FILE, *files]
         self.env = {
             **os.environ,
@@ -120,19 +121,21 @@ class ComposeProject:
             "FEDGPU_PUBLISH_PORT": str(port),
             "FEDGPU_BIND": "127.0.0.1",
             "FEDGPU_TOKEN": self.token,
+            "FEDGPU_OPERATOR_TOKEN": self.operator_token,
             # Each project makes its own CA and key pairs (the `certs` one-shot), here.
             "FEDGPU_CERTS_DIR": str(Path(tempfile.mkdtemp(prefix=f"{self.name}-certs-"))),
         }
 
     @property
     def admin_env(self) -> dict[str, str]:
-        """Environment for the host's admin CLI: the token and the operator's certificate."""
+        """Environment for the host's admin CLI: the operator token and certificate."""
         certs = Path(self.env["FEDGPU_CERTS_DIR"])
+        operator = certs / "operators" / "operator"
         return {
             **os.environ,
-            "FEDGPU_TOKEN": self.token,
-            "FEDGPU_TLS_CERT": str(certs / "nodes" / "operator" / "node.crt"),
-            "FEDGPU_TLS_KEY": str(certs / "nodes" / "operator" / "node.key"),
+            "FEDGPU_OPERATOR_TOKEN": self.operator_token,
+            "FEDGPU_TLS_CERT": str(operator / "operator.crt"),
+            "FEDGPU_TLS_KEY": str(operator / "operator.key"),
             "FEDGPU_TLS_CA": str(certs / "ca.crt"),
         }
 

@@ -169,3 +169,57 @@ def test_fake_nvml_inside_the_node_image(built_images, tmp_path: Path) -> None:
     # The image defaults to --gpu offer: the policy picks the GPU with most free memory.
     assert doc["decision"]["mode"] == "offer"
     assert doc["decision"]["gpu_uuid"] == fake_uuid(0), doc["decision"]
+
+
+def container_id(project: ComposeProject, service: str) -> str:
+    """The service's container ID: a restarted container keeps it, a recreated one does not.
+    `compose ps --format json` spells the key "ID" (compose v2); older releases wrote "Id"."""
+    c = project.container(service)
+    found = c.get("ID") or c.get("Id")
+    assert found, f"compose ps gave no container ID for {service}: {c}"
+    return str(found)
+
+
+def job_cli(project: ComposeProject, *args: str) -> Any:
+    proc = subprocess.run([fedgpu_cli(), "job", *args, "--address", project.address, "--json"],
+                          capture_output=True, text=True, timeout=120, env=project.admin_env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_two_jobs_on_the_same_nodes_across_an_aggregator_restart(
+        compose_project, tmp_path: Path) -> None:
+    """The federation stays up: the example job runs, a second job is submitted, the
+    aggregator container restarts in between, and the same node containers run both."""
+    project: ComposeProject = compose_project()
+    project.compose("up", "-d", "--no-build", profiles=["cpu"], timeout=300)
+
+    def jobs_ended(count: int):
+        def probe() -> list[dict[str, Any]] | None:
+            listed = job_cli(project, "list")
+            failed = [j for j in listed if j["state"] in ("failed", "stopped")]
+            if failed:
+                raise AssertionError(f"a job did not finish: {failed}")
+            done = [j for j in listed if j["state"] == "finished"]
+            return listed if len(done) >= count else None
+        return probe
+
+    wait_for("the example job to finish", jobs_ended(1), FEDERATION_TIMEOUT_S)
+    nodes_before = {n: container_id(project, n) for n in
+                    ("node-cpu-1", "node-cpu-2", "node-cpu-3")}
+    project.compose("restart", "aggregator", timeout=120)
+    wait_for("the aggregator to be healthy again",
+             lambda: project.container("aggregator").get("Health") == "healthy", 180)
+    second = tmp_path / "second.toml"
+    # A top-level key goes before the file's first [table].
+    second.write_text('name = "second"\n' + (Path(__file__).resolve().parents[2] / "compose"
+                                              / "job.toml").read_text())
+    submitted = job_cli(project, "submit", str(second))
+    assert submitted["state"] == "queued"
+    listed = wait_for("the second job to finish", jobs_ended(2), FEDERATION_TIMEOUT_S)
+    assert [j["name"] for j in listed][-1] == "second" and len(listed) == 2
+    # The restart did not queue the example job again, and the nodes are the same containers.
+    assert {n: container_id(project, n) for n in nodes_before} == nodes_before
+    assert all(project.container(n)["State"] == "running" for n in nodes_before)
+    status = job_cli(project, "status", submitted["job_id"])
+    assert status["rounds_done"] == status["rounds"]

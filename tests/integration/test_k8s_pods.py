@@ -1,9 +1,10 @@
 """The cpu overlay's pods, run as real processes on loopback: what a cluster would run, short of
 the cluster. Each pod gets its rendered args and environment, its Secret's files as written by
 `fedgpu certs k8s-secrets`, its ConfigMaps and volumes as directories (mount paths mapped into a
-temporary folder, "aggregator:50051" onto a free loopback port). Then the demo-data init
-containers write the partitions, the aggregator's exec probe answers SERVING under mutual TLS with
-the pod's own certificate, and the nodes register under their sites' names and start the run."""
+temporary folder, "aggregator:50051" and the health port onto free loopback ports). Then the
+demo-data init containers write the partitions, the aggregator's grpc probe (a plaintext
+grpc.health.v1 check on the health port, as the kubelet makes it) answers SERVING, and the nodes
+register under their sites' names with their own certificates and start the run."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Pod:
     def __init__(self, tmp: Path, workload: dict[str, Any], objects: list[dict[str, Any]],
                  secrets: dict[str, dict[str, Any]], port: int) -> None:
         self.workload, self.objects, self.secrets, self.port = workload, objects, secrets, port
+        self.health_port = free_port()
         self.root = tmp / workload["metadata"]["name"]
         self.mounts: dict[str, Path] = {"/tmp": self.root / "tmp"}
         spec = workload["spec"]["template"]["spec"]
@@ -75,6 +77,8 @@ class Pod:
         if "FEDGPU_PORT" in env:
             env["FEDGPU_PORT"] = str(self.port)
             env["FEDGPU_METRICS_PORT"] = "0"  # no second fixed port on a shared machine
+        if "FEDGPU_HEALTH_PORT" in env:
+            env["FEDGPU_HEALTH_PORT"] = str(self.health_port)
         # The pod's private /tmp: the agent's status file and round directories go there.
         env["FEDGPU_NODE_STATUS"] = str(self.mounts["/tmp"] / "fedgpu-node-status.json")
         env["TMPDIR"] = str(self.mounts["/tmp"])
@@ -107,19 +111,22 @@ def test_the_cpu_overlays_pods_run_a_federation(tmp_path: Path) -> None:
         main = k8s.main_container(sts)
         env, argv = aggregator.env_and_argv(main, main.spec["args"])
         proc = fed.spawn("aggregator", argv, env=env)
-        # The readiness probe, exactly as the kubelet would exec it in the pod.
-        probe_env, probe = aggregator.env_and_argv(main, main.spec["readinessProbe"]["exec"][
-            "command"][1:])
+        # The readiness probe as the kubelet makes it: grpc.health.v1 Check, plaintext, on the
+        # probe's port (mapped to this pod's free health port), default service "".
+        probe = main.spec["readinessProbe"]["grpc"]
+        assert k8s.environment(main, objects)["FEDGPU_HEALTH_PORT"] == str(probe["port"])
         deadline = time.monotonic() + 120
-        while True:
-            out = subprocess.run([*FEDGPU, *probe], env=probe_env, cwd=ROOT, capture_output=True,
-                                 text=True, timeout=120)
-            if out.returncode == 0:
-                break
+        status = ""
+        while status != "SERVING":
+            try:
+                status = admin_client.health(f"127.0.0.1:{aggregator.health_port}",
+                                             probe.get("service", ""), timeout=5)
+            except FedgpuError as exc:
+                status = str(exc)
             assert proc.popen.poll() is None, proc.text()[-2000:]
-            assert time.monotonic() < deadline, f"probe never passed: {out.stdout}{out.stderr}"
-            time.sleep(1)
-        assert out.stdout.strip() == "SERVING"
+            assert time.monotonic() < deadline, f"probe never passed: {status}"
+            if status != "SERVING":
+                time.sleep(1)
 
         pods = {}
         for w in k8s.node_workloads(objects):
@@ -142,7 +149,7 @@ def test_the_cpu_overlays_pods_run_a_federation(tmp_path: Path) -> None:
         last_error = ""
         while time.monotonic() < deadline:
             try:
-                doc = admin_client.query(fed.address, TOKEN, "ListNodes", tls=fed.tls)
+                doc = fed.query("ListNodes")
                 names = sorted(n["name"] for n in doc["nodes"] if n["alive"])
             except FedgpuError as exc:
                 last_error = str(exc)

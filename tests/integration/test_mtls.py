@@ -239,3 +239,31 @@ def test_roles_come_from_the_certificate(federation: Federation, tmp_path: Path,
     with pytest.raises(FedgpuError, match="operator credential"):
         admin_client.query(federation.address, federation.token, "GetStatus",
                            tls=pki["node-a"])
+
+
+def test_the_health_port_answers_probes_without_a_certificate_and_nothing_else(
+        federation: Federation, pki: dict[str, TlsFiles]) -> None:
+    """What Kubernetes' native grpc: probe does: plaintext, no client certificate."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from fedgpu.proto import admin_pb2, admin_pb2_grpc
+    from tests.fixtures.federation import free_port
+
+    probe = free_port()
+    federation.tls = pki["operator"]
+    federation.start_server(None, "--health-port", str(probe), *flags(pki["server"]))
+    with grpc.insecure_channel(f"127.0.0.1:{probe}") as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                     timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        for call in (lambda: admin_pb2_grpc.AdminStub(ch).GetStatus(
+                         admin_pb2.GetStatusRequest(), timeout=10),
+                     lambda: pb_grpc.FederationStub(ch).Register(
+                         pb.RegisterRequest(node_name="x"), timeout=10)):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # The main port still requires mutual TLS.
+    host, port = federation.address.split(":")
+    with grpc.insecure_channel(f"{host}:{port}") as ch, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)

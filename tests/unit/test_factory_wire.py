@@ -82,3 +82,29 @@ def test_spawn_requests_are_checked_field_by_field(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ValueError, match=error):
             parse_spawn({**good, key: value})
+
+
+def test_a_temp_dir_too_deep_for_a_socket_path_falls_back_to_tmp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedgpu.node import factory_client
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    made = factory_client.socket_dir()
+    try:
+        assert made.parent == Path("/tmp") and oct(made.stat().st_mode & 0o777) == "0o700"
+        sock = wire.bind(made / factory_client.SOCKET_NAME)  # a real bind at that path
+        sock.close()
+    finally:
+        for p in made.iterdir():
+            p.unlink()
+        made.rmdir()
+    assert list(deep.iterdir()) == []  # the deep one it tried is gone
+    shallow = tmp_path / "s"
+    shallow.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shallow))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    kept = factory_client.socket_dir()
+    assert kept.parent == shallow

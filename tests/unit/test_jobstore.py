@@ -83,3 +83,31 @@ def test_a_damaged_database_is_refused_with_the_fix(tmp_path: Path) -> None:
     (tmp_path / jobstore.DB_FILE).write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="move it aside"):
         JobStore(tmp_path)
+
+
+def test_a_database_before_bundles_is_migrated_and_bundles_round_trip(tmp_path: Path) -> None:
+    from importlib import resources
+
+    from fedgpu.core.bundles import BundleRef
+
+    # A database as the first schema left it, with a job in it.
+    first = resources.files("fedgpu.server").joinpath("migrations/0001_jobs.sql").read_text()
+    with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
+        db.executescript(first + ";PRAGMA user_version=1;")
+        db.execute("INSERT INTO jobs (job_id, seq, name, task, state, job_toml, job_json, "
+                   "source, source_sha256, submitted_by, submitted_at, rounds, state_dir) "
+                   "VALUES ('old', 1, 'n', 'digits', 'finished', 'x', '{}', 'submit', 'a', "
+                   "'op', 1.0, 3, 'jobs/old')")
+    store = JobStore(tmp_path)
+    old = store.get("old")
+    assert old is not None and old.bundle is None
+    assert old.summary()["bundle_sha256"] is None
+    ref = BundleRef("ab" * 32, 10240, "demo", "demo_task.task:DemoTask")
+    store.add_job(job_id="new", name="demo", task="demo", job_toml="x", job={}, source="submit",
+                  source_sha256="b", submitted_by="op", rounds=2, state_dir="jobs/new",
+                  bundle=ref)
+    store.close()
+    new = JobStore(tmp_path).get("new")
+    assert new is not None and new.bundle == ref
+    assert {k: new.summary()[k] for k in ("bundle_sha256", "bundle_size", "bundle_name")} == {
+        "bundle_sha256": ref.sha256, "bundle_size": 10240, "bundle_name": "demo"}

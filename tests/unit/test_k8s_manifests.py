@@ -159,8 +159,21 @@ def test_the_cli_accepts_every_command_line_and_variable(profile: str,
                 unread = {n for n in env if n.startswith("FEDGPU_")} - k8s.envvars(command)
                 assert unread <= K8S_ONLY_ENV, f"{c.name}: fedgpu {argv[:2]} ignores {unread}"
             check_meaning(c, argv, params, env)
-    assert {"server start", "node start", "data split", "health --address",
-            "node health"} <= seen
+    assert {"server start", "node start", "data split", "node health"} <= seen
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_aggregator_is_probed_natively_on_its_health_port(profile: str) -> None:
+    """Kubernetes' grpc: probes, on the port the aggregator opens for them (--health-port):
+    the mutual-TLS gRPC port would refuse the kubelet, which shows no client certificate."""
+    objects = k8s.overlay(profile)
+    (sts,) = k8s.by_kind(objects, "StatefulSet")
+    c = k8s.main_container(sts)
+    env = k8s.environment(c, objects)
+    ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
+    assert int(env["FEDGPU_HEALTH_PORT"]) == ports["health"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c.spec[probe]["grpc"] == {"port": ports["health"]}, probe
 
 
 def check_meaning(c: k8s.Container, argv: list[str], params: dict[str, Any],
@@ -181,6 +194,7 @@ def check_meaning(c: k8s.Container, argv: list[str], params: dict[str, Any],
     elif argv[:2] == ["server", "start"]:
         assert params["port"] == 50051 and params["metrics_port"] == 9464
         assert params["bulk_port"] == 50052
+        assert params["health_port"] == 8081
         assert str(params["state_dir"]) == "/var/lib/fedgpu"
         assert str(params["job"]) == "/etc/fedgpu/job.toml"
         assert str(params["tls_ca"]) == "/certs/ca.crt"

@@ -43,18 +43,20 @@ def with_public_aggregator(tmp_path: Path, profile: str) -> list[dict[str, Any]]
     return with_component(tmp_path, profile, "public-aggregator")
 
 
-def test_dashboard_component_serves_on_loopback_and_requires_the_token(
+def test_dashboard_component_serves_on_loopback_and_requires_the_operator_token(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     objects = with_component(tmp_path, "cpu", "dashboard")
     for obj in objects:
         assert kubernetes_validate.validate(obj, "1.34", strict=True) == "1.34"
     (sts,) = k8s.by_kind(objects, "StatefulSet")
     c = k8s.main_container(sts)
-    env = k8s.environment(c, objects, {"fedgpu-token": {"token": "t0ken"}})
+    env = k8s.environment(c, objects, {"fedgpu-operator-token": {"token": "t0ken"}})
     _, params = k8s.parse_cli(c.spec["args"], env, monkeypatch)
-    # The aggregator refuses --ui-port without a token: the Secret may no longer be optional.
-    assert (params["ui_port"], params["ui_host"], params["token"]) == (8080, "127.0.0.1", "t0ken")
-    with pytest.raises(AssertionError, match="Secret fedgpu-token is missing"):
+    # The aggregator refuses --ui-port without the operator token: the Secret may no longer be
+    # optional.
+    assert (params["ui_port"], params["ui_host"], params["operator_token"]) == (
+        8080, "127.0.0.1", "t0ken")
+    with pytest.raises(AssertionError, match="Secret fedgpu-operator-token is missing"):
         k8s.environment(c, objects, {})
     # Plain HTTP on loopback: reached by port-forward, never through the Service or the policy.
     plain = k8s.overlay("cpu")
@@ -158,10 +160,13 @@ def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ca_dir = tmp_path_factory.mktemp("certs")
     certs.init_ca(ca_dir)
     certs.issue_server(ca_dir, sans=["aggregator", "aggregator.fedgpu.svc", "127.0.0.1"])
-    for name in [*all_site_names(), "operator"]:
+    for name in all_site_names():
         certs.issue_node(ca_dir, name)
+    # An operator's certificate stays with the operator: no pod mounts it.
+    certs.issue_operator(ca_dir)
     out = ca_dir.parent / "secrets"
-    r = cli("certs", "k8s-secrets", "--dir", str(ca_dir), "--out", str(out), token="t0ken")
+    r = cli("certs", "k8s-secrets", "--dir", str(ca_dir), "--out", str(out), token="t0ken",
+            operator_token="0perator")
     assert r.returncode == 0, r.stderr
     return ca_dir, out
 
@@ -174,7 +179,7 @@ def test_secrets_are_valid_and_hold_one_pods_material_each(secrets_dir: tuple[Pa
                                                            ) -> None:
     ca_dir, out = secrets_dir
     secrets = load_secrets(out)
-    assert set(secrets) == {"tls-aggregator", "fedgpu-token", "tls-operator",
+    assert set(secrets) == {"tls-aggregator", "fedgpu-token", "fedgpu-operator-token",
                             *(f"tls-{n}" for n in all_site_names())}
     for name, secret in secrets.items():
         assert (out / f"{name}.json").stat().st_mode & 0o777 == 0o600, name
@@ -185,6 +190,7 @@ def test_secrets_are_valid_and_hold_one_pods_material_each(secrets_dir: tuple[Pa
     ca_key = (ca_dir / "ca.key").read_bytes()
     assert all(base64.b64decode(v) != ca_key for s in secrets.values() for v in s["data"].values())
     assert base64.b64decode(secrets["fedgpu-token"]["data"]["token"]) == b"t0ken"
+    assert base64.b64decode(secrets["fedgpu-operator-token"]["data"]["token"]) == b"0perator"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -215,7 +221,7 @@ def test_every_pod_finds_its_own_secret_with_the_files_it_reads(
 def test_secrets_print_as_one_list_for_kubectl_apply(secrets_dir: tuple[Path, Path]) -> None:
     ca_dir, _ = secrets_dir
     r = cli("certs", "k8s-secrets", "--dir", str(ca_dir), "--node", "node-cpu-1",
-            "--no-aggregator", "--namespace", "site-a", token=None)
+            "--no-aggregator", "--namespace", "site-a", token=None, operator_token=None)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["kind"] == "List"
@@ -230,7 +236,8 @@ def test_secrets_print_as_one_list_for_kubectl_apply(secrets_dir: tuple[Path, Pa
 ])
 def test_bad_requests_are_refused_in_one_line(secrets_dir: tuple[Path, Path], args: list[str],
                                               message: str) -> None:
-    r = cli("certs", "k8s-secrets", "--dir", str(secrets_dir[0]), *args, token=None)
+    r = cli("certs", "k8s-secrets", "--dir", str(secrets_dir[0]), *args, token=None,
+            operator_token=None)
     assert r.returncode == 2 and message in r.stderr and not r.stdout, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -238,7 +245,8 @@ def test_bad_requests_are_refused_in_one_line(secrets_dir: tuple[Path, Path], ar
 def test_existing_files_are_kept_without_force(secrets_dir: tuple[Path, Path]) -> None:
     ca_dir, out = secrets_dir
     before = {p: p.read_bytes() for p in out.iterdir()}
-    r = cli("certs", "k8s-secrets", "--dir", str(ca_dir), "--out", str(out), token=None)
+    r = cli("certs", "k8s-secrets", "--dir", str(ca_dir), "--out", str(out), token=None,
+            operator_token=None)
     assert r.returncode == 2 and "pass --force" in r.stderr
     assert {p: p.read_bytes() for p in out.iterdir()} == before
 
@@ -246,5 +254,6 @@ def test_existing_files_are_kept_without_force(secrets_dir: tuple[Path, Path]) -
 def test_a_node_name_kubernetes_cannot_carry_is_refused(tmp_path: Path) -> None:
     certs.init_ca(tmp_path)
     certs.issue_node(tmp_path, "Site_A")
-    r = cli("certs", "k8s-secrets", "--dir", str(tmp_path), "--no-aggregator", token=None)
+    r = cli("certs", "k8s-secrets", "--dir", str(tmp_path), "--no-aggregator", token=None,
+            operator_token=None)
     assert r.returncode == 2 and "'Site_A' cannot be a Kubernetes site" in r.stderr

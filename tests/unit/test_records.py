@@ -52,7 +52,11 @@ def test_old_state_resumes_into_the_same_documents(name: str) -> None:
     # The job is this version's parse of the old one: the same keys, plus new ones at their
     # defaults (a newer job key must not change what an old run does).
     new_keys = {k: v for k, v in again["job"].items() if k not in state["job"]}
-    assert new_keys == {"max_examples_per_node": None, "name": None, "wire_dtype": None}
+    # [resources] says what the old use_gpu said.
+    gpu = "preferred" if state["job"]["use_gpu"] else "none"
+    assert new_keys == {"max_examples_per_node": None, "name": None, "task_dir": None,
+                        "wire_dtype": None, "resources": {"gpu": gpu, "min_gpu_free_mib": 0,
+                                                          "gpu_memory_mib": None}}
     again["job"] = {k: v for k, v in again["job"].items() if k in state["job"]}
     assert json.dumps(again) == json.dumps(written)
     assert orch.global_round == state["global_round"] and orch.completed

@@ -54,6 +54,11 @@ class FederationStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.FetchBundle = channel.unary_stream(
+                '/fedgpu.v1.Federation/FetchBundle',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.FetchBundleRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BundleChunk.FromString,
+                _registered_method=True)
         self.OpenUpload = channel.unary_unary(
                 '/fedgpu.v1.Federation/OpenUpload',
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
@@ -92,6 +97,16 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchBundle(self, request, context):
+        """Field numbers 30-39 of the messages below belong to GPU-aware admission and abandoning a
+        stopped job's task (issue 16): NodeCapacity, JobResources, ineligible, task_id, abandon.
+        A task bundle (the sources of a job's task, README "Your own task"): a header, then the
+        archive in chunks. Only bundles of jobs not yet ended are served, to registered nodes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OpenUpload(self, request, context):
         """The bulk data path: a one-time ticket for sending this update's payload over the bulk
         port (RegisterReply.bulk_port) instead of PushUpdate's chunks. The header is checked as
@@ -126,6 +141,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'FetchBundle': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchBundle,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.FetchBundleRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BundleChunk.SerializeToString,
             ),
             'OpenUpload': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenUpload,
@@ -241,6 +261,33 @@ class Federation:
             '/fedgpu.v1.Federation/Heartbeat',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedgpu.v1.Federation/FetchBundle',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.FetchBundleRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BundleChunk.FromString,
             options,
             channel_credentials,
             insecure,
