@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from fedgpu.core import admin_client, codec
+from fedgpu.core import admin_client, codec, digests
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.federation import Federation, write_job
@@ -143,10 +143,10 @@ def test_an_ineligible_answer_spends_no_retry_and_the_next_attempt_samples_the_o
     assert retry is not None and retry.round == task.round
     assert first.pull() is None  # its refusal holds until it reports its GPUs again
     enc = codec.encode(GOOD)
-    assert second.push(pb.UpdateHeader(
-        node_id=second.node_id, task_id=retry.task_id, round=retry.round, kind=retry.kind,
-        num_examples=5, payload_size=enc.size, payload_sha256=enc.sha256),
-        list(codec.iter_chunks(enc, 4096))).accepted
+    update = pb.UpdateHeader(node_id=second.node_id, task_id=retry.task_id, round=retry.round,
+                             kind=retry.kind, num_examples=5, payload_size=enc.size)
+    digests.stamp(update, enc.algorithm or codec.DigestAlgo.BLAKE3, enc.digest)
+    assert second.push(update, list(codec.iter_chunks(enc, 4096))).accepted
 
     status = fed.wait_state(("finished", "failed"), timeout=60)
     assert status["state"] == "finished", status
