@@ -15,7 +15,6 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,10 @@ import fedgpu
 from fedgpu.core import tls
 from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
-from fedgpu.core.constants import DEFAULT_RING_PORT, TaskApproval
+from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import data, messages, nvml, policy, ring, workfiles
+from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
@@ -46,44 +46,9 @@ KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
               pb.TASK_KIND_EVALUATE: "evaluate"}
 
 
-@dataclass
-class AgentConfig:
-    aggregator: str
-    data_dir: Path
-    name: str
-    token: str | None
-    gpu: policy.GpuFlags
-    connect_timeout_s: float = 60.0
-    poll_s: int = 25
-    status_file: Path | None = None
-    work_root: Path | None = None
-    torch_threads: int | None = None
-    # The largest task payload (global model) this node takes; the aggregator's own
-    # per-update limit, sent at registration, applies too (the smaller wins).
-    max_payload_bytes: int = 4 << 30
-    # Fork each round's training process from a worker factory that imported torch ahead of
-    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.worker` per round.
-    prestart: bool = True
-    # The socket of a factory this host's agents share; None: the agent starts its own.
-    worker_factory: Path | None = None
-    # Where round workers write their log (a file descriptor); None: where the agent does.
-    worker_output: int | None = None
-    tls: tls.TlsFiles | None = None
-    # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
-    ring_host: str = ""
-    ring_port: int = DEFAULT_RING_PORT
-    # Backoff of every retried call; the deadline differs per call site (see _policy).
-    retry_base_s: float = 0.5
-    retry_cap_s: float = 15.0
-    # An update the aggregator cannot be reached for is useless once its round has closed.
-    report_timeout_s: float = 120.0
-    # Code from the wire (README: Your own task): which bundles this site runs, and where its
-    # allow-list and bundle cache live (None: node/approvals.py default_state_dir()).
-    task_approval: TaskApproval = TaskApproval.INSTALLED
-    state_dir: Path | None = None
-
-
 class Agent:
+    """One node: registers, pulls tasks, runs each in a round worker, reports, heartbeats."""
+
     def __init__(self, cfg: AgentConfig, factory: FactoryClient | None = None) -> None:
         """`factory`: a client shared with other agents of this process (node/fleet.py)."""
         self.cfg = cfg

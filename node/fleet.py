@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TextIO
 
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node.agent import Agent, AgentConfig
+from fedgpu.node.agent import Agent
+from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.policy import EnforceError
 

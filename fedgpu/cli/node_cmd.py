@@ -91,7 +91,8 @@ def start(
     """Start a training node: register with the aggregator and serve its tasks."""
     from fedgpu.core import certs, tls
     from fedgpu.node import policy
-    from fedgpu.node.agent import Agent, AgentConfig
+    from fedgpu.node.agent import Agent
+    from fedgpu.node.agent_config import AgentConfig
     from fedgpu.node.data import DataDirError, check_data_dir
 
     logs.setup(log_level)

@@ -79,7 +79,7 @@ def start_many(
     reports — in a thread; they share the process and one worker factory.
     """
     from fedgpu.node import policy
-    from fedgpu.node.agent import AgentConfig
+    from fedgpu.node.agent_config import AgentConfig
     from fedgpu.node.data import DataDirError, check_data_dir
     from fedgpu.node.factory_client import FactoryClient
     from fedgpu.node.fleet import Fleet
