@@ -92,6 +92,9 @@ def main() -> None:
     ap.add_argument("--tensors", type=int, default=48)
     ap.add_argument("--nodes", type=int, default=6)
     ap.add_argument("--dir", default="/tmp")
+    # 0: the aggregator's default (4 GiB: one 3.4 GB update at a time). A smaller model with
+    # room for one update at a time shows the same memory multiple in a fraction of the time.
+    ap.add_argument("--upload-memory-mib", type=int, default=0)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fedgpu-biground-", dir=a.dir))
     try:
@@ -103,7 +106,9 @@ def main() -> None:
                         evaluate=False, use_gpu=False, round_deadline_s=3600)
         bulk = ["--bulk-port", str(free_port())] if a.path == "bulk" else []
         agg, address = start_aggregator(job, tmp / "agg.log", "--exit-when-done",
-                                        "--state-dir", str(tmp / "state"), *bulk)
+                                        "--state-dir", str(tmp / "state"), *bulk,
+                                        *(["--upload-memory-mib", str(a.upload_memory_mib)]
+                                          if a.upload_memory_mib else []))
         sampler = RssSampler(agg.pid)
         sim = spawn(["sim", "--aggregator", address, "--nodes", str(a.nodes), "--poll-s", "2",
                      "--update-file", str(update), "--stats", str(tmp / "sim.json"),

@@ -86,20 +86,29 @@ class Checkpointer:
         directory.mkdir(parents=True, exist_ok=True)
 
     def save(self, weights: Mapping[str, np.ndarray], state: Mapping[str, Any],
-             tensors: Mapping[str, np.ndarray] | None = None) -> SavedWeights:
+             tensors: Mapping[str, np.ndarray] | None = None,
+             same_as: SavedWeights | None = None) -> SavedWeights:
+        """`same_as`: the file `weights` were last saved to (unchanged since): kept as it is,
+        instead of encoding and writing the same model again (for a multi-GB model, seconds of
+        hashing and every page of its mapping read back into memory)."""
         round_meta = {"global_round": str(state.get("global_round", 0))}
-        enc = codec.encode(weights, round_meta)
-        assert enc.algorithm is not None
         name = ROUND_WEIGHTS.format(int(state.get("global_round", 0)))
-        # Weights first: a state.json always points at weights that are already durable.
-        _atomic_write(self.directory / name, enc.segments)
+        if same_as is not None and same_as.path == self.directory / name \
+                and same_as.path.exists():
+            size, digest, algorithm = same_as.size, same_as.digest, same_as.algorithm
+        else:
+            enc = codec.encode(weights, round_meta)
+            assert enc.algorithm is not None
+            size, digest, algorithm = enc.size, enc.digest, enc.algorithm
+            # Weights first: a state.json always points at weights that are already durable.
+            _atomic_write(self.directory / name, enc.segments)
         if tensors:
             # Also before state.json; tagged with the round so a crash between the two writes
             # is detected on load instead of pairing new moments with an old model.
             _atomic_write(self.directory / STRATEGY_TENSORS,
                           codec.encode(tensors, round_meta, digest=None).segments)
-        state = {**state, "weights_file": name, "weights_digest_algorithm": enc.algorithm.value,
-                 "weights_digest": enc.digest}
+        state = {**state, "weights_file": name, "weights_digest_algorithm": algorithm.value,
+                 "weights_digest": digest}
         text = json.dumps(state, indent=1, allow_nan=False)  # strict: tools read state.json
         _atomic_write(self.directory / STATE, [text.encode()])
         link = self.directory / f".{WEIGHTS}.link"
@@ -109,7 +118,7 @@ class Checkpointer:
         for old in self.directory.glob("global-*.safetensors"):
             if old.name != name:
                 old.unlink(missing_ok=True)
-        return SavedWeights(self.directory / name, enc.size, enc.digest, enc.algorithm)
+        return SavedWeights(self.directory / name, size, digest, algorithm)
 
     def load(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         spath = self.directory / STATE

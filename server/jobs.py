@@ -69,8 +69,9 @@ class StoreCheckpointer(Checkpointer):
         self.store = store
         self.job_id = job_id
 
-    def save(self, weights: Any, state: Any, tensors: Any = None) -> SavedWeights:
-        saved = super().save(weights, state, tensors)
+    def save(self, weights: Any, state: Any, tensors: Any = None,
+             same_as: SavedWeights | None = None) -> SavedWeights:
+        saved = super().save(weights, state, tensors, same_as)
         history = list(state.get("history") or [])
         self.store.save_history(self.job_id, history, state.get("initial_eval"),
                                 state.get("rejections"))

@@ -81,6 +81,8 @@ class Orchestrator(Intake):
         self.finished = asyncio.Event()
         self._agg_lock = asyncio.Lock()
         self._payload: ModelPayload | None = None
+        # The file the global model was last adopted from, and the arrays mapped from it.
+        self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
         # True once the job has run to its end, here or before a restart (from the checkpoint).
         self.completed = False
         # True while a round waits for enough nodes that can take the job (`job status`).
@@ -323,8 +325,12 @@ class Orchestrator(Intake):
             # optimiser arrays change only in the next round's finish, after this returns.
             # Strict JSON: state.json is read by `fedgpu report` and other tools.
             state = json.loads(jsondoc.dumps(self.checkpoint_state()))
+            # The model adopted from its file and unchanged (the last commit of a run, with
+            # its final evaluation): that file stays, nothing is encoded or written again.
+            same = (self._saved[0] if self._saved is not None and self._saved[1] is weights
+                    else None)
             saved = await asyncio.to_thread(self.checkpointer.save, weights, state,
-                                            tensors=self.strategy.tensor_state())
+                                            tensors=self.strategy.tensor_state(), same_as=same)
             self._adopt(saved)
 
     def _adopt(self, saved: SavedWeights | None) -> None:
@@ -337,6 +343,7 @@ class Orchestrator(Intake):
             # In half precision the nodes get an encoding of their own (_model_payload).
             self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
         self.global_weights = map_weights(saved.path)
+        self._saved = (saved, self.global_weights)
 
     def checkpoint_state(self) -> dict[str, Any]:
         history = self.history.state()

@@ -302,9 +302,12 @@ class Assembler:
         self.size = size
         self.algorithm = algorithm
         self.expected = digest.lower()
-        self._pool = pool if size else None
-        self._buf: mmap.mmap | bytearray = (
-            (pool or FRESH).take(size) if size else bytearray())
+        # The buffer is taken at the first byte, not here: a receiver creates its assembler
+        # (the size and digest checks) before it waits for upload memory, and a buffer taken
+        # then would be a fresh one while the pooled one is still being read by the update
+        # ahead (one model's worth more memory, and page faults, per update in a queue).
+        self._pool = (pool or FRESH) if size else None
+        self._buf: mmap.mmap | bytearray | None = None if size else bytearray()
         self._pos = 0
         # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
         self._hashed = 0
@@ -314,17 +317,23 @@ class Assembler:
     def received(self) -> int:
         return self._pos
 
+    def _buffer(self) -> mmap.mmap | bytearray:
+        if self._buf is None:
+            assert self._pool is not None
+            self._buf = self._pool.take(self.size)
+        return self._buf
+
     def add(self, chunk: bytes) -> None:
         end = self._pos + len(chunk)
         if end > self.size:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
-        self._buf[self._pos : end] = chunk
+        self._buffer()[self._pos : end] = chunk
         self._digest.update(chunk)
         self._pos = self._hashed = end
 
     def tail(self) -> memoryview:
         """The part of the buffer not received yet, for socket.recv_into."""
-        return memoryview(self._buf)[self._pos :]
+        return memoryview(self._buffer())[self._pos :]
 
     def advance(self, n: int) -> None:
         """`n` more bytes were written at the start of tail(): hash them in place."""
@@ -336,7 +345,9 @@ class Assembler:
             self._hash_received()
 
     def _hash_received(self) -> None:
-        with memoryview(self._buf) as view:
+        if self._pos == self._hashed:
+            return
+        with memoryview(self._buffer()) as view:
             self._digest.update(view[self._hashed : self._pos])
         self._hashed = self._pos
 
@@ -349,11 +360,12 @@ class Assembler:
         if actual != self.expected:
             raise DigestMismatch(f"{self.algorithm} mismatch: payload hashes to {actual}, "
                                  f"header says {self.expected or '(none)'}")
-        return memoryview(self._buf)
+        return memoryview(self._buffer())
 
     def release(self) -> None:
         """Give the buffer back to its pool: the payload must no longer be in use."""
-        if self._pool is not None and isinstance(self._buf, mmap.mmap):
+        if self._pool is not None and isinstance(self._buf, mmap.mmap) \
+                and self._pool is not FRESH:
             self._pool.give(self._buf)
         self._pool = None
         self._buf = bytearray()

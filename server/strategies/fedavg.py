@@ -16,9 +16,11 @@ class FedAvg(Strategy):
     def __init__(self, params: Mapping[str, object] | None = None) -> None:
         super().__init__(params)
         self._sum: WeightedSum | None = None
-        # The accumulators of the last two rounds. A round's mean becomes the global model,
-        # which the next round still serves and may fall back to; two rounds later nothing
-        # holds it, and its memory (already faulted in) takes the next round's sum.
+        # The last round's accumulator: its mean became the global model, which the engine then
+        # holds as views of its checkpoint file, so its memory (already faulted in) takes the
+        # next round's sum. Without a checkpoint the mean itself stays the global model: then
+        # it shares memory with it and is not reused (begin_round checks). One spare only: a
+        # multi-GB model's spare is a model's worth of memory held between rounds.
         self._spares: list[dict[str, np.ndarray]] = []
 
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
@@ -38,6 +40,6 @@ class FedAvg(Strategy):
         assert self._sum is not None, "begin_round first"
         weights = self._sum.mean()
         self._sum = None
-        self._spares = [*self._spares[-1:], {k: v for k, v in weights.items()
-                                             if isinstance(v, np.ndarray) and v.flags.owndata}]
+        self._spares = [{k: v for k, v in weights.items()
+                         if isinstance(v, np.ndarray) and v.flags.owndata}]
         return weights

@@ -106,3 +106,26 @@ def test_resume_refuses_another_job(tmp_path: Path) -> None:
         resume.check(_job(rounds=1), weights, state, None, tmp_path)
     with pytest.raises(ConfigError, match="not a fedgpu checkpoint"):
         resume.check(_job(), weights, {"what": 1}, None, tmp_path)
+
+
+def test_an_unchanged_model_is_not_written_again(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path)
+    state = {"run_id": "r", "global_round": 3, "job": _job().to_dict()}
+    saved = ck.save({"w": np.arange(6, dtype=np.float32)}, state)
+    before = saved.path.stat()
+    mapped = ck.load()
+    assert mapped is not None
+    # The run's last commit (its final evaluation): the same round, the same weights.
+    again = ck.save(mapped[0], {**state, "completed": True}, same_as=saved)
+    after = again.path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert (again.digest, again.size) == (saved.digest, saved.size)
+    loaded = ck.load()
+    assert loaded is not None and loaded[1]["completed"] is True
+    assert loaded[1]["weights_digest"] == saved.digest
+    assert np.array_equal(loaded[0]["w"], np.arange(6, dtype=np.float32))
+    # A file of another round is no reason to skip the write: round 4's weights are written.
+    state4 = {**state, "global_round": 4}
+    fresh = ck.save({"w": np.ones(6, dtype=np.float32)}, state4, same_as=saved)
+    assert fresh.path.name == "global-000004.safetensors" and fresh.digest != saved.digest
+    assert not saved.path.exists()

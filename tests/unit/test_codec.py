@@ -156,3 +156,25 @@ def test_assembler_limits_truncation_overflow_and_digest() -> None:
     with pytest.raises(codec.DigestMismatch, match="blake3 mismatch") as err:
         asm.finish()
     assert err.value.reason == "digest"
+
+
+def test_a_queued_upload_takes_the_pooled_buffer_once_it_gets_its_first_byte() -> None:
+    from fedgpu.core.buffers import BufferPool
+
+    enc = codec.encode({"w": np.arange(1 << 16, dtype=np.float32)})
+    data = enc.to_bytes()
+    pool = BufferPool(1 << 30)
+    first = codec.Assembler(enc.size, enc.digest, 1 << 30, enc.algorithm, pool)
+    first.add(data)
+    # The next upload's checks pass while the first payload is still being read ...
+    second = codec.Assembler(enc.size, enc.digest, 1 << 30, enc.algorithm, pool)
+    with first.finish() as view:
+        held = id(view.obj)
+    first.release()
+    assert pool.held == enc.size
+    # ... and its bytes land in the buffer the first one gave back, not in a fresh one.
+    second.add(data)
+    assert pool.held == 0
+    with second.finish() as view:
+        assert id(view.obj) == held and bytes(view) == data
+    second.release()

@@ -265,10 +265,10 @@ def test_checkpoint_is_written_off_the_event_loop_from_a_snapshot(tmp_path: Path
         return RoundRecord(number, 1, "finished", 0.0, 0.0, [], 0, [], None, 0, 0, 0.0)
 
     class Recording(Checkpointer):
-        def save(self, weights, state, tensors=None):  # type: ignore[no-untyped-def]
+        def save(self, weights, state, tensors=None, same_as=None):  # type: ignore[no-untyped-def]
             self.thread = threading.get_ident()
             orch.history.append(record(99))  # what the loop may do during the write
-            super().save(weights, state, tensors)
+            super().save(weights, state, tensors, same_as)
 
     job = parse_job({"task": "t", "strategy": "fedavgm"})
     ck = Recording(tmp_path)
