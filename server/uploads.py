@@ -153,18 +153,42 @@ class Uploads:
                                  "stalled (--upload-idle-s)") from None
 
     @contextlib.asynccontextmanager
-    async def receive(self, node: str, header: pb.UpdateHeader,
-                      stream: AsyncIterator[pb.UpdateChunk], deadline: float
-                      ) -> AsyncIterator[Received]:
-        """The payload announced by `header`, checked against its size and digest; its memory
-        stays reserved until the block using it ends (decode, validation, aggregation)."""
+    async def _upload(self, node: str, header: pb.UpdateHeader
+                      ) -> AsyncIterator[tuple[_Upload, codec.Assembler, list[int]]]:
+        """One upload's bookkeeping on either path: listed in `stats` while it runs, its
+        buffer back to the pool and its reserved memory (the list's one entry, set by the
+        path once reserved) released when the caller's block is over."""
         assert self._budget is not None
         asm = self.assembler(header)
         now = time.time()
         up = _Upload(node, now, now)
         self._active[id(up)] = up
-        reserved = 0
+        reserved = [0]
         try:
+            yield up, asm, reserved
+        finally:
+            self._active.pop(id(up), None)
+            # Nothing views the payload any more: the buffer goes back to the pool.
+            asm.release()
+            if reserved[0]:
+                self._budget.release(reserved[0])
+
+    @staticmethod
+    def _received(up: _Upload, asm: codec.Assembler) -> Received:
+        try:
+            payload = asm.finish()
+        except codec.CodecError as exc:
+            # The codec says which defect it was (too_large, digest, truncated, malformed).
+            raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+        return Received(payload, up.seconds)
+
+    @contextlib.asynccontextmanager
+    async def receive(self, node: str, header: pb.UpdateHeader,
+                      stream: AsyncIterator[pb.UpdateChunk], deadline: float
+                      ) -> AsyncIterator[Received]:
+        """The payload announced by `header`, checked against its size and digest; its memory
+        stays reserved until the block using it ends (decode, validation, aggregation)."""
+        async with self._upload(node, header) as (up, asm, reserved):
             try:
                 while True:
                     msg = await self.next_message(stream, deadline)
@@ -173,22 +197,15 @@ class Uploads:
                     if msg.HasField("header"):
                         raise UpdateRejected(Reject.MALFORMED,
                                              "a second header inside the stream")
-                    if not reserved and msg.data:
-                        reserved = await self._reserve(up, asm.size, deadline)
+                    if not reserved[0] and msg.data:
+                        reserved[0] = await self._reserve(up, asm.size, deadline)
                     asm.add(msg.data)
                     up.got(len(msg.data))
-                payload = asm.finish()
             except codec.CodecError as exc:
-                # The codec says which defect it was (too_large, digest, truncated, malformed).
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
-            finally:
-                del self._active[id(up)]
-            yield Received(payload, up.seconds)
-        finally:
-            # The caller's block is over: nothing views the payload any more.
-            asm.release()
-            if reserved:
-                self._budget.release(reserved)
+            got = self._received(up, asm)
+            self._active.pop(id(up), None)
+            yield got
 
     @contextlib.asynccontextmanager
     async def receive_socket(self, node: str, header: pb.UpdateHeader, sock: socket.socket,
@@ -197,18 +214,11 @@ class Uploads:
         buffer. The go-ahead goes out once the memory is reserved; then the same idle
         timeout, deadline, size and digest checks as a gRPC stream. OSError: the connection
         broke (not a verdict on the update)."""
-        assert self._budget is not None
-        asm = self.assembler(header)
-        now = time.time()
-        up = _Upload(node, now, now)
-        self._active[id(up)] = up
-        reserved = 0
-        try:
+        async with self._upload(node, header) as (up, asm, reserved):
             try:
-                reserved = await self._reserve(up, asm.size, deadline)
+                reserved[0] = await self._reserve(up, asm.size, deadline)
                 await blocking(bulk.write_status, sock, bulk.Status(True))
                 await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got)
-                payload = asm.finish()
             except TimeoutError:
                 self.timed_out += 1
                 if deadline - time.time() <= self.idle_s:
@@ -218,14 +228,9 @@ class Uploads:
                                      "upload stalled (--upload-idle-s)") from None
             except codec.CodecError as exc:
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
-            finally:
-                del self._active[id(up)]
-            yield Received(payload, up.seconds)
-        finally:
-            # The caller's block is over: nothing views the payload any more.
-            asm.release()
-            if reserved:
-                self._budget.release(reserved)
+            got = self._received(up, asm)
+            self._active.pop(id(up), None)
+            yield got
 
     def assembler(self, header: pb.UpdateHeader) -> codec.Assembler:
         """The buffer and digest for the payload `header` announces; UpdateRejected if it is
