@@ -57,7 +57,8 @@ def main() -> None:
         bulk = ["--bulk-port", str(free_port())] if a.path == "bulk" else []
         agg, address = start_aggregator(job, tmp / "agg.log", "--chunk-size",
                                         str(a.chunk_kib << 10), "--exit-when-done", *bulk,
-                                        *server_tls, tls=admin_tls)
+                                        "--state-dir", str(tmp / "state"), *server_tls,
+                                        tls=admin_tls)
         stats = tmp / "sim.json"
         sim = spawn(["sim", "--aggregator", address, "--nodes", "1", "--params", str(params),
                      "--tensors", "8", "--poll-s", "5", "--stats", str(stats),
@@ -70,6 +71,14 @@ def main() -> None:
         if sim.returncode != 0:
             raise RuntimeError((tmp / "sim.log").read_text()[-3000:])
         doc = json.loads(stats.read_text())
+        # The aggregator's side of each training update, from the job's checkpointed history:
+        # first to last byte received, and the accumulate step (decode and validation, a few
+        # ms, fall between the two and are counted in neither).
+        (state,) = (tmp / "state").glob("jobs/*/state.json")
+        history = json.loads(state.read_text())["history"]
+        ingest = [(u["upload_s"], h["aggregation_s"]) for h in history
+                  if h["round"] >= 1 and h["status"] == "finished"
+                  for u in h["updates"] if u.get("upload_s")]
     # The first push is the init model (no aggregation yet); train pushes follow it.
     train = doc["pushes"][1:] or doc["pushes"]
     best = min(p["seconds"] for p in train)
@@ -79,6 +88,10 @@ def main() -> None:
           "transport": sorted({p.get("transport", "grpc") for p in train}),
           "push_seconds": best, "gb_per_s": round(size / best / 1e9, 3),
           "pull_gb_per_s": round(size / pull / 1e9, 3) if pull else None,
+          # Best round: receive (with the digest as bytes land) + accumulate, aggregator side.
+          "ingest_seconds": min((r + g for r, g in ingest), default=None),
+          "ingest_gb_per_s": (round(size / min(r + g for r, g in ingest) / 1e9, 3)
+                              if ingest else None),
           "measured_at": time.time()})
 
 
