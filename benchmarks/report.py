@@ -127,8 +127,10 @@ def _transport(r: dict[str, Any]) -> list[str]:
         "mutual TLS on both ports) and a `fedgpu sim` node: the node's whole upload (ticket "
         "call, bytes, the aggregator's BLAKE3 as they land, decode, name/shape/dtype/finite "
         "validation, FedAvg accumulate, the verdict), best of 4 training rounds; the node's "
-        "own digest is made at encode, before. Download = the node pulling the global model, "
-        "header to its last byte checked against the digest.",
+        "own digest is made at encode, before. The targets are read on this row, the node's "
+        "whole upload; the aggregator's side alone (first byte received to the update folded "
+        "in, from the job's history) is shown beside it. Download = the node pulling the "
+        "global model, header to its last byte checked against the digest.",
         f"- Machine: {tm['cpu']}; {tm['memory']} RAM. 1-minute load average before / after "
         f"the section: {tm.get('load_before', float('nan')):.1f} / "
         f"{tm.get('load_after', float('nan')):.1f} (2 vCPUs shared with other work: above "
@@ -145,6 +147,10 @@ def _transport(r: dict[str, Any]) -> list[str]:
             target(b["gb_per_s"], raw, 0.4)),
         row("**fedgpu bulk path over mutual TLS**, upload end to end", bt["gb_per_s"], tls,
             "raw TLS", target(bt["gb_per_s"], tls, 0.6)),
+        row("fedgpu bulk path, aggregator side only (receive + digest + accumulate)",
+            b.get("ingest_gb_per_s"), raw, "raw TCP"),
+        row("fedgpu bulk path over mutual TLS, aggregator side only", bt.get("ingest_gb_per_s"),
+            tls, "raw TLS"),
         row("fedgpu gRPC path, model download to a node", grpc_e.get("pull_gb_per_s"), raw,
             "raw TCP"),
         row("**fedgpu bulk path, model download to a node**", b.get("pull_gb_per_s"), raw,

@@ -32,6 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from fedgpu.core import codec
+from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 from fedgpu.core.tls import TlsFiles, ssl_client_context
 
 MAGIC = b"FGB1"
@@ -156,24 +157,36 @@ def read_status(sock: socket.socket) -> Status:
 
 
 class DigestSink:
-    """Receives a payload only to check it: the Assembler's interface over one reused block,
-    for simulated nodes that must not hold what they download (fedgpu sim --update-file)."""
+    """Receives a payload only to check it: the Assembler's interface over two reused blocks,
+    for simulated nodes that must not hold what they download (fedgpu sim --update-file).
+    A large payload is hashed a block behind the reads, on a thread of its own: the block
+    being hashed is never the one being filled."""
 
     def __init__(self, size: int, digest: str, algorithm: codec.DigestAlgo,
                  block: int = RECV_BLOCK) -> None:
         self.size, self.expected, self.algorithm = size, digest.lower(), algorithm
         self.received = 0
-        self._buf = bytearray(min(block, max(size, 1)))
-        self._digest = codec.hasher(algorithm)
+        length = min(block, max(size, 1))
+        self._bufs = (bytearray(length), bytearray(length) if size > length else bytearray())
+        self._cur = 0
+        self._fill = 0
+        plain = codec.hasher(algorithm)
+        self._digest: codec.Hasher | PipelinedDigest = (
+            PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
 
     def tail(self) -> memoryview:
-        return memoryview(self._buf)[: min(len(self._buf), self.size - self.received)]
+        buf = self._bufs[self._cur]
+        end = min(len(buf), self._fill + self.size - self.received)
+        return memoryview(buf)[self._fill:end]
 
     def advance(self, n: int) -> None:
         if self.received + n > self.size:
             raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
-        self._digest.update(memoryview(self._buf)[:n])
+        self._fill += n
         self.received += n
+        if self._fill == len(self._bufs[self._cur]) or self.received == self.size:
+            self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
+            self._cur, self._fill = 1 - self._cur if self._bufs[1] else 0, 0
 
     def add(self, chunk: bytes) -> None:
         if self.received + len(chunk) > self.size:
@@ -184,7 +197,10 @@ class DigestSink:
     def finish(self) -> None:
         if self.received != self.size:
             raise codec.Truncated(f"stream truncated: got {self.received} of {self.size} bytes")
-        if self._digest.hexdigest() != self.expected:
+        actual = self._digest.hexdigest()
+        if isinstance(self._digest, PipelinedDigest):
+            self._digest.close()
+        if actual != self.expected:
             raise codec.DigestMismatch(f"{self.algorithm} mismatch")
 
 

@@ -30,10 +30,13 @@ import ml_dtypes
 import numpy as np
 
 from fedgpu.core.buffers import FRESH, BufferPool
+from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
 HASH_BLOCK = 1 << 20
+# The same with a hashing thread: fewer, larger hand-overs.
+PIPE_BLOCK = 4 << 20
 # The header is JSON we parse before trusting anything; a huge one is an attack, not a model.
 MAX_HEADER_BYTES = 100 << 20
 
@@ -312,6 +315,9 @@ class Assembler:
         # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
         self._hashed = 0
         self._digest = hasher(algorithm)
+        # A large payload read from a socket is hashed on a thread of its own, a block behind
+        # the reads (fedgpu/core/digest_pipe.py).
+        self._pipe: PipelinedDigest | None = None
 
     @property
     def received(self) -> int:
@@ -328,7 +334,7 @@ class Assembler:
         if end > self.size:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._buffer()[self._pos : end] = chunk
-        self._digest.update(chunk)
+        (self._pipe or self._digest).update(chunk)
         self._pos = self._hashed = end
 
     def tail(self) -> memoryview:
@@ -341,14 +347,19 @@ class Assembler:
         if n < 0 or end > self.size:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._pos = end
-        if end - self._hashed >= HASH_BLOCK or end == self.size:
+        if self._pipe is None and self.size >= PIPELINE_MIN_BYTES:
+            self._pipe = PipelinedDigest(self._digest)
+        block = PIPE_BLOCK if self._pipe is not None else HASH_BLOCK
+        if end - self._hashed >= block or end == self.size:
             self._hash_received()
 
     def _hash_received(self) -> None:
         if self._pos == self._hashed:
             return
-        with memoryview(self._buffer()) as view:
-            self._digest.update(view[self._hashed : self._pos])
+        # A view of its own: the hashing thread may still read it after this returns (the
+        # bytes stay put: the buffer holds the whole payload and is given back only by
+        # release(), which waits for the thread).
+        (self._pipe or self._digest).update(memoryview(self._buffer())[self._hashed:self._pos])
         self._hashed = self._pos
 
     def finish(self) -> memoryview:
@@ -356,7 +367,9 @@ class Assembler:
         if self._pos != self.size:
             raise Truncated(f"stream truncated: got {self._pos} of {self.size} bytes")
         self._hash_received()
-        actual = self._digest.hexdigest()
+        actual = (self._pipe or self._digest).hexdigest()
+        if self._pipe is not None:
+            self._pipe.close()
         if actual != self.expected:
             raise DigestMismatch(f"{self.algorithm} mismatch: payload hashes to {actual}, "
                                  f"header says {self.expected or '(none)'}")
@@ -364,6 +377,8 @@ class Assembler:
 
     def release(self) -> None:
         """Give the buffer back to its pool: the payload must no longer be in use."""
+        if self._pipe is not None:
+            self._pipe.close()
         if self._pool is not None and isinstance(self._buf, mmap.mmap) \
                 and self._pool is not FRESH:
             self._pool.give(self._buf)
