@@ -33,6 +33,7 @@ import numpy as np
 
 import fedgpu
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.buffers import BufferPool
 from fedgpu.core.tls import TlsFiles, channel_credentials
 from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
 from fedgpu.proto import pb, pb_grpc
@@ -125,6 +126,11 @@ class _Noise:
         return self._arrays[key]
 
 
+# The global model's buffers, given back after each answer and kept warm for the next round's
+# download (a fresh buffer costs a page fault per page: see fedgpu.core.buffers).
+DOWNLOADS = BufferPool(1 << 30)
+
+
 class SimNode:
     def __init__(self, index: int, cfg: SimConfig, channel: grpc.aio.Channel, stats: SimStats,
                  noise: _Noise) -> None:
@@ -192,7 +198,7 @@ class SimNode:
     async def serve(self) -> None:
         while True:
             try:
-                header, payload, pull = await self._pull()
+                header, payload, pull, asm = await self._pull()
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     return  # the aggregator is gone: the run is over for a simulation
@@ -208,7 +214,12 @@ class SimNode:
             self.stats.tasks[kind] = self.stats.tasks.get(kind, 0) + 1
             if header.payload_size:
                 self.stats.pulls.append(pull)
-            await self._answer(header, payload)
+            try:
+                await self._answer(header, payload)
+            finally:
+                del payload
+                if isinstance(asm, codec.Assembler):
+                    asm.release()
 
     def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | bulk.DigestSink:
         algo, digest = digests.of_header(header)
@@ -216,10 +227,11 @@ class SimNode:
             if header.payload_size > self.max_bytes:
                 raise codec.PayloadTooLarge(f"{header.payload_size} bytes")
             return bulk.DigestSink(header.payload_size, digest, algo)
-        return codec.Assembler(header.payload_size, digest, self.max_bytes, algo)
+        return codec.Assembler(header.payload_size, digest, self.max_bytes, algo, DOWNLOADS)
 
     async def _pull(self, wait_s: int | None = None
-                    ) -> tuple[pb.TaskHeader, memoryview | None, dict[str, float]]:
+                    ) -> tuple[pb.TaskHeader, memoryview | None, dict[str, float],
+                               codec.Assembler | bulk.DigestSink | None]:
         started = time.perf_counter()
         header: pb.TaskHeader | None = None
         asm: codec.Assembler | bulk.DigestSink | None = None
@@ -251,7 +263,7 @@ class SimNode:
         done = time.perf_counter()
         return header, payload or None, {"bytes": float(header.payload_size),
                                          "seconds": round(done - (first_byte or started), 6),
-                                         "transport": transport}
+                                         "transport": transport}, asm
 
     def _update(self, header: pb.TaskHeader, payload: memoryview | None
                 ) -> dict[str, np.ndarray] | None:

@@ -41,6 +41,8 @@ MAX_STATUS = 64 << 10
 # Largest single recv_into: big enough that the per-call cost vanishes, small enough that the
 # digest keeps pace block by block.
 RECV_BLOCK = 8 << 20
+# How often a receiver reports progress (the upload's last byte time in `fedgpu status`).
+PROGRESS_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
 # After the last byte of an upload the aggregator validates and aggregates before it answers
 # (seconds for a multi-GB model, and it may wait for another update's aggregation).
@@ -212,21 +214,41 @@ def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s:
     TimeoutError when nothing arrives for `idle_s` or `deadline` (epoch seconds) passes;
     codec.Truncated when the sender closes early (asm.finish() then checks the digest).
     """
+    # The inner loop is the hot path: a TLS read returns one 16 KiB record, so a 256 MiB
+    # payload takes 16,384 reads, and per-read Python work (a timeout set, a view made, the
+    # assembler told) costs as much as the decryption. Each block is filled read after read
+    # and handed over once; the timeout is set again only when the deadline is nearer than
+    # the idle timeout, and the caller hears of progress every PROGRESS_BYTES.
+    sock.settimeout(idle_s)
+    timeout = idle_s
     while asm.received < asm.size:
-        wait = idle_s if deadline is None else min(idle_s, deadline - time.time())
-        if wait <= 0:
-            raise TimeoutError("the transfer outlived its deadline")
-        sock.settimeout(wait)
         tail = asm.tail()
+        limit = min(len(tail), RECV_BLOCK)
+        got = reported = 0
         try:
-            n = sock.recv_into(tail, min(len(tail), RECV_BLOCK))
+            while got < limit:
+                if deadline is not None:
+                    left = deadline - time.time()
+                    if left <= 0:
+                        raise TimeoutError("the transfer outlived its deadline")
+                    if left < timeout or timeout < idle_s:
+                        timeout = min(idle_s, left)
+                        sock.settimeout(timeout)
+                n = sock.recv_into(tail[got:limit])
+                if n == 0:
+                    break
+                got += n
+                if on_bytes is not None and got - reported >= PROGRESS_BYTES:
+                    on_bytes(got - reported)
+                    reported = got
         finally:
             tail.release()
-        if n == 0:
+        if got:
+            asm.advance(got)
+            if on_bytes is not None and got > reported:
+                on_bytes(got - reported)
+        if got < limit:
             raise codec.Truncated(f"stream truncated: got {asm.received} of {asm.size} bytes")
-        asm.advance(n)
-        if on_bytes is not None:
-            on_bytes(n)
 
 
 def send_payload(sock: socket.socket, source: Path | Sequence[memoryview]) -> None:
