@@ -158,6 +158,11 @@ def test_a_node_without_the_task_is_left_out_with_the_reason(
     job = write_job(tmp_path / "other.toml", task="no-such-task", min_nodes=1)
     submitted = job_cli(fed, "submit", str(job))
     doc = wait_job(fed, submitted["job_id"], ("waiting",), timeout=120)
+    # The job may wait before the node has registered: then it lists no node yet.
+    end = time.monotonic() + 120
+    while not doc["nodes"] and time.monotonic() < end:
+        time.sleep(0.2)
+        doc = wait_job(fed, submitted["job_id"], ("waiting",), timeout=120)
     assert "1 nodes it needs" in doc["reason"] or "of the 1" in doc["reason"], doc
     (part,) = doc["nodes"]
     assert part["name"] == "site-a" and part["eligible"] is False
