@@ -149,12 +149,21 @@ def test_killing_an_agent_process_mid_round_fails_only_its_nodes(
     _host(federation, "host-a", split4, 1, 2, sock, env)
     _host(federation, "host-b", split4, 3, 2, sock, env)
     host_a = federation.procs[-2]
-    wait_for("a worker of host-a's nodes to train", lambda: any(
-        n in ("node-1", "node-2") for n in _worker_pids(factory.text()).values()), 180,
-        federation)
-    pids = [pid for pid, n in _worker_pids(factory.text()).items() if n in ("node-1", "node-2")]
-    workers = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
-    assert workers, "no worker of host-a's nodes was training"
+    workers: list[psutil.Process] = []
+
+    def host_a_training() -> bool:
+        # A live one: a worker logged a moment ago may already have ended (a round without
+        # the task's sleep, such as the initial model's, takes a fraction of a second).
+        workers.clear()
+        for pid, n in _worker_pids(factory.text()).items():
+            if n in ("node-1", "node-2"):
+                try:
+                    workers.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    continue
+        return bool(workers)
+
+    wait_for("a worker of host-a's nodes to train", host_a_training, 180, federation)
     killed = time.monotonic()
     host_a.popen.kill()
     host_a.popen.wait()
