@@ -196,13 +196,29 @@ def test_killing_the_factory_mid_round_fails_that_round_and_the_run_goes_on(
     seen: list[psutil.Process] = []
     try:
         log = run_dir / "logs" / "factory.log"
-        wait_for("a round to train", lambda: log.exists() and _worker_pids(log.read_text())
-                 and "started" in log.read_text(), 240)
-        tree = descendants(p.pid)
-        seen.extend(tree)
-        factory = next(x for x in tree if is_factory(x))
-        workers = [x for x in factory.children() if x.pid in _worker_pids(log.read_text())]
-        assert workers, "no worker was training"
+        found: list[psutil.Process] = []
+
+        def training() -> bool:
+            # The factory with a worker alive now: one logged a moment ago may have ended
+            # already (the initial model's round takes a fraction of a second).
+            found.clear()
+            if not log.exists():
+                return False
+            logged = _worker_pids(log.read_text())
+            try:
+                for proc in descendants(p.pid):
+                    if is_factory(proc):
+                        live = [x for x in proc.children() if x.pid in logged]
+                        if live:
+                            found.extend([proc, *live])
+                            return True
+            except psutil.Error:
+                return False
+            return False
+
+        wait_for("a round to train", training, 240)
+        seen.extend(descendants(p.pid))
+        factory, *workers = found
         factory.kill()
         assert not wait_gone(workers, timeout=10), "workers outlived their factory"
         out, _ = p.communicate(timeout=300)
