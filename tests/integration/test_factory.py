@@ -198,11 +198,15 @@ def test_killing_the_factory_mid_round_fails_that_round_and_the_run_goes_on(
         log = run_dir / "logs" / "factory.log"
         found: list[psutil.Process] = []
 
+        aggregator_log = run_dir / "logs" / "aggregator.log"
+
         def training() -> bool:
-            # The factory with a worker alive now: one logged a moment ago may have ended
-            # already (the initial model's round takes a fraction of a second).
+            # The factory with a worker of a training round alive now: one logged a moment
+            # ago may have ended already, and a kill during the initial model's round would
+            # only move that round to another node (it is not one of the rounds listed).
             found.clear()
-            if not log.exists():
+            if not log.exists() or not aggregator_log.exists() or \
+                    "(train, attempt" not in aggregator_log.read_text():
                 return False
             logged = _worker_pids(log.read_text())
             try:
