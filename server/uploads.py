@@ -173,13 +173,15 @@ class Uploads:
             if reserved[0]:
                 self._budget.release(reserved[0])
 
-    @staticmethod
-    def _received(up: _Upload, asm: codec.Assembler) -> Received:
+    def _received(self, up: _Upload, asm: codec.Assembler) -> Received:
+        """The checked payload; the upload is no longer listed as in flight (what follows,
+        decode and aggregation, is not receiving)."""
         try:
             payload = asm.finish()
         except codec.CodecError as exc:
             # The codec says which defect it was (too_large, digest, truncated, malformed).
             raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+        self._active.pop(id(up), None)
         return Received(payload, up.seconds)
 
     @contextlib.asynccontextmanager
@@ -203,9 +205,7 @@ class Uploads:
                     up.got(len(msg.data))
             except codec.CodecError as exc:
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
-            got = self._received(up, asm)
-            self._active.pop(id(up), None)
-            yield got
+            yield self._received(up, asm)
 
     @contextlib.asynccontextmanager
     async def receive_socket(self, node: str, header: pb.UpdateHeader, sock: socket.socket,
@@ -228,9 +228,7 @@ class Uploads:
                                      "upload stalled (--upload-idle-s)") from None
             except codec.CodecError as exc:
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
-            got = self._received(up, asm)
-            self._active.pop(id(up), None)
-            yield got
+            yield self._received(up, asm)
 
     def assembler(self, header: pb.UpdateHeader) -> codec.Assembler:
         """The buffer and digest for the payload `header` announces; UpdateRejected if it is

@@ -23,14 +23,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import blake3
 import ml_dtypes
 import numpy as np
 
 from fedgpu.core.buffers import FRESH, BufferPool
-from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
+from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, Hasher, PipelinedDigest
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
@@ -87,11 +87,6 @@ class DigestAlgo(StrEnum):
 
 # What this version sends; a receiver takes whichever the payload names.
 WIRE_DIGEST = DigestAlgo.BLAKE3
-
-
-class Hasher(Protocol):
-    def update(self, data: bytes | memoryview, /) -> object: ...
-    def hexdigest(self) -> str: ...
 
 
 def hasher(algo: DigestAlgo, all_cores: bool = False) -> Hasher:
