@@ -19,6 +19,7 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from fedgpu.server.auth import Auth, Caller
 from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
 from fedgpu.server.views import paging
 
@@ -141,6 +142,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await self._fail(context, exc)
             raise
         return _reply(docs.job_summary(self.jobs, row))
+
+    async def ForgetNode(self, request: admin_pb2.ForgetNodeRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        name = request.name.strip()
+        try:
+            node = self.jobs.registry.forget(name, force=request.force)
+        except NotForgotten as exc:
+            code = (grpc.StatusCode.FAILED_PRECONDITION if "alive" in str(exc)
+                    else grpc.StatusCode.NOT_FOUND)
+            # The name as asked, cut: an operator's typo is echoed, not a megabyte of it.
+            await context.abort(code, str(exc)[:500])
+            raise
+        return _reply({"forgotten": node.name, "node_id": node.node_id})
 
     async def JobLogs(self, request: admin_pb2.JobLogsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JsonReply]:
