@@ -321,6 +321,37 @@ def test_memory_sampler_follows_changes_and_survives_a_lost_gpu(fake_nvml: FakeN
     assert proc.returncode == 0, proc.stderr.read()
 
 
+def test_nvml_has_one_owner_the_sampler_and_snapshots_share_it(fake_nvml: FakeNvml) -> None:
+    # node/nvml.py initialises NVML for its first user and shuts it down after the last:
+    # snapshots taken while the agent's sampler holds it cost no nvmlInit of their own, and
+    # the sampler's samples go on working across them.
+    fake_nvml.write(_fleet(2))
+    out = fake_nvml.python(
+        "import pynvml, fedgpu.node.nvml as n\n"
+        "from fedgpu.node.gpu_sampler import MemorySampler\n"
+        "calls = []\n"
+        "for name in ('nvmlInit', 'nvmlShutdown'):\n"
+        "    real = getattr(pynvml, name)\n"
+        "    def counted(*a, _real=real, _name=name):\n"
+        "        calls.append(_name)\n"
+        "        return _real(*a)\n"
+        "    setattr(pynvml, name, counted)\n"
+        "with MemorySampler() as s:\n"
+        "    before = s.used_mib(%r)\n"
+        "    gpus = [len(n.snapshot().gpus) for _ in range(3)]\n"
+        "    after = s.used_mib(%r)\n"
+        "print(calls, gpus, before, after)\n"
+        "try:\n    pynvml.nvmlDeviceGetCount()\n"
+        "except pynvml.NVMLError_Uninitialized:\n    print('shut down')\n"
+        "print(n.snapshot().available, calls[2:])\n" % (fake_uuid(1), fake_uuid(1))
+    )
+    assert out.splitlines() == [
+        "['nvmlInit', 'nvmlShutdown'] [2, 2, 2] 2000 2000",
+        "shut down",
+        "True ['nvmlInit', 'nvmlShutdown']",
+    ]
+
+
 def test_memory_sampler_without_nvml_answers_none(fake_nvml: FakeNvml) -> None:
     fake_nvml.write(_fleet(1), init_error="no_permission")
     out = fake_nvml.python(
