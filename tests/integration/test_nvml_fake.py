@@ -329,6 +329,7 @@ def test_nvml_has_one_owner_the_sampler_and_snapshots_share_it(fake_nvml: FakeNv
     out = fake_nvml.python(
         "import pynvml, fedgpu.node.nvml as n\n"
         "from fedgpu.node.gpu_sampler import MemorySampler\n"
+        f"uuid = {fake_uuid(1)!r}\n"
         "calls = []\n"
         "for name in ('nvmlInit', 'nvmlShutdown'):\n"
         "    real = getattr(pynvml, name)\n"
@@ -337,13 +338,13 @@ def test_nvml_has_one_owner_the_sampler_and_snapshots_share_it(fake_nvml: FakeNv
         "        return _real(*a)\n"
         "    setattr(pynvml, name, counted)\n"
         "with MemorySampler() as s:\n"
-        "    before = s.used_mib(%r)\n"
+        "    before = s.used_mib(uuid)\n"
         "    gpus = [len(n.snapshot().gpus) for _ in range(3)]\n"
-        "    after = s.used_mib(%r)\n"
+        "    after = s.used_mib(uuid)\n"
         "print(calls, gpus, before, after)\n"
         "try:\n    pynvml.nvmlDeviceGetCount()\n"
         "except pynvml.NVMLError_Uninitialized:\n    print('shut down')\n"
-        "print(n.snapshot().available, calls[2:])\n" % (fake_uuid(1), fake_uuid(1))
+        "print(n.snapshot().available, calls[2:])\n"
     )
     assert out.splitlines() == [
         "['nvmlInit', 'nvmlShutdown'] [2, 2, 2] 2000 2000",
