@@ -2,10 +2,11 @@
 
 The federation (who is connected: the registry) outlives its jobs; each job is an object of
 its own with its round engine (an orchestrator), strategy and checkpoints, in
-`<state dir>/jobs/<job id>/`. The job list, states, events and round history are in SQLite
-(fedgpu.server.jobs.store), so a restarted aggregator finds its queue again: queued jobs stay
-queued, the job that was running resumes from its last finished round, finished jobs stay
-listed with their models downloadable.
+`<state dir>/jobs/<job id>/`. The job list, states, events and round history are in the state
+store (fedgpu.server.jobs.state; SQLite on a server), so a restarted aggregator finds its queue
+again: queued jobs stay queued, the job that was running resumes from its last finished round
+(its weights from the checkpoint, its history from the store), finished jobs stay listed with
+their models downloadable.
 
 Running several jobs at once would be a change of policy here (`_next`), not of the jobs.
 """
@@ -33,8 +34,9 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.proto import pb
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
-from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights
-from fedgpu.server.jobs.store import JobRow, JobStore
+from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.state import JobRow, SavedHistory, StateStore
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
@@ -60,28 +62,6 @@ class ActiveJob:
     stop_requested: bool = False
 
 
-class StoreCheckpointer(Checkpointer):
-    """Checkpoints a job's round as before (weights + state.json, atomically), then copies its
-    history and progress into the job database, so listings never need the checkpoint."""
-
-    def __init__(self, directory: Path, store: JobStore, job_id: str) -> None:
-        super().__init__(directory)
-        self.store = store
-        self.job_id = job_id
-
-    def save(self, weights: Any, state: Any, tensors: Any = None,
-             same_as: SavedWeights | None = None) -> SavedWeights:
-        saved = super().save(weights, state, tensors, same_as)
-        history = list(state.get("history") or [])
-        self.store.save_history(self.job_id, history, state.get("initial_eval"),
-                                state.get("rejections"))
-        latest = next((h["eval"] for h in reversed(history) if h.get("eval")), None) or {}
-        self.store.update(self.job_id, rounds_done=int(state.get("global_round", 0)),
-                          accuracy=latest.get("accuracy"), loss=latest.get("loss"),
-                          run_id=str(state.get("run_id")))
-        return saved
-
-
 def job_from_row(row: JobRow) -> Job:
     # The file as submitted, parsed by this version; a job adopted from an old state
     # directory has no file, only the job as that version parsed it.
@@ -91,7 +71,7 @@ def job_from_row(row: JobRow) -> Job:
 
 
 class JobManager:
-    def __init__(self, store: JobStore, registry: Registry, state_dir: Path,
+    def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
                  chunk_size: int) -> None:
         self.store = store
         self.registry = registry
@@ -208,8 +188,9 @@ class JobManager:
                           rounds_done=int(state.get("global_round", 0)))
         if state.get("completed"):
             self.store.update(job_id, state=JobState.FINISHED, finished_at=time.time())
-        self.store.save_history(job_id, list(state.get("history") or []),
-                                state.get("initial_eval"), state.get("rejections"))
+        # The history as that version kept it (in state.json); the job's checkpoint reads
+        # the same again when the job resumes (server/jobs/job_checkpoint.py).
+        self.store.save_history(job_id, SavedHistory.from_state(state))
         self.store.add_event(job_id, f"adopted run {state.get('run_id')} (round "
                              f"{state.get('global_round')}) from {legacy}")
         log.info("state directory %s held run %s from before jobs: it is job %s now",
@@ -322,7 +303,7 @@ class JobManager:
 
     def _orchestrator(self, row: JobRow, job: Job) -> Any:
         directory = self.state_dir / row.state_dir
-        checkpointer = StoreCheckpointer(directory, self.store, row.job_id)
+        checkpointer = JobCheckpoint(directory, self.store, row.job_id)
         initial = _initial_weights(job)
         saved = checkpointer.load()
         if saved is not None:

@@ -346,6 +346,8 @@ class Orchestrator(Intake):
         self._saved = (saved, self.global_weights)
 
     def checkpoint_state(self) -> dict[str, Any]:
+        # The history keys go to the job's state store, the rest to state.json
+        # (server/jobs/job_checkpoint.py).
         history = self.history.state()
         return {
             "run_id": self.run_id,
