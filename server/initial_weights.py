@@ -18,7 +18,6 @@ whatever the file is, so it tells nothing about files outside what the directory
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import stat
@@ -65,7 +64,7 @@ def copy_regular(source: Path, dest: Path, limit: int, what: str) -> None:
         fd = os.open(source, flags)
     except OSError as exc:
         raise ConfigError(f"{what}: cannot open it ({exc.strerror})") from None
-    with contextlib.closing(os.fdopen(fd, "rb", buffering=0)) as fh:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{what}: not a regular file")
@@ -74,13 +73,17 @@ def copy_regular(source: Path, dest: Path, limit: int, what: str) -> None:
                                   f"of {limit} bytes (--max-update-mib)")
         copied = 0
         with open(dest, "wb") as out:
-            while block := fh.read(_COPY_BLOCK):
+            while block := os.read(fd, _COPY_BLOCK):
                 copied += len(block)
                 if copied > limit:  # the file grew while read
                     raise WeightsTooLarge(f"{what}: over the limit of {limit} bytes")
                 out.write(block)
             out.flush()
             os.fsync(out.fileno())
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read it ({exc.strerror})") from None
+    finally:
+        os.close(fd)
 
 
 def from_serving_dir(directory: Path | None, name: str, dest: Path, limit: int) -> None:

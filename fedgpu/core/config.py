@@ -330,3 +330,5 @@ def loads_toml(text: str, source: str = "job") -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{source}: not valid TOML: tables or arrays nested too deep") \
             from None
+    except ValueError as exc:  # tomllib lets int()'s own refusals through (4,300+ digits)
+        raise ConfigError(f"{source}: not valid TOML: {str(exc)[:200]}") from None

@@ -53,9 +53,11 @@ def _is_int(value: object) -> bool:
 
 
 def _range_error(source: str, key: str, lo: float, hi: float, value: object) -> ConfigError:
-    shown = str(value)
-    if len(shown) > 40:
-        shown = shown[:20] + f"...({len(shown)} digits)"
+    if isinstance(value, int) and abs(value) > 10**40:
+        # Not str(value): past 4,300 digits that raises, and it would echo them all.
+        shown = f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    else:
+        shown = str(value)
     return ConfigError(f"{source}: '{key}' must be from {lo:,} to {hi:,}, got {shown}")
 
 
