@@ -9,10 +9,10 @@ is plain ustar with regular members only, so anything else (sparse, pax or GNU e
 headers) is refused from the header, and every member must lie within the archive.
 
 Why not `ast.parse`: a 4 MB module `x = 1+1+...+1` cost 814 MiB and a RecursionError while the
-aggregator checked the bundle. Each module is capped (MAX_MODULE_BYTES), and the entry's
-top-level names are read from the token stream: linear time, constant depth, nothing held
-but the current statement's state. Syntax errors are left to the worker that imports the
-module (`fedgpu task check` runs one).
+aggregator checked the bundle. Each module is capped (MAX_MODULE_BYTES, the entry module
+MAX_ENTRY_BYTES), and the entry's top-level names are read from the token stream: linear
+time, constant depth, nothing held but the current statement's state. Syntax errors are left
+to the worker that imports the module (`fedgpu task check` runs one).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from fedgpu.core.errors import FedgpuError
 
 # Sources, not data: larger modules are generated data in disguise.
 MAX_MODULE_BYTES = 1 << 20
+# The entry module is the one read here (a token costs ~3 us: this is about a second at
+# worst); an entry this large is better split into modules it imports.
+MAX_ENTRY_BYTES = 256 << 10
 
 
 class GuardError(FedgpuError):
@@ -55,6 +58,9 @@ def check_member(info: tarfile.TarInfo, archive_size: int, read_so_far: int,
 def top_level_names(source: bytes, path: str) -> set[str]:
     """Names a module binds at its top level: def/class, plain-name assignment targets,
     imports (the rules bundles.py applied to a syntax tree's body), from the token stream."""
+    if len(source) > MAX_ENTRY_BYTES:
+        raise GuardError(f"{path} is {len(source)} bytes; the entry module is at most "
+                         f"{MAX_ENTRY_BYTES} bytes (move code into modules it imports)")
     scan = _Scan()
     try:
         for tok in tokenize.tokenize(io.BytesIO(source).readline):
