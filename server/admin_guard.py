@@ -10,6 +10,7 @@ operator learns the call failed and where to look, and the aggregator goes on se
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -62,7 +63,7 @@ def guarded(method: F) -> F:
     """Wrap an Admin handler (a coroutine or an async generator) with `status_of`."""
     name = method.__name__
 
-    if hasattr(method, "__code__") and method.__code__.co_flags & 0x200:  # async generator
+    if inspect.isasyncgenfunction(method):
         @functools.wraps(method)
         async def stream(self: Any, request: Any,
                          context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:

@@ -238,8 +238,15 @@ class JobManager(JobIntake):
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
 
     def _initial_weights(self, row: JobRow, job: Job) -> dict[str, np.ndarray] | None:
-        initial = iw.load(self.state_dir / row.state_dir)
+        directory = self.state_dir / row.state_dir
+        initial = iw.load(directory)
         if initial is None and job.initial_weights is not None:
+            if (directory / "state.json").exists():
+                # Started by an earlier version, which kept a path: the checkpoint holds the
+                # model now, and the path is not read (only a resume check would use it).
+                log.info("job %s: initial_weights were a path on this host; resuming from "
+                         "its checkpoint without them", row.job_id)
+                return None
             raise ConfigError("initial_weights were not stored with this job (it was queued "
                               "by an earlier version, which kept a path): submit it again")
         return initial

@@ -283,3 +283,20 @@ def test_rounds_done_moves_only_after_the_checkpoint_file(tmp_path: Path) -> Non
 
     assert asyncio.run(scenario()) == [0, 1]
     assert (tmp_path / "global.safetensors").exists()
+
+
+def test_a_job_queued_with_a_path_by_an_earlier_version(tmp_path: Path) -> None:
+    """Earlier versions kept the path and read it at start: such a job fails with a reason
+    when it has not started, and resumes from its checkpoint when it has."""
+    jobs = manager(tmp_path)
+    text = 'task = "digits"\ninitial_weights = "/srv/models/w.safetensors"\n'
+    job = parse_job(loads_toml(text))
+    row = jobs.store.add_job(job_id="0123456789ab", name="old", task="digits", job_toml=text,
+                             job=job.to_dict(), source="submit", source_sha256="",
+                             submitted_by="op", rounds=job.rounds,
+                             state_dir="jobs/0123456789ab")
+    with pytest.raises(ConfigError, match="not stored with this job.*submit it again"):
+        jobs._initial_weights(row, job)
+    (tmp_path / row.state_dir).mkdir(parents=True)
+    (tmp_path / row.state_dir / "state.json").write_text("{}")
+    assert jobs._initial_weights(row, job) is None
