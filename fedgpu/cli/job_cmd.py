@@ -45,6 +45,11 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
                "--task-dir", help="A task bundle directory (fedgpu-task.toml and sources), "
                                   "packed and sent with the job; overrides the job file's "
                                   "task_dir.")] = None,
+           weights_on_aggregator: Annotated[bool, typer.Option(
+               "--weights-on-aggregator",
+               help="The job file's initial_weights names a file of the aggregator's "
+                    "--initial-weights-dir: nothing is uploaded (by default the file is "
+                    "read here and sent with the job).")] = False,
            address: Address = DEFAULT_ADDRESS, token: OperatorToken = None,
            as_json: AsJson = False, tls_cert: TlsCert = None, tls_key: TlsKey = None,
            tls_ca: TlsCa = None) -> None:
@@ -66,7 +71,7 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
         typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
                    f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
                    err=True)
-    weights = initial_weights_of(job_file, text)
+    weights = None if weights_on_aggregator else initial_weights_of(job_file, text)
     doc = admin_client.submit_job(address, token, text, str(job_file),
                                   bundle=bundle.data if bundle is not None else None,
                                   tls=from_options(tls_cert, tls_key, tls_ca), weights=weights)

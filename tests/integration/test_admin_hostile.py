@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tarfile
 import time
@@ -229,10 +230,16 @@ def test_accepted_jobs_then_the_queue_limit(hostile: Hostile, tmp_path: Path) ->
     r = cli("job", "submit", str(tmp_path / "job.toml"), "--address", hostile.fed.address,
             "--json")
     assert r.returncode == 0, r.stderr
-    import json
-
     job_id = json.loads(r.stdout)["job_id"]
     assert (hostile.state_dir / "jobs" / job_id / "initial.safetensors").is_file()
+    # --weights-on-aggregator: the name is one of the aggregator's --initial-weights-dir.
+    (tmp_path / "served.toml").write_text('task = "digits"\n'
+                                          'initial_weights = "base.safetensors"\n')
+    r = cli("job", "submit", str(tmp_path / "served.toml"), "--weights-on-aggregator",
+            "--address", hostile.fed.address, "--json")
+    assert r.returncode == 0, r.stderr
+    served = hostile.state_dir / "jobs" / json.loads(r.stdout)["job_id"] / "initial.safetensors"
+    assert served.read_bytes() == (hostile.serving / "base.safetensors").read_bytes()
     # Past --max-queued-jobs: a clear refusal, and nothing queued.
     for _ in range(MAX_QUEUED + 1):
         try:
