@@ -20,7 +20,7 @@ def task_dir_of(job_file: Path, text: str, given: Path | None = None) -> Path | 
         return given
     try:
         raw = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError):
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
         return None  # the aggregator refuses the file, naming the problem
     value = raw.get("task_dir")
     return job_file.parent / value if isinstance(value, str) and value.strip() else None
@@ -31,7 +31,7 @@ def initial_weights_of(job_file: Path, text: str) -> Path | None:
     (the aggregator reads no path a job names). None when it names none."""
     try:
         raw = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError):
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
         return None  # the aggregator refuses the file, naming the problem
     value = raw.get("initial_weights")
     return job_file.parent / value if isinstance(value, str) and value.strip() else None

@@ -128,6 +128,8 @@ def parse_manifest(text: str, source: str = MANIFEST) -> Manifest:
         raise BundleError(f"{source}: not valid TOML: {exc}") from None
     except RecursionError:
         raise BundleError(f"{source}: not valid TOML: nested too deep") from None
+    except ValueError as exc:  # int()'s own refusal (4,300+ digits) gets through tomllib
+        raise BundleError(f"{source}: not valid TOML: {str(exc)[:200]}") from None
     unknown = sorted(set(raw) - set(_MANIFEST_KEYS))
     if unknown:
         raise BundleError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed: "

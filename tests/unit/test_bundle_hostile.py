@@ -112,6 +112,8 @@ def test_a_manifest_nested_too_deep_is_refused() -> None:
     deep = b"x = " + b"[" * 20_000 + b"]" * 20_000 + b"\n"
     data = pack_files(files(**{"fedgpu-task.toml": deep[:60_000]}))
     refused(data, "nested too deep|not valid TOML")
+    huge_int = b'name = "demo"\nentry = "demo_task.model:DemoTask"\nx = ' + b"9" * 5000
+    refused(pack_files(files(**{"fedgpu-task.toml": huge_int})), "not valid TOML")
 
 
 def test_an_oversized_entry_module_is_refused_before_it_is_read() -> None:
@@ -128,7 +130,7 @@ def test_an_oversized_entry_module_is_refused_before_it_is_read() -> None:
 
 def test_a_deep_expression_under_the_cap_is_read_in_bounded_memory() -> None:
     # Far past what ast.parse can take (it gives up on 10,000 terms).
-    deep = b"x = " + b"1+" * 60_000 + b"1\nclass DemoTask:\n    pass\n"
+    deep = b"x = " + b"1+" * 30_000 + b"1\nclass DemoTask:\n    pass\n"
     assert len(deep) < bundle_guard.MAX_ENTRY_BYTES
     tracemalloc.start()
     try:
