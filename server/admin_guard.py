@@ -19,8 +19,8 @@ import grpc
 from grpc.aio import AbortError
 
 from fedgpu.core.errors import FedgpuError
-from fedgpu.server.job_intake import QueueFull
-from fedgpu.server.jobs import JobError
+from fedgpu.server.jobs.intake import QueueFull
+from fedgpu.server.jobs.queue import JobError
 
 log = logging.getLogger("fedgpu.server.admin")
 

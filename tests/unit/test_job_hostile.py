@@ -23,14 +23,14 @@ from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job_bounds import INT64_MAX, INT64_MIN, MAX_RING_NODES, derived_seed
 from fedgpu.proto import pb
-from fedgpu.server import initial_weights as iw
-from fedgpu.server.checkpoint import Checkpointer
-from fedgpu.server.job_intake import QueueFull
-from fedgpu.server.jobs import JobError, JobManager
-from fedgpu.server.jobstore import JobStore
-from fedgpu.server.plans import StarPlan
+from fedgpu.server.jobs import initial_weights as iw
+from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.jobs.intake import QueueFull
+from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
-from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.plans import StarPlan
 
 WEIGHTS = {"w": np.ones((2, 2), np.float32)}
 
