@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedgpu.cli.bundle_jobs import task_dir_of
+from fedgpu.cli.bundle_jobs import initial_weights_of, task_dir_of
 from fedgpu.cli.report import fmt_value
 from fedgpu.cli.tls_options import Address, AsJson, OperatorToken, TlsCa, TlsCert, TlsKey
 from fedgpu.core import admin_client
@@ -45,10 +45,16 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
                "--task-dir", help="A task bundle directory (fedgpu-task.toml and sources), "
                                   "packed and sent with the job; overrides the job file's "
                                   "task_dir.")] = None,
+           weights_on_aggregator: Annotated[bool, typer.Option(
+               "--weights-on-aggregator",
+               help="The job file's initial_weights names a file of the aggregator's "
+                    "--initial-weights-dir: nothing is uploaded (by default the file is "
+                    "read here and sent with the job).")] = False,
            address: Address = DEFAULT_ADDRESS, token: OperatorToken = None,
            as_json: AsJson = False, tls_cert: TlsCert = None, tls_key: TlsKey = None,
            tls_ca: TlsCa = None) -> None:
-    """Queue a job (and its task bundle); it runs when the jobs before it have ended."""
+    """Queue a job (and its task bundle and initial weights, both sent with it); it runs when
+    the jobs before it have ended."""
     try:
         size = job_file.stat().st_size
     except OSError as exc:
@@ -65,9 +71,10 @@ def submit(job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")
         typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
                    f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
                    err=True)
+    weights = None if weights_on_aggregator else initial_weights_of(job_file, text)
     doc = admin_client.submit_job(address, token, text, str(job_file),
                                   bundle=bundle.data if bundle is not None else None,
-                                  tls=from_options(tls_cert, tls_key, tls_ca))
+                                  tls=from_options(tls_cert, tls_key, tls_ca), weights=weights)
     if as_json:
         _print(doc)
     else:
