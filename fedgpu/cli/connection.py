@@ -13,6 +13,7 @@ from fedgpu.cli.common import connections
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import new_table, print_json, print_table
+from fedgpu.cli.deploy.options import ComposeFile, ProjectName, compose_project
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.tls import from_options
 
@@ -147,3 +148,18 @@ def remove(name: Name) -> None:
     if gone.token_file is not None and gone.token_file == own:
         own.unlink(missing_ok=True)
     typer.echo(f"removed connection {name!r}")
+
+
+def save_compose(
+    name: Annotated[str, typer.Option("--name", help="The connection's name.")] = "compose",
+    compose_file: ComposeFile = None, project_name: ProjectName = None,
+) -> None:
+    """Save the compose deployment's aggregator (its published port, compose/certs' CA and
+    operator certificate, its operator token) as a connection, made the default. `make up`
+    and `fedgpu up` run this.
+
+    Example: fedgpu connection save-compose
+    """
+    from fedgpu.cli.deploy import compose as deploy
+
+    typer.echo(deploy.save_connection(compose_project(compose_file, project_name, None), name))

@@ -149,5 +149,5 @@ def test_job_ids_by_prefix_stop_waits_and_tables_fit(operated: Operated,
     assert r.returncode == 0 and "stop requested" in r.stdout, r.stdout
     # A prefix of no job is refused with the listing to look at.
     r = operated.cli("job", "status", "zz")
-    assert r.returncode == 2 and "no job id starts with 'zz'" in r.stderr
+    assert r.returncode == 2 and "no job 'zz'" in r.stderr
     assert "fedgpu job list" in r.stderr

@@ -173,7 +173,33 @@ def test_unique_prefix() -> None:
     assert unique_prefix("3f2b00000000", ids) == "3f2b00000000"
     with pytest.raises(ConfigError, match="'3f2' starts 2 job ids .*give more"):
         unique_prefix("3f2", ids)
-    with pytest.raises(ConfigError, match="no job id starts with 'ff'"):
+    with pytest.raises(ConfigError, match="no job 'ff' on this aggregator"):
         unique_prefix("ff", ids)
     with pytest.raises(ConfigError, match="no job id given"):
         unique_prefix(" ", ids)
+
+
+def test_the_compose_aggregator_as_a_connection(tmp_path: Path) -> None:
+    from fedgpu.cli.deploy.compose import compose_connection
+
+    certs = tmp_path / "compose" / "certs"
+    # The shape `docker compose config --format json` prints: variables resolved, absolute
+    # paths, long-form ports and volumes.
+    config = {"services": {"aggregator": {
+        "environment": {"FEDGPU_OPERATOR_TOKEN": "op-token", "FEDGPU_TOKEN": "node-token"},
+        "ports": [{"mode": "ingress", "host_ip": "0.0.0.0", "target": 50051,
+                   "published": "50061", "protocol": "tcp"},
+                  {"mode": "ingress", "host_ip": "127.0.0.1", "target": 8080,
+                   "published": "8080", "protocol": "tcp"}],
+        "volumes": [{"type": "volume", "source": "checkpoints", "target": "/var/lib/fedgpu"},
+                    {"type": "bind", "source": str(certs / "server"), "target": "/certs",
+                     "read_only": True}]}}}
+    found = compose_connection(config)
+    assert found.address == "127.0.0.1:50061"  # published everywhere: loopback from here
+    assert found.tls_ca == certs / "ca.crt"
+    assert found.tls_cert == certs / "operators" / "operator" / "operator.crt"
+    assert found.tls_key == certs / "operators" / "operator" / "operator.key"
+    assert found.token == "op-token"
+    config["services"]["aggregator"]["ports"] = []
+    with pytest.raises(Exception, match="publishes no port for 50051"):
+        compose_connection(config)

@@ -31,7 +31,8 @@ def unique_prefix(given: str, known: Iterable[str], what: str = "job",
     if len(found) == 1:
         return found[0]
     if not found:
-        raise ConfigError(f"no {what} id starts with {text!r}; '{listing}' shows them")
+        raise ConfigError(f"no {what} {text!r} on this aggregator (no {what} id starts with "
+                          f"it); '{listing}' shows them")
     shown = ", ".join(sorted(found)[:5]) + (", ..." if len(found) > 5 else "")
     raise ConfigError(f"{text!r} starts {len(found)} {what} ids ({shown}): give more of it")
 

@@ -270,3 +270,67 @@ def logs(project: Project, client: Any, services: Sequence[str] | None, follow: 
     for t in threads:
         while t.is_alive():
             t.join(timeout=0.5)
+
+
+@dataclass(frozen=True)
+class ComposeConnection:
+    """How the host's admin CLI reaches the compose aggregator: what `make up` and
+    `fedgpu up` save as the connection "compose"."""
+
+    address: str
+    tls_ca: Path
+    tls_cert: Path
+    tls_key: Path
+    token: str | None
+
+
+def compose_connection(config: dict[str, Any], grpc_port: int = 50051) -> ComposeConnection:
+    """From `docker compose config --format json` (variables resolved, paths absolute): the
+    aggregator's published gRPC port, the certificate directory it mounts (its parent holds
+    ca.crt and operators/operator/) and the operator token it was given."""
+    try:
+        agg = config["services"]["aggregator"]
+    except (KeyError, TypeError):
+        raise FedgpuError("the compose file has no aggregator service") from None
+    port = next((p for p in agg.get("ports") or [] if isinstance(p, dict)
+                 and str(p.get("target")) == str(grpc_port) and p.get("published")), None)
+    if port is None:
+        raise FedgpuError(f"the compose aggregator publishes no port for {grpc_port}: add one "
+                          "to reach it from this host")
+    host = port.get("host_ip") or "127.0.0.1"
+    # Published on every interface: this host reaches it on loopback.
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    mount = next((v for v in agg.get("volumes") or [] if isinstance(v, dict)
+                  and v.get("target") == "/certs" and v.get("source")), None)
+    if mount is None:
+        raise FedgpuError("the compose aggregator mounts no /certs: it runs without TLS "
+                          "material made by the certs service")
+    certs = Path(mount["source"]).parent
+    operator = certs / "operators" / "operator"
+    token = (agg.get("environment") or {}).get("FEDGPU_OPERATOR_TOKEN") or None
+    return ComposeConnection(f"{host}:{port['published']}", certs / "ca.crt",
+                             operator / "operator.crt", operator / "operator.key", token)
+
+
+def operator_owner_env() -> dict[str, str]:
+    """The compose certs service hands the operator's key pair to this user, so that the
+    CLI here can read it (compose.yaml: FEDGPU_OPERATOR_UID/GID)."""
+    return {"FEDGPU_OPERATOR_UID": str(os.getuid()), "FEDGPU_OPERATOR_GID": str(os.getgid())}
+
+
+def save_connection(project: Project, name: str = "compose") -> str:
+    """Save the compose aggregator as connection `name`, made the default; what to print."""
+    from fedgpu.cli.common import connections
+    from fedgpu.core.tls import from_options
+
+    doc = json.loads(project.compose("config", "--format", "json", capture=True).stdout)
+    found = compose_connection(doc)
+    # Readable here only once the certs service gave the operator's pair to this user.
+    from_options(found.tls_cert, found.tls_key, found.tls_ca)
+    with connections.editing() as box:
+        token_file = (connections.save_token(name, found.token) if found.token else None)
+        box[0] = connections.put(box[0], connections.SavedConnection(
+            name, found.address, tls_ca=found.tls_ca, tls_cert=found.tls_cert,
+            tls_key=found.tls_key, token_file=token_file), make_default=True)
+    return (f"saved connection {name!r} ({found.address}), the default: 'fedgpu status' "
+            "asks this deployment")

@@ -3,6 +3,7 @@ aggregator is healthy."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Annotated, Any
 
@@ -21,6 +22,9 @@ def up(
     skip_gpu_check: Annotated[bool, typer.Option(
         "--skip-gpu-check", help="Start GPU profiles even if this host shows no NVIDIA "
         "Container Toolkit (e.g. a remote engine).")] = False,
+    save: Annotated[bool, typer.Option(
+        "--save-connection/--no-save-connection", help="Save the aggregator as the default "
+        "connection 'compose' ('fedgpu connection list').")] = True,
 ) -> None:
     """Start the aggregator and the profile's nodes (detached), then show them.
 
@@ -41,11 +45,18 @@ def up(
         raise FedgpuError(f"image(s) {', '.join(missing)} not in the engine: build them with "
                           "'make images' (offline: 'make images OFFLINE=1'), or set "
                           "FEDGPU_SERVER_IMAGE/FEDGPU_NODE_IMAGE to ones you have")
+    # The certs service gives the operator's key pair to this user (compose.yaml).
+    os.environ.update(deploy.operator_owner_env())
     project.compose("up", "-d", "--no-build", "--remove-orphans",
                     profiles=[profile] if profile else [])
     if wait_s > 0:
         _wait_healthy(project, client, wait_s)
     print_ps(deploy.ps(project, client, profile))
+    if save:
+        try:
+            typer.echo(deploy.save_connection(project), err=True)
+        except FedgpuError as exc:  # the deployment is up: a missing connection is no failure
+            typer.echo(f"warning: connection 'compose' not saved: {exc}", err=True)
 
 
 def _wait_healthy(project: Any, client: Any, wait_s: float) -> None:
