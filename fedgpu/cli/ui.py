@@ -72,6 +72,6 @@ def ui(
             f"no dashboard answers at {url} ({why}): start the aggregator with --ui-port "
             f"{port}, or, for a remote aggregator, open a tunnel first: ssh -L "
             f"{port}:127.0.0.1:{port} HOST")
-    typer.echo("log in with the operator token (for now the aggregator's --token)", err=True)
+    typer.echo("log in with the operator token (the aggregator's --operator-token)", err=True)
     if open_browser and has_display():
         webbrowser.open(url)

@@ -66,6 +66,8 @@ def test_each_command_has_an_example_and_flags_as_flags(path: tuple[str, ...],
     text = _help(path)
     assert re.search(r"Examples?: fedgpu " + re.escape(path[0]), text), text
     assert "<bool>" not in text, text
+    names = [o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", []))]
+    assert len(names) == len(set(names)), f"an option name is used twice: {sorted(names)}"
     if " ".join(path) in ASK_AGGREGATOR:
         opts = {o for p in cmd.params for o in p.opts}
         assert CONNECTION_SET <= opts, f"missing {CONNECTION_SET - opts}"

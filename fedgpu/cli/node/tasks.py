@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from fedgpu.cli.common.ids import short
 from fedgpu.cli.common.options import AsJson
+from fedgpu.cli.common.output import new_table, print_table, when
 from fedgpu.cli.node.approve import site_tasks
 from fedgpu.cli.node.options import StateDirOpt
 
@@ -27,14 +26,15 @@ def tasks(state_dir: StateDirOpt = None, as_json: AsJson = False) -> None:
     if not records:
         typer.echo(f"no task bundles at {site.root}")
         return
-    table = Table("state", "task", "sha256", "size", "job", "first seen")
+    # Hashes and job ids at 12 characters, as approve/reject take them: an 80-column table.
+    table = new_table("sha256", "job", "state", "task", "size", "first seen", ids=2)
     for r in records:
-        seen = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.first_seen))
-                if r.first_seen else "-")
-        table.add_row(str(r.state), r.name or "?", r.sha256,
-                      f"{r.size:,}" if r.size is not None else "-", r.job or "-", seen)
-    Console(width=200).print(table)
+        table.add_row(short(r.sha256), short(r.job), str(r.state), r.name or "?",
+                      f"{r.size:,}" if r.size is not None else "-",
+                      when(r.first_seen, short=True) if r.first_seen else "-")
+    print_table(table)
     pending = [r for r in records if r.state == "pending"]
     if pending:
         typer.echo(f"review a pending bundle's sources (tar tvf {pending[0].archive}), then "
-                   f"'fedgpu node approve SHA256' (or 'fedgpu node reject SHA256')")
+                   f"'fedgpu node approve {short(pending[0].sha256)}' (or 'fedgpu node "
+                   f"reject ...')")
