@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedgpu.cli.common.ids import unique_prefix
 from fedgpu.cli.common.output import fmt_value
 from fedgpu.core.errors import ConfigError, FedgpuError
 
@@ -58,7 +59,11 @@ def load_state_dir(directory: Path, job: str = "") -> RunHistory:
     checkpointed last)."""
     state = directory / "state.json"
     if not state.exists() or job:
-        found = sorted((directory / "jobs").glob(f"{job or '*'}/state.json"),
+        found = list((directory / "jobs").glob("*/state.json"))
+        if job and found:
+            # An id, or its first characters, as everywhere a job id is taken.
+            job = unique_prefix(job, (p.parent.name for p in found))
+        found = sorted((p for p in found if not job or p.parent.name == job),
                        key=lambda p: p.stat().st_mtime)
         if not found:
             raise ConfigError(
