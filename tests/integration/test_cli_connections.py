@@ -108,6 +108,7 @@ def test_options_given_win_over_the_saved_connection(operated: Operated) -> None
     # A named connection and an address: that connection's credentials, there.
     r = operated.cli("status", "--connection", "compose", "--address", "127.0.0.1:1")
     assert "cannot reach aggregator at 127.0.0.1:1" in r.stderr
+    assert "[saved connection 'compose'" in r.stderr  # and the error says where it came from
     # --insecure drops the saved TLS: the aggregator speaks TLS and we do not.
     r = operated.cli("status", "--insecure")
     assert r.returncode == 1 and "TLS" in r.stderr, r.stderr

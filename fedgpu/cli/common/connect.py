@@ -35,7 +35,7 @@ from fedgpu.cli.common.options import (
     TlsCert,
     TlsKey,
 )
-from fedgpu.core.errors import ConfigError
+from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, from_options
 
 
@@ -162,7 +162,18 @@ def connection_options(fn: F) -> F:
     def command(**kwargs: Any) -> Any:
         ctx = kwargs.pop(_CTX, None)
         values = {name: kwargs.pop(name) for name in OPTION_NAMES}
-        return fn(conn=resolve(given_from(ctx, **values)), **kwargs)
+        conn = resolve(given_from(ctx, **values))
+        try:
+            return fn(conn=conn, **kwargs)
+        except FedgpuError as exc:
+            if conn.connection is None:
+                raise
+            # Say where the address and credentials came from: a default connection saved
+            # by `make up` weeks ago is easy to forget.
+            err = FedgpuError(f"{exc} [saved connection {conn.connection!r}: 'fedgpu "
+                              "connection show' tells what was used]")
+            err.exit_code = exc.exit_code
+            raise err from None
 
     command.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=[ctx_param, *params, *_OPTIONS])

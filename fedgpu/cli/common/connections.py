@@ -77,7 +77,13 @@ def config_dir() -> Path:
     given = os.environ.get("FEDGPU_CONFIG_DIR")
     if given:
         return Path(given).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".config")
+        except (RuntimeError, KeyError):  # no HOME and no passwd entry (some containers)
+            raise ConfigError("no home directory to keep saved connections in: set "
+                              "FEDGPU_CONFIG_DIR") from None
     return Path(base).expanduser() / "fedgpu"
 
 
@@ -95,7 +101,11 @@ def check_name(name: str) -> str:
 def load(path: Path | None = None) -> Connections:
     """The saved connections; none when the file does not exist. A damaged file is a
     ConfigError naming it and the problem (it is never rewritten from a bad read)."""
-    path = path or file_path()
+    if path is None:
+        try:
+            path = file_path()
+        except ConfigError:
+            return Connections()  # nowhere to keep any: none saved
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_FILE_BYTES + 1)
