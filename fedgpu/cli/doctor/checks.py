@@ -416,7 +416,7 @@ def run_checks(profile: str | None = None, address: str | None = None,
     if address is not None:
         checks.append(aggregator_check(address, token, tls, operator_token))
         if checks[-1].status != FAIL:
-            from fedgpu.cli.doctor_bulk import bulk_check
+            from fedgpu.cli.doctor.bulk import bulk_check
 
             checks.append(bulk_check(address, token, tls, operator_token))
     if tls is not None:

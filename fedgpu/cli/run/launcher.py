@@ -62,7 +62,7 @@ class LocalRunConfig:
     iterations: int | None = None
     local_steps: int = 1
     # The demo job's task (ignored with `job`), and an existing split to train on instead of
-    # the data made for that task (fedgpu/cli/run_data.py).
+    # the data made for that task (fedgpu/cli/run/data.py).
     task: str = "digits"
     data: Path | None = None
 
