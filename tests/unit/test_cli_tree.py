@@ -104,3 +104,23 @@ def test_no_command_registers_itself() -> None:
             continue
         assert not re.search(r"^def register\(|\.add_typer\(|@\w+\.command\(", text, re.M), \
             f"{path.relative_to(ROOT)} registers commands itself"
+
+
+def test_every_import_of_the_cli_package_resolves() -> None:
+    # Commands import their helpers inside the function (light start-up), where a stale
+    # module path fails only when that command runs: check them all here.
+    import ast
+    import importlib
+
+    for path in (ROOT / "fedgpu" / "cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fedgpu.cli"):
+                module = importlib.import_module(node.module)  # type: ignore[arg-type]
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(
+                        f"{node.module}.{alias.name}") is not None, \
+                        f"{path.relative_to(ROOT)}: {node.module} has no {alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fedgpu.cli"):
+                        importlib.import_module(alias.name)
