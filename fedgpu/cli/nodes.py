@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import typer
+
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import answer, fmt_value, new_table, print_table
@@ -19,23 +21,28 @@ def nodes(conn: Target, as_json: AsJson = False) -> None:
 
 
 def show_nodes(doc: dict[str, Any]) -> None:
-    table = new_table("name", "state", "device", "gpu", "reason", "rounds", "mem before/peak/after",
-                  "weights via")
+    # Short columns that never wrap, the decision's free text last where it may: 80 columns.
+    table = new_table("name", "state", "device", "rounds", "mem MiB", "via", "gpu decision")
+    for column in table.columns[:-1]:
+        column.no_wrap = True
+    table.columns[-1].ratio = 1
+    notes = []
     for n in doc["nodes"]:
         d = n["gpu_decision"] or {}
         r = n["last_resources"] or {}
-        mem = "/".join(fmt_value(r.get(k)) for k in
+        # NVML memory before/peak/after the last round; a CPU round's peak RSS.
+        mem = "/".join(fmt_value(r.get(k), 0) for k in
                        ("nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib"))
         if r and r.get("device") == "cpu":
-            mem = f"rss {fmt_value(r.get('rss_peak_mib'))}"
+            mem = f"rss {fmt_value(r.get('rss_peak_mib'), 0)}"
+        decision = ": ".join(x for x in (d.get("gpu_name"), d.get("reason")) if x) or "-"
+        via = n.get("transport") or "-"
+        if n.get("bulk_error"):
+            via = "grpc*"
+            notes.append(f"* {n['name']}: bulk port unreachable ({n['bulk_error']}), weights "
+                         "move over gRPC")
         table.add_row(n["name"], n["state"], d.get("device", "-"),
-                      d.get("gpu_name") or "-", d.get("reason", "-"),
-                      str(n["rounds_completed"]), mem if r else "-", _via(n))
+                      str(n["rounds_completed"]), mem if r else "-", via, decision)
     print_table(table)
-
-
-def _via(n: dict[str, Any]) -> str:
-    """How the node's weights move: the bulk port, or gRPC (and why, when it fell back)."""
-    if n.get("bulk_error"):
-        return f"grpc (bulk port unreachable: {n['bulk_error']})"
-    return n.get("transport") or "-"
+    for note in notes:
+        typer.echo(note)
