@@ -15,7 +15,8 @@ from fedgpu.node import policy
 class AgentConfig:
     aggregator: str
     data_dir: Path
-    name: str
+    # None: the first free default identity of the state directory (node/identity.py).
+    name: str | None
     token: str | None
     gpu: policy.GpuFlags
     connect_timeout_s: float = 60.0
@@ -27,7 +28,7 @@ class AgentConfig:
     # per-update limit, sent at registration, applies too (the smaller wins).
     max_payload_bytes: int = 4 << 30
     # Fork each round's training process from a worker factory that imported torch ahead of
-    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.worker` per round.
+    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.rounds.worker` per round.
     prestart: bool = True
     # The socket of a factory this host's agents share; None: the agent starts its own.
     worker_factory: Path | None = None

@@ -1,6 +1,6 @@
 """The `fedgpu.v1.Admin` service: what operators ask and do (`fedgpu nodes|status|rounds`,
 `fedgpu job ...`). Every call needs the operator credential; the documents come from
-server/docs.py, the one producer the dashboard reads too."""
+server/views/documents.py, the one producer the dashboard reads too."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from fedgpu.core.bundles import MAX_BUNDLE_BYTES, Bundle, BundleError, check_sha
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.server import docs, paging
 from fedgpu.server.auth import Auth, Caller
-from fedgpu.server.jobs import JobError, JobManager
+from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.registry import NotForgotten
+from fedgpu.server.views import documents as docs
+from fedgpu.server.views import paging
 
 # Model bytes per DownloadModel message, well under gRPC's 4 MiB message limit.
 MODEL_CHUNK = 1 << 20
@@ -140,6 +142,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await self._fail(context, exc)
             raise
         return _reply(docs.job_summary(self.jobs, row))
+
+    async def ForgetNode(self, request: admin_pb2.ForgetNodeRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        name = request.name.strip()
+        try:
+            node = self.jobs.registry.forget(name, force=request.force)
+        except NotForgotten as exc:
+            code = (grpc.StatusCode.FAILED_PRECONDITION if "alive" in str(exc)
+                    else grpc.StatusCode.NOT_FOUND)
+            # The name as asked, cut: an operator's typo is echoed, not a megabyte of it.
+            await context.abort(code, str(exc)[:500])
+            raise
+        return _reply({"forgotten": node.name, "node_id": node.node_id})
 
     async def JobLogs(self, request: admin_pb2.JobLogsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JsonReply]:

@@ -26,6 +26,7 @@ _REQUESTS = {
     "ListJobs": admin_pb2.ListJobsRequest,
     "GetJob": admin_pb2.GetJobRequest,
     "StopJob": admin_pb2.StopJobRequest,
+    "ForgetNode": admin_pb2.ForgetNodeRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20

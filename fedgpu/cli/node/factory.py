@@ -27,7 +27,7 @@ def factory(
     """
     # The CLI has imported gRPC and numpy (threads); the factory must fork from a
     # single-threaded process, so it replaces this one (same pid: lifetimes are unchanged).
-    cmd = [sys.executable, "-m", "fedgpu.node.factory", "--socket", str(socket_path),
+    cmd = [sys.executable, "-m", "fedgpu.node.rounds.factory", "--socket", str(socket_path),
            "--cpu-slots", str(cpu_slots), "--log-level", log_level]
     sys.stdout.flush()
     sys.stderr.flush()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +23,8 @@ def start(
         envvar="FEDGPU_DATA", help="This node's data directory (from 'fedgpu data split').")],
     name: Annotated[str | None, typer.Option(
         envvar="FEDGPU_NODE_NAME",
-        help="Node name (default: the --tls-cert's name, else the hostname).")] = None,
+        help="Node name (default: the --tls-cert's name, else the hostname and a short id kept "
+             "in the state directory, one per agent).")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="FEDGPU_TOKEN", help="The aggregator's token.")] = None,
     insecure: Annotated[bool, typer.Option(
@@ -105,7 +105,7 @@ def start(
     agent = Agent(AgentConfig(
         aggregator=aggregator,
         data_dir=data,
-        name=name or socket.gethostname(),
+        name=name,
         token=None if insecure else token,
         gpu=flags,
         connect_timeout_s=connect_timeout,

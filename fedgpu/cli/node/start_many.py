@@ -80,8 +80,8 @@ def start_many(
     from fedgpu.node import policy
     from fedgpu.node.agent_config import AgentConfig
     from fedgpu.node.data import DataDirError, check_data_dir
-    from fedgpu.node.factory_client import FactoryClient
     from fedgpu.node.fleet import Fleet
+    from fedgpu.node.rounds.factory_client import FactoryClient
 
     logs.setup(log_level)
     for handler in logging.getLogger().handlers:
