@@ -117,7 +117,11 @@ connection_app.command("use")(connection.use)
 connection_app.command("remove")(connection.remove)
 connection_app.command("save-compose")(connection.save_compose)
 app.command("status", rich_help_panel=OPERATE)(status.status)
-app.command("nodes", rich_help_panel=OPERATE)(nodes.nodes)
+# `fedgpu nodes` lists them; `fedgpu nodes forget NAME` removes one.
+nodes_app = typer.Typer(help=nodes.nodes.__doc__, invoke_without_command=True)
+nodes_app.callback(invoke_without_command=True)(nodes.nodes)
+nodes_app.command("forget")(nodes.forget)
+app.add_typer(nodes_app, name="nodes", rich_help_panel=OPERATE)
 app.command("rounds", rich_help_panel=OPERATE)(rounds.rounds)
 job_app = _group("job", "Jobs on a running federation: submit, list, follow, stop, download "
                  "(operator credential).", OPERATE)

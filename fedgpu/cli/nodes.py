@@ -1,23 +1,47 @@
-"""`fedgpu nodes`: the nodes registered with a running aggregator."""
+"""`fedgpu nodes` (the nodes registered with a running aggregator) and `fedgpu nodes forget`
+(remove one)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
-from fedgpu.cli.common.output import answer, fmt_value, new_table, print_table
+from fedgpu.cli.common.output import answer, fmt_value, new_table, print_json, print_table
+from fedgpu.core import admin_client
 
 
 @connection_options
 def nodes(conn: Target, as_json: AsJson = False) -> None:
-    """Registered nodes, their GPU decision and last round's memory.
+    """Registered nodes, their GPU decision and last round's memory; `fedgpu nodes forget
+    NAME` removes a lost one.
 
     Example: fedgpu nodes --json
     """
     answer(conn, "ListNodes", as_json, show_nodes)
+
+
+@connection_options
+def forget(conn: Target,
+           name: Annotated[str, typer.Argument(help="The node's name, as 'fedgpu nodes' "
+                                               "lists it.")],
+           force: Annotated[bool, typer.Option(
+               "--force", help="Also a node still alive: it is told it is unknown and "
+               "registers again.")] = False,
+           as_json: AsJson = False) -> None:
+    """Remove a node's record from the aggregator: a lost node (one that stopped, or whose
+    name another agent needs), or with --force a live one.
+
+    Example: fedgpu nodes forget node-cpu-3
+    """
+    doc = admin_client.query(conn.address, conn.token, "ForgetNode", tls=conn.tls,
+                             name=name, force=force)
+    if as_json:
+        print_json(doc)
+    else:
+        typer.echo(f"forgot node {doc['forgotten']} (id {doc['node_id']})")
 
 
 def show_nodes(doc: dict[str, Any]) -> None:

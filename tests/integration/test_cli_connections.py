@@ -99,6 +99,10 @@ def test_a_connection_with_its_token_needs_nothing_else(operated: Operated) -> N
         assert r.returncode == 0, (args, r.stderr)
     r = operated.cli("status", FEDGPU_CONNECTION="compose")
     assert r.returncode == 0, r.stderr
+    assert json.loads(operated.cli("nodes", "--json").stdout)["nodes"] == []
+    # The group's subcommand takes the same connection: the aggregator itself answers.
+    r = operated.cli("nodes", "forget", "nobody")
+    assert r.returncode == 1 and "nobody" in r.stderr and "aggregator at" in r.stderr
 
 
 def test_options_given_win_over_the_saved_connection(operated: Operated) -> None:

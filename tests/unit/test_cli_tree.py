@@ -21,7 +21,7 @@ from tests.fixtures.federation import ROOT, base_env
 CONNECTION_SET = {"--connection", "--address", "--token", "--tls-ca", "--tls-cert", "--tls-key",
                   "--insecure"}
 # The commands that ask a running aggregator (the operator's side of the wire).
-ASK_AGGREGATOR = {"status", "nodes", "rounds", "health", "report", "connection show",
+ASK_AGGREGATOR = {"status", "nodes forget", "rounds", "health", "report", "connection show",
                   "job submit", "job list", "job status", "job stop", "job logs", "job model"}
 DEPLOY = {"up", "down", "ps", "logs"}
 
@@ -71,6 +71,13 @@ def test_each_command_has_an_example_and_flags_as_flags(path: tuple[str, ...],
     if " ".join(path) in ASK_AGGREGATOR:
         opts = {o for p in cmd.params for o in p.opts}
         assert CONNECTION_SET <= opts, f"missing {CONNECTION_SET - opts}"
+
+
+def test_a_group_that_is_also_a_command_takes_the_connection_set() -> None:
+    # `fedgpu nodes` lists, `fedgpu nodes forget NAME` removes: both ask the aggregator.
+    group = typer.main.get_command(app).commands["nodes"]  # type: ignore[attr-defined]
+    assert CONNECTION_SET | {"--json"} <= {o for p in group.params for o in p.opts}
+    assert "Example: fedgpu nodes" in _help(("nodes",))
 
 
 def test_the_root_groups_commands_in_panels() -> None:

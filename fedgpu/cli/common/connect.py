@@ -162,6 +162,10 @@ def connection_options(fn: F) -> F:
     def command(**kwargs: Any) -> Any:
         ctx = kwargs.pop(_CTX, None)
         values = {name: kwargs.pop(name) for name in OPTION_NAMES}
+        if ctx is not None and getattr(ctx, "invoked_subcommand", None):
+            # A group's own command (`fedgpu nodes`) called on the way to a subcommand
+            # (`fedgpu nodes forget`): that one does the work, with its own options.
+            return None
         conn = resolve(given_from(ctx, **values))
         try:
             return fn(conn=conn, **kwargs)
