@@ -105,6 +105,16 @@ def test_a_connection_with_its_token_needs_nothing_else(operated: Operated) -> N
     assert r.returncode == 1 and "nobody" in r.stderr and "aggregator at" in r.stderr
 
 
+def test_doctor_checks_a_saved_connection(operated: Operated, tmp_path: Path) -> None:
+    r = operated.cli("doctor", "--json", "--connection", "compose",
+                     DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    agg = checks["aggregator"]
+    # Reached over mutual TLS with the saved certificate, and asked as the operator.
+    assert agg["status"] == "ok" and "SERVING" in agg["detail"], agg
+    assert "node(s) alive" in agg["detail"], agg  # what only the operator may read
+
+
 def test_options_given_win_over_the_saved_connection(operated: Operated) -> None:
     # An address alone: no saved credentials are borrowed for it.
     r = operated.cli("status", "--address", "127.0.0.1:1")
