@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from fedgpu.cli.app import app
 from fedgpu.cli.common import connections
-from fedgpu.cli.common.connect import Given, resolve
+from fedgpu.cli.common.connect import Given, Origin, resolve
 from fedgpu.cli.common.ids import unique_prefix
 from fedgpu.core.errors import ConfigError
 
@@ -114,7 +114,7 @@ def test_the_order_options_saved_connection_environment(config: Path, tmp_path: 
     # Nothing given: the default connection, whole.
     t = resolve(Given())
     assert (t.address, t.token, t.connection, t.origin) == ("prod:50051", "saved-token",
-                                                            "prod", "DEFAULT_CONNECTION")
+                                                            "prod", Origin.DEFAULT_CONNECTION)
     assert t.tls is not None and (t.tls.ca, t.tls.cert, t.tls.key) == (ca, cert, key)
     # An address (flag or environment) without a connection name: not the default's
     # credentials, which belong to another address.
@@ -145,7 +145,7 @@ def test_the_order_options_saved_connection_environment(config: Path, tmp_path: 
 
 def test_no_saved_connections_keeps_the_old_defaults(config: Path) -> None:
     t = resolve(Given())
-    assert (t.address, t.token, t.tls, t.origin) == ("localhost:50051", None, None, "BUILT_IN")
+    assert (t.address, t.token, t.tls, t.origin) == ("localhost:50051", None, None, Origin.BUILT_IN)
 
 
 def test_concurrent_writers_lose_nothing(config: Path) -> None:

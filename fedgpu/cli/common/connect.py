@@ -19,6 +19,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +40,15 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, from_options
 
 
+class Origin(StrEnum):
+    """How a command's aggregator was chosen."""
+
+    COMMAND_LINE = "command-line"  # --address or --connection
+    ENVIRONMENT = "environment"  # FEDGPU_AGGREGATOR or FEDGPU_CONNECTION
+    DEFAULT_CONNECTION = "default-connection"
+    BUILT_IN = "built-in"  # localhost:50051
+
+
 @dataclass(frozen=True)
 class Target:
     """An aggregator as a command reaches it."""
@@ -48,9 +58,7 @@ class Target:
     tls: TlsFiles | None = None
     # The saved connection it came from, if any (for messages).
     connection: str | None = None
-    # How the aggregator was chosen: COMMAND_LINE (--address or --connection), ENVIRONMENT
-    # (FEDGPU_AGGREGATOR or FEDGPU_CONNECTION), DEFAULT_CONNECTION, or BUILT_IN.
-    origin: str = "COMMAND_LINE"
+    origin: Origin = Origin.COMMAND_LINE
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ def resolve(given: Given, saved_file: Path | None = None) -> Target:
     cli = given.on_command_line
     saved = None
     named = "connection" if given.connection else "address"
-    origin = "COMMAND_LINE" if named in cli else "ENVIRONMENT"
+    origin = Origin.COMMAND_LINE if named in cli else Origin.ENVIRONMENT
     if given.connection:
         saved = connections.load(saved_file).get(
             connections.check_name(given.connection), saved_file or connections.file_path())
@@ -84,9 +92,9 @@ def resolve(given: Given, saved_file: Path | None = None) -> Target:
         conns = connections.load(saved_file)
         if conns.default is not None:
             saved = conns.saved[conns.default]
-            origin = "DEFAULT_CONNECTION"
+            origin = Origin.DEFAULT_CONNECTION
         else:
-            origin = "BUILT_IN"
+            origin = Origin.BUILT_IN
 
     address = given.address if "address" in cli or saved is None else saved.address
     token = given.token

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from fedgpu.cli.common import ids
-from fedgpu.cli.common.connect import Target, connection_options
+from fedgpu.cli.common.connect import Origin, Target, connection_options
 from fedgpu.core.errors import ConfigError
 
 
@@ -39,7 +39,8 @@ def report(
              if v is not None]
     # An aggregator from the environment or the default connection is a source only when
     # no file is given.
-    asked = conn.origin == "COMMAND_LINE" or (conn.origin != "BUILT_IN" and not files)
+    asked = conn.origin is Origin.COMMAND_LINE or (conn.origin is not Origin.BUILT_IN
+                                                   and not files)
     given = (["--address"] if asked else []) + files
     if len(given) != 1:
         raise ConfigError("give exactly one source: --address HOST:PORT (a running aggregator), "
