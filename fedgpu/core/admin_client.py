@@ -41,8 +41,9 @@ def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> F
             return FedgpuError(why)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FedgpuError(
-            f"cannot reach aggregator at {address} — is it running? "
-            f"try 'fedgpu status --address HOST:PORT' with the right address")
+            f"cannot reach aggregator at {address} — is it running? Give its address "
+            "(--address HOST:PORT) or a saved connection (--connection NAME; 'fedgpu "
+            "connection list' shows them)")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):

@@ -28,7 +28,7 @@ def split4(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def start(fed: Federation, job: Path, dirs: list[Path], state: Path) -> None:
-    from fedgpu.cli.launcher import free_port
+    from fedgpu.cli.run.launcher import free_port
 
     fed.start_server(job, "--state-dir", str(state))
     for i, data in enumerate(dirs, start=1):
