@@ -13,16 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # MkDocs loads this file by path; the generators live beside it
-    sys.path.insert(0, str(ROOT))
+# MkDocs loads this file by path, not as part of a package, and puts its folder on sys.path
+# only while loading it: the generators beside it are imported now, from this folder.
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import cli_reference  # noqa: E402
+import job_keys  # noqa: E402
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
 
 
 def _generators() -> dict[str, Callable[[], str]]:
-    from tools import cli_reference, job_keys
-
     return {"cli": cli_reference.markdown, "job-keys": job_keys.markdown}
 
 
