@@ -53,8 +53,8 @@ DESCRIPTIONS: dict[str, str] = {
     "Job.task_dir": "A task bundle directory, relative to the job file: `fedgpu job submit` "
                     "packs it and sends it with the job (`--task-dir` wins). The aggregator "
                     "keeps the bundle, not the path.",
-    "Resources.gpu": "`required`, `preferred` or `none` (see "
-                     "[GPU-aware admission](../explanation/gpu-policy.md#gpu-aware-admission-resources)).",
+    "Resources.gpu": "`required`, `preferred` or `none` (see [GPU-aware admission]"
+                     "(../explanation/gpu-policy.md#gpu-aware-admission-resources)).",
 }
 
 
