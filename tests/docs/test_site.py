@@ -52,9 +52,9 @@ def test_the_site_builds_strict_with_every_page_in_nav(site: Path) -> None:
     assert config["validation"]["omitted_files"] == "warn"
     for page in ("tutorials/first-federation", "reference/cli", "reference/job-file",
                  "reference/environment", "explanation/architecture", "measurements/benchmarks"):
-        assert (site / page / "index.html").is_file(), page
+        assert (site / f"{page}.html").is_file(), page
     # BENCHMARKS.md stays at the top of the repository and is included, not copied.
-    assert "FedAvg of K updates" in (site / "measurements/benchmarks/index.html").read_text()
+    assert "FedAvg of K updates" in (site / "measurements/benchmarks.html").read_text()
 
 
 def test_the_site_needs_no_network(site: Path) -> None:
@@ -69,9 +69,9 @@ def test_the_site_needs_no_network(site: Path) -> None:
 
 
 def test_generated_reference_is_in_the_built_pages(site: Path) -> None:
-    cli = (site / "reference/cli/index.html").read_text()
+    cli = (site / "reference/cli.html").read_text()
     assert 'id="fedgpu-job-submit"' in cli and "FEDGPU_AGGREGATOR" in cli
-    keys = (site / "reference/job-file/index.html").read_text()
+    keys = (site / "reference/job-file.html").read_text()
     assert "round_deadline_s" in keys and "min_gpu_free_mib" in keys
     assert "<!-- generated:" not in cli + keys
 
