@@ -59,3 +59,25 @@ def test_every_page_in_the_docs_folders_is_in_nav() -> None:
     pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     missing = sorted(p for p in pages if not re.search(rf"\b{re.escape(p)}\b", nav))
     assert not missing, f"pages not in mkdocs.yml nav: {missing}"
+
+
+def test_every_deployment_variable_is_on_the_environment_page() -> None:
+    """The variables compose.yaml, `make up` and `make images` read (beyond the CLI's, whose
+    table tests/unit/test_env_table.py checks) are each named on the page."""
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    read: set[str] = set()
+    for rel in ("compose/compose.yaml", "compose/gpu-device-ids.yaml"):
+        read |= set(re.findall(r"\$\{(FEDGPU_[A-Z_]+)", (ROOT / rel).read_text()))
+    for rel in ("compose/compose.sh", "images/build.sh"):
+        read |= set(re.findall(r"\b(FEDGPU_[A-Z_]+)\b", (ROOT / rel).read_text()))
+    missing = sorted(v for v in read if f"`{v}`" not in page)
+    assert not missing, f"docs/reference/environment.md does not name {missing}"
+
+
+def test_the_docs_pins_are_the_dev_extras() -> None:
+    pins = [ln.strip() for ln in (ROOT / "docs" / "requirements.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    assert pins and all("==" in p for p in pins), pins
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for pin in pins:
+        assert f'"{pin}"' in pyproject, f"{pin} is not pinned the same in pyproject's dev extra"

@@ -6,6 +6,7 @@ the e2e suite (tests/e2e/test_docs_compose.py)."""
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,10 @@ def test_first_federation_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # a real aggregator, two nodes and a bundle check: ~45 s on 2 idle cores
 def test_own_task_runs_as_written(tmp_path: Path) -> None:
+    # The tutorial starts an aggregator on the default port, as a reader would.
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", 50051)) == 0:
+            pytest.skip("127.0.0.1:50051 is taken: the own-task tutorial uses the default port")
     run_page(TUTORIALS / "own-task.md", tmp_path)
 
 
