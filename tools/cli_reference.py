@@ -39,10 +39,13 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _help(cmd: Any) -> str:
-    text = (getattr(cmd, "help", None) or "").strip()
+def _clean(text: str) -> str:
     # click's "\b" marks a paragraph not to rewrap; Markdown needs no such mark.
-    return "\n".join(line for line in text.splitlines() if line.strip() != "\b")
+    return "\n".join(line for line in text.strip().splitlines() if line.strip() != "\b")
+
+
+def _help(cmd: Any) -> str:
+    return _clean(getattr(cmd, "help", None) or "")
 
 
 def _context(cmd: Any, name: str) -> Any:
@@ -61,6 +64,9 @@ def markdown(heading: str = "##") -> str:
             out += [_help(cmd), ""]
         usage = " ".join(cmd.collect_usage_pieces(ctx))
         out += ["```", f"{name} {usage}".rstrip(), "```", ""]
+        epilog = _clean(getattr(cmd, "epilog", None) or "")
+        if epilog:  # examples, as the command's --help prints them after its options
+            out += ["```text", epilog, "```", ""]
         subs = [(n, c) for n, c in sorted((getattr(cmd, "commands", None) or {}).items())
                 if not getattr(c, "hidden", False)]
         if subs:
