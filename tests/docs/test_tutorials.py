@@ -5,6 +5,8 @@ the e2e suite (tests/e2e/test_docs_compose.py)."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -76,6 +78,8 @@ def test_first_federation_runs_as_written(tmp_path: Path) -> None:
     results = run_page(TUTORIALS / "first-federation.md", tmp_path)
     # The whole tutorial stays a quick test (the issue asks < 1 min; the run itself is ~20 s).
     assert sum(r.seconds for r in results) < 120, [(r.block.where(), r.seconds) for r in results]
+    (run_dir,) = (tmp_path / "checkout" / "runs").iterdir()
+    check_json_reference(run_dir)
 
 
 @pytest.mark.slow  # a real aggregator, two nodes and a bundle check: ~45 s on 2 idle cores
@@ -95,3 +99,37 @@ def test_kubernetes_commands_that_need_no_cluster_run_as_written(tmp_path: Path)
     assert sorted(p.name for p in secrets.iterdir()) == [
         "tls-aggregator.json", "tls-node-cpu-1.json", "tls-node-cpu-2.json",
         "tls-node-cpu-3.json"], results[-1].output
+
+
+def _section(page: str, heading: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    return text.split(f"\n## {heading}\n")[1].split("\n## ")[0]
+
+
+def _keys(doc: object) -> set[str]:
+    return {k for k in doc if k != "..."} if isinstance(doc, dict) else set()
+
+
+def check_json_reference(run_dir: Path) -> None:
+    """The `status --json` and `rounds --json` documents a real run wrote have exactly the keys
+    docs/reference/json.md shows: a key added to the code and not to the page (or the other
+    way round) fails here. Keys a record has only sometimes must be named in the page's prose."""
+    real_status = json.loads((run_dir / "status.json").read_text())
+    real_rounds = json.loads((run_dir / "rounds.json").read_text())
+    for heading, real, parts in (
+        ("`fedgpu status --json`", real_status, [(lambda d: d, lambda d: d)]),
+        ("`fedgpu rounds --json`", real_rounds, [
+            (lambda d: d, lambda d: d),
+            (lambda d: d["rounds"][0], lambda d: d["rounds"][0]),
+            (lambda d: d["rounds"][0]["updates"][0], lambda d: d["rounds"][0]["updates"][0]),
+            (lambda d: d["rounds"][0]["updates"][0]["resources"],
+             lambda d: d["rounds"][0]["updates"][0]["resources"]),
+        ]),
+    ):
+        section = _section("reference/json.md", heading)
+        example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+        prose = set(re.findall(r"`([a-z_]+)`", section))
+        for pick_doc, pick_real in parts:
+            documented, actual = _keys(pick_doc(example)), _keys(pick_real(real))
+            assert actual <= documented | prose, (heading, sorted(actual - documented - prose))
+            assert documented <= actual | prose, (heading, sorted(documented - actual - prose))
