@@ -3,9 +3,10 @@
 Its blocks run in order in a fresh copy of the checkout (tests/fixtures/doc_blocks.py), with
 the images this session built (the built_images fixture: FEDGPU_SERVER_IMAGE / _NODE_IMAGE,
 which compose.yaml reads) and, so that it can run beside other projects, a project name and
-published ports of its own (COMPOSE_PROJECT_NAME, FEDGPU_PUBLISH_PORT, FEDGPU_UI_PUBLISH_PORT;
-FEDGPU_AGGREGATOR points the admin CLI at that port). The project is taken down with its
-volumes afterwards, whether the page passed or not. Skips, saying why, without an engine.
+published ports of its own (COMPOSE_PROJECT_NAME, FEDGPU_PUBLISH_PORT, FEDGPU_BULK_PUBLISH_PORT,
+FEDGPU_UI_PUBLISH_PORT; FEDGPU_AGGREGATOR points the admin CLI at that port). The project is
+taken down with its volumes afterwards, whether the page passed or not. Skips, saying why,
+without an engine.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ def test_compose_tutorial_runs_as_written(built_images: dict[str, str], tmp_path
         "FEDGPU_SERVER_IMAGE": built_images["server"],
         "FEDGPU_NODE_IMAGE": built_images["node"],
         "FEDGPU_PUBLISH_PORT": str(port),
+        "FEDGPU_BULK_PUBLISH_PORT": str(free_port()),
         "FEDGPU_UI_PUBLISH_PORT": str(free_port()),
         "FEDGPU_AGGREGATOR": f"127.0.0.1:{port}",
+        # A reader's terminal, wide enough for `fedgpu ps`' table.
+        "COLUMNS": "200",
     }
     try:
         run_page(ROOT / "docs" / "tutorials" / "compose.md", tmp_path, env)
