@@ -1,5 +1,5 @@
-"""The README's Kubernetes examples render and mean what the README says: an operator's own
-site, and swapping the GPU limit for a MIG slice."""
+"""The Kubernetes how-to's examples (docs/how-to/kubernetes.md) render and mean what the page
+says: an operator's own site, and swapping the GPU limit for a MIG slice."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 from tests.fixtures import k8s
 from tests.fixtures.federation import ROOT
 
-SECTION = (ROOT / "README.md").read_text().split("\n## Kubernetes\n")[1].split("\n## ")[0]
+SECTION = (ROOT / "docs" / "how-to" / "kubernetes.md").read_text()
 
 
 def yaml_block(containing: str) -> dict[str, Any]:
