@@ -212,20 +212,23 @@ def test_a_stuck_writer_is_waited_for_a_bounded_time(config: Path,
     monkeypatch.setattr(connections, "LOCK_WAIT_S", 0.3)
     config.mkdir()
     held = os.open(config / ".connections.toml.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # another process holds the lock (flock locks are per open file)
         fcntl.flock(held, fcntl.LOCK_EX)
-        time.sleep(3)
+        os.write(ready_w, b"x")
+        time.sleep(30)
         os._exit(0)
     try:
-        time.sleep(0.5)
+        assert os.read(ready_r, 1) == b"x"
         with pytest.raises(ConfigError, match="being changed by another process"):
             with connections.editing():
                 pass
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
-        os.close(held)
+        for fd in (held, ready_r, ready_w):
+            os.close(fd)
     with connections.editing() as box:  # free again
         box[0] = connections.put(box[0], connections.SavedConnection("a", "a:1"), False)
     assert "a" in connections.load().saved
