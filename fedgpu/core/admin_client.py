@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,18 +86,30 @@ def query(address: str, token: str | None, method: str, timeout: float = 10,
 
 def submit_job(address: str, token: str | None, job_toml: str, filename: str,
                bundle: bytes | None = None, timeout: float = 120,
-               tls: TlsFiles | None = None) -> dict[str, Any]:
-    """Queue a job (and its packed task bundle); the reply names the job id."""
+               tls: TlsFiles | None = None, weights: Path | None = None) -> dict[str, Any]:
+    """Queue a job (and its packed task bundle, and its initial weights file: the aggregator
+    reads no path a job names); the reply names the job id."""
     header = admin_pb2.SubmitJobHeader(job_toml=job_toml, filename=filename)
     if bundle is not None:
         header.bundle_size = len(bundle)
         header.bundle_sha256 = hashlib.sha256(bundle).hexdigest()
+    if weights is not None:
+        header.initial_weights_size, header.initial_weights_sha256 = _file_digest(weights)
+        # A whole model may take long to send: the deadline grows with it (>= 10 MB/s).
+        timeout += header.initial_weights_size / 10e6
 
     def messages() -> Iterator[admin_pb2.SubmitJobChunk]:
         yield admin_pb2.SubmitJobChunk(header=header)
         view = memoryview(bundle or b"")
         for start in range(0, len(view), SUBMIT_CHUNK):
             yield admin_pb2.SubmitJobChunk(data=bytes(view[start:start + SUBMIT_CHUNK]))
+        if weights is not None:
+            sent = 0
+            with open(weights, "rb") as fh:
+                while sent < header.initial_weights_size and (
+                        block := fh.read(min(SUBMIT_CHUNK, header.initial_weights_size - sent))):
+                    sent += len(block)
+                    yield admin_pb2.SubmitJobChunk(data=block)
 
     with channel(address, tls) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
@@ -105,6 +118,22 @@ def submit_job(address: str, token: str | None, job_toml: str, filename: str,
         except grpc.RpcError as exc:
             raise _explain(address, exc, tls) from None
     return json.loads(reply.json)
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a regular file; FedgpuError naming it otherwise."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise FedgpuError(f"initial_weights {path} is not a regular file")
+            while block := fh.read(SUBMIT_CHUNK):
+                digest.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise FedgpuError(f"cannot read initial_weights {path}: {exc.strerror}") from None
+    return size, digest.hexdigest()
 
 
 def job_logs(address: str, token: str | None, job_id: str, follow: bool = False,

@@ -13,6 +13,9 @@ import pytest
 
 from tests.fixtures.federation import Federation, job_dir, write_job
 
+# Real gloo rings and star runs trained to the end: minutes each.
+pytestmark = pytest.mark.slow
+
 log = logging.getLogger("test.ring")
 HP = {"lr": 0.05, "momentum": 0.9, "batch_size": 32}
 

@@ -20,9 +20,20 @@ def task_dir_of(job_file: Path, text: str, given: Path | None = None) -> Path | 
         return given
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
         return None  # the aggregator refuses the file, naming the problem
     value = raw.get("task_dir")
+    return job_file.parent / value if isinstance(value, str) and value.strip() else None
+
+
+def initial_weights_of(job_file: Path, text: str) -> Path | None:
+    """The job file's `initial_weights`, relative to the job file: `job submit` uploads it
+    (the aggregator reads no path a job names). None when it names none."""
+    try:
+        raw = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        return None  # the aggregator refuses the file, naming the problem
+    value = raw.get("initial_weights")
     return job_file.parent / value if isinstance(value, str) and value.strip() else None
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli.common.bundle_jobs import task_dir_of
+from fedgpu.cli.common.bundle_jobs import initial_weights_of, task_dir_of
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import print_json
@@ -26,8 +26,14 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
                "--task-dir", help="A task bundle directory (fedgpu-task.toml and sources), "
                                   "packed and sent with the job; overrides the job file's "
                                   "task_dir.")] = None,
+           weights_on_aggregator: Annotated[bool, typer.Option(
+               "--weights-on-aggregator",
+               help="The job file's initial_weights names a file of the aggregator's "
+                    "--initial-weights-dir: nothing is uploaded (by default the file is "
+                    "read here and sent with the job).")] = False,
            as_json: AsJson = False) -> None:
-    """Queue a job (and its task bundle); it runs when the jobs before it have ended.
+    """Queue a job (and its task bundle and initial weights, both sent with it); it runs when
+    the jobs before it have ended.
 
     Example: fedgpu job submit compose/job.toml
     """
@@ -47,9 +53,10 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
         typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
                    f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
                    err=True)
+    weights = None if weights_on_aggregator else initial_weights_of(job_file, text)
     doc = admin_client.submit_job(conn.address, conn.token, text, str(job_file),
                                   bundle=bundle.data if bundle is not None else None,
-                                  tls=conn.tls)
+                                  tls=conn.tls, weights=weights)
     if as_json:
         print_json(doc)
     else:

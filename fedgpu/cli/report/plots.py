@@ -1,7 +1,8 @@
 """`fedgpu report`: PNG plots and a markdown summary of a run's round history.
 
-The history is the `fedgpu rounds --json` document, from a live aggregator, a checkpoint
-directory's `state.json`, or the `rounds.json` that `fedgpu run` leaves behind. matplotlib is
+The history is the `fedgpu rounds --json` document, from a live aggregator, an aggregator's
+state directory (its job database; a `state.json` of an older version held the history
+itself), or the `rounds.json` that `fedgpu run` leaves behind. matplotlib is
 imported only when plotting, so the CLI (and the aggregator image, which lacks it) loads fast.
 """
 
@@ -42,6 +43,10 @@ def from_rounds_doc(doc: Mapping[str, Any], source: str) -> RunHistory:
 
 
 def load_json_file(path: Path) -> RunHistory:
+    return from_rounds_doc(_json_object(path), str(path))
+
+
+def _json_object(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -50,7 +55,7 @@ def load_json_file(path: Path) -> RunHistory:
         raise ConfigError(f"cannot read {path} as JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path} is not a JSON object")
-    return from_rounds_doc(doc, str(path))
+    return doc
 
 
 def load_state_dir(directory: Path, job: str = "") -> RunHistory:
@@ -70,7 +75,21 @@ def load_state_dir(directory: Path, job: str = "") -> RunHistory:
                 f"{directory} holds no checkpoint{f' of job {job}' if job else ''}: give the "
                 "aggregator's --state-dir (a run of `fedgpu run` keeps it in runs/<time>/state)")
         state = found[-1]
-    return load_json_file(state)
+    doc = _json_object(state)
+    if "history" in doc:  # a state.json from before the history moved into the job database
+        return from_rounds_doc(doc, str(state))
+    # The checkpoint holds weights and engine state; the history is in the job database of
+    # the state directory (<state dir>/jobs/<job id>/state.json), read without writing it.
+    from fedgpu.server.jobs.store import read_history
+
+    state_dir, job_id = state.parent.parent.parent, state.parent.name
+    saved = read_history(state_dir, job_id)
+    if saved is None:
+        raise ConfigError(f"{state} has no round history in {state_dir}/fedgpu.db (job "
+                          f"{job_id}): give the aggregator's --state-dir as it was written")
+    saved = saved.upto(int(doc.get("global_round") or 0))
+    return RunHistory(f"{state_dir} (job {job_id})", doc.get("run_id"), saved.initial_eval,
+                      saved.records)
 
 
 def load_aggregator(address: str, token: str | None, tls: Any = None,

@@ -72,6 +72,15 @@ def start(
         envvar="FEDGPU_UI_HOST",
         help="Address the dashboard listens on; loopback unless you mean otherwise (it is "
         "plain HTTP: reach it through an SSH tunnel).")] = "127.0.0.1",
+    max_queued_jobs: Annotated[int, typer.Option(
+        min=1, envvar="FEDGPU_MAX_QUEUED_JOBS",
+        help="Most jobs waiting their turn; a submission past it is refused until some have "
+        "run.")] = 100,
+    initial_weights_dir: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_INITIAL_WEIGHTS_DIR",
+        help="A directory of safetensors models a submitted job's initial_weights may name "
+        "(by a path inside it); without it, initial weights come only with 'fedgpu job "
+        "submit', which uploads the file.")] = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -108,5 +117,7 @@ def start(
         ui_port=ui_port,
         ui_host=ui_host,
         bulk_port=bulk_port,
+        max_queued_jobs=max_queued_jobs,
+        initial_weights_dir=initial_weights_dir,
     )
     raise typer.Exit(asyncio.run(serve(cfg)))

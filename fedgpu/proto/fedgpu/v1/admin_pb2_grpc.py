@@ -109,8 +109,8 @@ class AdminServicer:
 
     def SubmitJob(self, request_iterator, context):
         """Jobs on a federation that stays up: queued and run one at a time in submission order.
-        A header (the job file, and the size and digest of a task bundle if one comes), then
-        the bundle's bytes in chunks.
+        A header (the job file, and the size and digest of a task bundle and of initial weights
+        if they come), then the bundle's bytes, then the weights' bytes, in chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
