@@ -1,4 +1,4 @@
-"""`fedgpu data split|synth-images|split-folder`: per-node data directories, made locally."""
+"""`fedgpu data split|synth-images|split-folder|synth-lm`: per-node data directories, made locally."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
     data_app.command("split")(split)
     data_app.command("synth-images")(synth_images_cmd)
     data_app.command("split-folder")(split_folder_cmd)
+    from fedgpu.cli.data_synth_lm import synth_lm_cmd  # torch/transformers load inside it
+
+    data_app.command("synth-lm")(synth_lm_cmd)
     app.add_typer(data_app, name="data")
 
 
