@@ -9,10 +9,13 @@ hyperparameters and the site's data directory. Pure Python: the agent never impo
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from fedgpu.core.config import Resources
 from fedgpu.node.policy import Ineligible
+
+log = logging.getLogger("fedgpu.node")
 
 
 def for_site(task_name: str, hyperparameters_json: str, data_dir: Path, need: Resources,
@@ -35,7 +38,13 @@ def for_site(task_name: str, hyperparameters_json: str, data_dir: Path, need: Re
     from fedgpu.node.tasks.causal_lm.site import for_site as lm_for_site
 
     try:
-        need, hparams = lm_for_site(hparams, data_dir, need)
+        derived, hparams = lm_for_site(hparams, data_dir, need)
     except SiteRefusal as exc:
         raise Ineligible(str(exc)) from None
+    if derived != need:
+        log.info("causal-lm: admission uses gpu=%s, min_gpu_free_mib=%d, gpu_memory_mib=%s "
+                 "(the job gave gpu=%s, %d, %s; GPU memory estimated from the base model)",
+                 derived.gpu.value, derived.min_gpu_free_mib, derived.gpu_memory_mib,
+                 need.gpu.value, need.min_gpu_free_mib, need.gpu_memory_mib)
+    need = derived
     return need, json.dumps(hparams)
