@@ -18,7 +18,7 @@ from typing import Any
 
 from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuNeed
-from fedgpu.node.switches import LOOP_DEFAULTS
+from fedgpu.node.rounds.switches import LOOP_DEFAULTS
 from fedgpu.node.tasks.base import HyperparameterError
 from fedgpu.node.tasks.causal_lm import memory
 from fedgpu.node.tasks.causal_lm.settings import DEFAULTS, Quantization, parse
