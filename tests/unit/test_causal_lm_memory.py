@@ -165,3 +165,10 @@ def test_quantisation_needs_bitsandbytes_and_a_gpu(tmp_path: Path,
     # With it, a "preferred" GPU becomes required: 4-bit kernels have no CPU fallback.
     need, _ = for_site(hp, tmp_path, Resources(gpu=GpuNeed.PREFERRED))
     assert need.gpu is GpuNeed.REQUIRED and need.gpu_memory_mib is not None
+
+
+def test_the_reference_page_names_every_hyperparameter() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "causal-lm-task.md"
+            ).read_text()
+    missing = [k for k in settings.DEFAULTS if f"| `{k}` |" not in page]
+    assert not missing, f"docs/reference/causal-lm-task.md lacks {missing}"
