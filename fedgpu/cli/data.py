@@ -1,4 +1,5 @@
-"""`fedgpu data split|synth-images|split-folder|synth-lm`: per-node data directories, made locally."""
+"""`fedgpu data split|synth-images|split-folder|synth-lm`: per-node data directories, made
+locally."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_tutorial_commands_run_as_written_and_perplexity_falls(tmp_path: Path) -
         doc = json.loads((tmp_path / run / "rounds.json").read_text())
         ppl = [math.exp(doc["initial_eval"]["loss"])] + [
             math.exp(r["eval"]["loss"]) for r in doc["rounds"]]
-        assert all(a > b for a, b in zip(ppl, ppl[1:])), (run, ppl)
+        assert all(a > b for a, b in zip(ppl, ppl[1:], strict=False)), (run, ppl)
         assert ppl[0] > 50 and ppl[-1] < 4, (run, ppl)
         for r in doc["rounds"]:
             for u in r["updates"]:
@@ -101,7 +101,7 @@ def test_tutorial_commands_run_as_written_and_perplexity_falls(tmp_path: Path) -
     # generate.py continues w0 with the rule the sites' text follows (5i + 3 mod 48), mostly.
     generated = next(o for o in outputs if o.startswith("w0")).split()
     ids = [int(w[1:]) for w in generated]
-    follows = sum(b == (5 * a + 3) % 48 for a, b in zip(ids, ids[1:]))
+    follows = sum(b == (5 * a + 3) % 48 for a, b in zip(ids, ids[1:], strict=False))
     assert follows >= 6, generated
 
 

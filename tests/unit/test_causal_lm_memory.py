@@ -17,7 +17,7 @@ from fedgpu.node.tasks.causal_lm import memory, settings
 from fedgpu.node.tasks.causal_lm.site import SiteRefusal, for_site
 
 # A Llama-7B-shaped model: 32 layers, hidden 4096, MLP 11008, vocab 32000, bf16.
-H, I, V, L = 4096, 11008, 32000, 32
+H, FF, V, L = 4096, 11008, 32000, 32
 
 
 def _write_safetensors_header(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
@@ -38,9 +38,9 @@ def _llama_dir(root: Path, sharded: bool = False) -> Path:
         p = f"model.layers.{i}."
         for m in ("q_proj", "k_proj", "v_proj", "o_proj"):
             tensors[f"{p}self_attn.{m}.weight"] = ("BF16", [H, H])
-        tensors[f"{p}mlp.gate_proj.weight"] = ("BF16", [I, H])
-        tensors[f"{p}mlp.up_proj.weight"] = ("BF16", [I, H])
-        tensors[f"{p}mlp.down_proj.weight"] = ("BF16", [H, I])
+        tensors[f"{p}mlp.gate_proj.weight"] = ("BF16", [FF, H])
+        tensors[f"{p}mlp.up_proj.weight"] = ("BF16", [FF, H])
+        tensors[f"{p}mlp.down_proj.weight"] = ("BF16", [H, FF])
         tensors[f"{p}input_layernorm.weight"] = ("BF16", [H])
     if not sharded:
         _write_safetensors_header(root / "model.safetensors", tensors)
@@ -62,7 +62,7 @@ def _settings(**hp: object) -> settings.LmSettings:
 @pytest.mark.parametrize("sharded", [False, True])
 def test_facts_count_every_parameter_from_the_headers(tmp_path: Path, sharded: bool) -> None:
     facts = memory.model_facts(_llama_dir(tmp_path / "m", sharded))
-    expected = 2 * V * H + H + L * (4 * H * H + 3 * H * I + H)
+    expected = 2 * V * H + H + L * (4 * H * H + 3 * H * FF + H)
     assert facts.parameters == expected  # 6.74e9: Llama-2-7B's count
     assert facts.stored_bytes == 2 * expected
     assert (facts.layers, facts.hidden, facts.vocab) == (L, H, V)
@@ -72,7 +72,7 @@ def test_lora_size_is_r_times_in_plus_out_of_the_targeted_layers(tmp_path: Path)
     facts = memory.model_facts(_llama_dir(tmp_path / "m"))
     assert memory.lora_parameters(facts, ("q_proj", "v_proj"), 16) == L * 2 * 16 * (H + H)
     # all-linear: the 7 projections of each layer, not the embeddings, the head or the norms.
-    all_linear = L * 16 * (4 * (H + H) + 3 * (H + I))
+    all_linear = L * 16 * (4 * (H + H) + 3 * (H + FF))
     assert memory.lora_parameters(facts, "all-linear", 16) == all_linear
 
 
