@@ -7,9 +7,11 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,3 +147,33 @@ def test_a_round_sends_and_takes_adapters_only(lm_data: Path, tmp_path: Path,
     bad[first] = np.zeros((3, 3), np.float32)
     with pytest.raises(weights.WeightsError, match="has shape"):
         _round(lm_data, tmp_path / "bad", "train", hp, bad)
+
+
+@pytest.mark.timeout(600)
+def test_a_site_without_the_base_model_answers_ineligible_with_the_path(
+        federation: Any, lm_data: Path, tmp_path: Path) -> None:
+    from tests.fixtures.federation import write_job
+    from tests.integration.test_jobs import job_cli, wait_job
+
+    fed = federation
+    # site-b's data directory has no model/ beside it: model_dir = "../model" is not there.
+    lonely = tmp_path / "elsewhere" / "node-2"
+    shutil.copytree(lm_data / "node-2", lonely)
+    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
+    fed.start_node("site-a", lm_data / "node-1")
+    fed.start_node("site-b", lonely)
+    job = write_job(tmp_path / "job.toml", task="causal-lm", rounds=1, min_nodes=1,
+                    min_available_nodes=2,
+                    hyperparameters={"model_dir": "../model", "lr": 0.001, "batch_size": 16,
+                                     "seq_len": 32, "max_steps": 2})
+    job_id = job_cli(fed, "submit", str(job))["job_id"]
+    done = wait_job(fed, job_id, ("finished", "failed", "stopped"), timeout=400)
+    assert done["state"] == "finished", done
+    rounds = fed.query("ListRounds", job_id=job_id)["rounds"]
+    reasons = [i["reason"] for r in rounds for i in r.get("ineligible", [])
+               if i.get("name", i.get("node")) == "site-b"]
+    assert reasons, rounds
+    assert all(r == f"the base model directory {(lonely.parent / 'model').resolve()} "
+               f"(model_dir = '../model') is not on this site" for r in reasons), reasons
+    # site-a trained every round; its update was the adapters.
+    assert all(u["node"] == "site-a" for r in rounds for u in r["updates"])
