@@ -111,7 +111,7 @@ def _write_model(model_dir: Path, s: SynthLm) -> None:
     config = LlamaConfig(
         vocab_size=len(vocab), hidden_size=s.hidden, intermediate_size=2 * s.hidden,
         num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.heads,
-        max_position_embeddings=max(128, 2 * s.words), pad_token_id=0, bos_token_id=2,
+        max_position_embeddings=max(512, 2 * s.words), pad_token_id=0, bos_token_id=2,
         eos_token_id=3, tie_word_embeddings=False,
     )
     gen = torch.random.fork_rng()

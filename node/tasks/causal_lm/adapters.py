@@ -57,6 +57,21 @@ class AdapterModel(nn.Module):
             out[prefix + wire] = p if keep_vars else p.detach()
         return out
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False
+                        ) -> Any:  # type: ignore[override]
+        """Adapters by their wire names into the parameters (what state_dict returns)."""
+        mine = self.state_dict()
+        missing = sorted(set(mine) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(mine))
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"adapter state does not match: missing {missing[:5]}, "
+                               f"unexpected {unexpected[:5]}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                if name in mine:
+                    mine[name].copy_(value)
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
     def adapter_parameters(self) -> Iterator[nn.Parameter]:
         params = dict(self.named_parameters())
         return (params[name] for name in self._wire.values())
@@ -99,6 +114,11 @@ def load(s: LmSettings) -> AdapterModel:
     except (OSError, ValueError) as exc:
         raise HyperparameterError(f"task 'causal-lm': cannot load the base model from "
                                   f"{s.model_dir}: {exc}") from None
+    positions = getattr(base.config, "max_position_embeddings", None) or getattr(
+        base.config, "n_positions", None)
+    if isinstance(positions, int) and s.seq_len > positions:
+        raise HyperparameterError(f"task 'causal-lm': seq_len {s.seq_len} is longer than the "
+                                  f"{positions} positions {s.model_dir.name} was built for")
     # The base is frozen: no gradient for it, ever (peft also does this; being explicit keeps
     # the optimizer and the memory estimate honest when a task subclasses this).
     base.requires_grad_(False)
