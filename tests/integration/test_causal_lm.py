@@ -177,3 +177,19 @@ def test_a_site_without_the_base_model_answers_ineligible_with_the_path(
                f"(model_dir = '../model') is not on this site" for r in reasons), reasons
     # site-a trained every round; its update was the adapters.
     assert all(u["node"] == "site-a" for r in rounds for u in r["updates"])
+
+
+def test_the_worker_factory_warm_up_never_loads_the_base_model(
+        lm_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every round's worker is forked from a factory warmed on the previous round's task; for a
+    # language model that must not mean a multi-gigabyte base model loaded on the CPU.
+    from fedgpu.node.rounds import worker
+    from fedgpu.node.tasks.causal_lm import adapters
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the warm-up loaded the base model")
+
+    monkeypatch.setattr(adapters, "load", refuse)
+    worker._warm_up({"task_name": "causal-lm", "data_dir": str(lm_data / "node-1"),
+                     "hyperparameters": {"model_dir": str(lm_data / "model"), "batch_size": 4}})
+    assert "peft" in sys.modules and "transformers" in sys.modules

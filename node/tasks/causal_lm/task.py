@@ -18,7 +18,7 @@ import torch
 
 from fedgpu.node.tasks.base import Datasets, Metrics
 from fedgpu.node.tasks.causal_lm import adapters, corpus
-from fedgpu.node.tasks.causal_lm.settings import TASK_NAME, LmSettings, parse
+from fedgpu.node.tasks.causal_lm.settings import DEFAULTS, TASK_NAME, LmSettings, parse
 
 # Fast tokenizers start a thread pool; forked DataLoader workers would then warn and serialise.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,6 +54,19 @@ class CausalLmTask:
     def batch_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         # Mean over the batch's real (unpadded) next-token predictions.
         return model(**batch).loss
+
+    def warm_up(self, hparams: Mapping[str, Any]) -> None:
+        """What the worker factory does once so that every round's worker it forks starts
+        warm: import transformers and peft (seconds) and read the tokenizer, but never load the
+        base model (gigabytes, and on the CPU) nor touch CUDA."""
+        import peft  # noqa: F401
+        from transformers import AutoModelForCausalLM  # noqa: F401
+
+        own = {k: v for k, v in hparams.items() if k in DEFAULTS}
+        try:
+            adapters.load_tokenizer(parse(own))
+        except ValueError:  # bad hyperparameters: the round reports them
+            pass
 
     def eval_metrics(self, metrics: Metrics) -> Metrics:
         """Perplexity from the held-out loss (mean token cross-entropy, nats)."""
