@@ -23,7 +23,7 @@ from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import identity, messages, nvml, policy, registration, ring
+from fedgpu.node import identity, messages, nvml, policy, registration, ring, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
@@ -240,8 +240,14 @@ class Agent:
         outcome: RoundOutcome | None = None
         cancel = self.liveness.working_on(header.task_id)
         try:
+            hparams_json = header.hyperparameters_json
             try:
-                decision = policy.decide_for_job(snap, self.cfg.gpu, resources_from_wire(header))
+                # A built-in task may refine the job's needs for this site (causal-lm: its base
+                # model must be here; GPU memory estimated from its size when not given).
+                need, hparams_json = task_needs.for_site(
+                    header.task_name, hparams_json, self.cfg.data_dir,
+                    resources_from_wire(header), bundled=header.HasField("bundle"))
+                decision = policy.decide_for_job(snap, self.cfg.gpu, need)
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
@@ -254,7 +260,7 @@ class Agent:
                 log.info("round %d %s: %s", header.round, kind,
                          policy.log_line(decision))
                 try:
-                    hparams = json.loads(header.hyperparameters_json or "{}")
+                    hparams = json.loads(hparams_json or "{}")
                 except json.JSONDecodeError:
                     hparams = None
                 args = ring.task_args(header, self.cfg.name, self.cfg.work_root, decision)

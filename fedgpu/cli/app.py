@@ -15,8 +15,10 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli import certs, connection, data, devices, health, nodes, rounds, sim, status, ui
+from fedgpu.cli import certs, connection, devices, health, nodes, rounds, sim, status, ui
 from fedgpu.cli.common.help_format import show_flags_as_flags
+from fedgpu.cli.data import partitions as data
+from fedgpu.cli.data import synth_lm
 from fedgpu.cli.deploy import down, logs, ps, up
 from fedgpu.cli.doctor import doctor
 from fedgpu.cli.job import list as job_list
@@ -155,6 +157,7 @@ data_app = _group("data", "Datasets for demos and tests: per-node partitions, ma
 data_app.command("split")(data.split)
 data_app.command("synth-images")(data.synth_images_cmd)
 data_app.command("split-folder")(data.split_folder_cmd)
+data_app.command("synth-lm")(synth_lm.synth_lm_cmd)
 
 # ---- Diagnostics ---------------------------------------------------------------------------
 app.command("doctor", rich_help_panel=DIAGNOSE)(doctor.doctor)

@@ -19,6 +19,9 @@ DEFAULT_HPARAMS: dict[str, dict[str, Any]] = {
     # ResNet-20 rather than the task's ResNet-18 default: a round stays seconds, not minutes,
     # on a CPU; `--hp depth=18` (with a GPU) trains the bigger one.
     "images": {"lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 64, "depth": 20},
+    # The tiny model of `fedgpu data synth-lm --out DIR`: DIR/model beside DIR/node-K.
+    "causal-lm": {"model_dir": "../model", "lr": 0.001, "batch_size": 16, "seq_len": 32,
+                  "local_epochs": 1},
 }
 # Synthetic images for `fedgpu run --task images`: per class and node, 10 classes, 32x32.
 SYNTH_CLASSES = 10

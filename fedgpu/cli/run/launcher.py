@@ -14,6 +14,7 @@ kernel to be signalled when we die (fedgpu.core.lifetime), and stops on its own.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -337,6 +338,12 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         run.say(f"final global model: accuracy {last_eval['accuracy']:.4f}, loss "
                 f"{last_eval['loss']:.4f} on {last_eval['num_examples']} held-out examples "
                 f"of {last_eval['nodes']} nodes")
+    elif last_eval and last_eval.get("loss") is not None and any(
+            "perplexity" in n.get("metrics", {}) for n in last_eval.get("per_node", [])):
+        # A language model (causal-lm): perplexity of the examples-weighted mean loss.
+        run.say(f"final global model: loss {last_eval['loss']:.4f}, perplexity "
+                f"{math.exp(min(last_eval['loss'], 50.0)):.3f} on {last_eval['num_examples']} "
+                f"held-out examples of {last_eval['nodes']} nodes")
     run.say(f"run finished: {len(rounds)} rounds; run directory {run.run_dir}")
     return 0
 
