@@ -15,7 +15,8 @@ from fedgpu.node import policy
 class AgentConfig:
     aggregator: str
     data_dir: Path
-    name: str
+    # None: the first free default identity of the state directory (node/identity.py).
+    name: str | None
     token: str | None
     gpu: policy.GpuFlags
     connect_timeout_s: float = 60.0

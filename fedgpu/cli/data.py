@@ -12,17 +12,6 @@ from fedgpu.core.constants import Partition
 from fedgpu.core.datasets import MissingDependencyError, read_meta, split_digits
 
 
-def register(app: typer.Typer) -> None:
-    data_app = typer.Typer(
-        help="Datasets for demos and tests: per-node partitions, made locally.",
-        no_args_is_help=True,
-    )
-    data_app.command("split")(split)
-    data_app.command("synth-images")(synth_images_cmd)
-    data_app.command("split-folder")(split_folder_cmd)
-    app.add_typer(data_app, name="data")
-
-
 def split(
     out: Annotated[
         Path, typer.Option("--out", help="Directory to write node-1 .. node-N into.")
@@ -49,7 +38,10 @@ def split(
         bool, typer.Option("--force", help="Replace the node-K directories of an earlier split.")
     ] = False,
 ) -> None:
-    """Split the digits dataset (bundled with scikit-learn) into per-node data directories."""
+    """Split the digits dataset (bundled with scikit-learn) into per-node data directories.
+
+    Example: fedgpu data split --out data --nodes 3 --partition dirichlet --alpha 0.3
+    """
     try:
         dirs = split_digits(
             out,
@@ -93,7 +85,10 @@ def synth_images_cmd(
         bool, typer.Option("--force", help="Replace the node-K directories of an earlier split.")
     ] = False,
 ) -> None:
-    """Write a synthetic, learnable image data set (PNG, a folder per class) for task images."""
+    """Write a synthetic, learnable image data set (PNG, a folder per class) for task images.
+
+    Example: fedgpu data synth-images --out images --nodes 3
+    """
     from fedgpu.core.synth_images import synth_images
 
     try:
@@ -131,6 +126,8 @@ def split_folder_cmd(
     """Partition an image folder (e.g. CIFAR-10 exported as PNGs) into per-node directories.
 
     Files are hard-linked into OUT where it is on the same file system, copied otherwise.
+
+    Example: fedgpu data split-folder photos --out data --nodes 3
     """
     from fedgpu.core.imagefolders import split_folder
 

@@ -96,7 +96,10 @@ def devices(
         typer.Option("--use-gpu/--no-use-gpu", help="Whether the job asks for a GPU."),
     ] = True,
 ) -> None:
-    """Show this host's GPUs as NVML sees them and which device the node policy picks."""
+    """Show this host's GPUs as NVML sees them and which device the node policy picks.
+
+    Example: fedgpu devices --gpu offer --json
+    """
     from fedgpu.node import nvml
     from fedgpu.node.policy import EnforceError, PolicyError, decide, parse_gpu_flags
 
@@ -123,7 +126,3 @@ def devices(
     if error is not None:
         # The app prints it as one line on stderr and exits 1, after the JSON or table.
         raise FedgpuError(error)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("devices")(devices)

@@ -20,6 +20,9 @@ from tests.fixtures.processes import (
     with_signals,
 )
 
+# The README's demo end to end: real training, minutes on a loaded machine.
+pytestmark = pytest.mark.slow
+
 
 def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
