@@ -31,15 +31,32 @@ def _options(cmd: Any) -> set[str]:
     return names
 
 
+def _is_flag(cmd: Any, name: str) -> bool:
+    for p in cmd.params:
+        if name in getattr(p, "opts", []) or name in getattr(p, "secondary_opts", []):
+            return bool(getattr(p, "is_flag", False))
+    return True  # --help
+
+
 def _resolve(words: list[str]) -> tuple[list[tuple[tuple[str, ...], Any]], str | None]:
     """The commands a line names (several for `a|b`), and the first word that should have been
     a subcommand and is not (None when all resolved)."""
     cmds: list[tuple[tuple[str, ...], Any]] = [((), _root())]
+    value_next = False
     for word in words:
+        if value_next:  # the value of a group's own option
+            value_next = False
+            continue
         if not all(getattr(c, "commands", None) for _, c in cmds):
             return cmds, None
+        if word == "...":  # "and the rest", as the page says
+            return cmds, None
+        if word.startswith("[-"):
+            word = word.strip("[]").split()[0]
         if word.startswith("-") and all(word in _options(c) for _, c in cmds):
-            continue  # a group's own option: `fedgpu --help`, `fedgpu --debug status`
+            # A group's own option: `fedgpu --help`, `fedgpu nodes --address A --json`.
+            value_next = not _is_flag(cmds[0][1], word)
+            continue
         if word.startswith(("-", "[")):
             return cmds, word
         alts = word.split("|")
