@@ -29,7 +29,7 @@ import re
 import stat
 import tarfile
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -380,31 +380,3 @@ def unpack(bundle: Bundle, dest: Path) -> Path:
         with os.fdopen(fd, "wb") as fh:
             fh.write(content)
     return dest
-
-
-# ---- requirements ---------------------------------------------------------------------------
-
-
-def unmet_requirements(requires: Iterable[str]) -> list[str]:
-    """Each requirement this Python environment does not satisfy, as one line saying why.
-
-    Reads installed distributions' metadata only (importlib.metadata); nothing is imported
-    from them and nothing is installed.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.requirements import Requirement
-
-    problems = []
-    for spec in requires:
-        req = Requirement(spec)
-        if req.marker is not None and not req.marker.evaluate():
-            continue
-        try:
-            have = version(req.name)
-        except PackageNotFoundError:
-            problems.append(f"{spec}: {req.name} is not installed")
-            continue
-        if req.specifier and not req.specifier.contains(have, prereleases=True):
-            problems.append(f"{spec}: {req.name} {have} is installed")
-    return problems

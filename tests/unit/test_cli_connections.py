@@ -3,8 +3,10 @@ order in which options, saved connections and the environment win, and ids by pr
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -203,3 +205,30 @@ def test_the_compose_aggregator_as_a_connection(tmp_path: Path) -> None:
     config["services"]["aggregator"]["ports"] = []
     with pytest.raises(Exception, match="publishes no port for 50051"):
         compose_connection(config)
+
+
+def test_a_stuck_writer_is_waited_for_a_bounded_time(config: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections, "LOCK_WAIT_S", 0.3)
+    config.mkdir()
+    held = os.open(config / ".connections.toml.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another process holds the lock (flock locks are per open file)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.write(ready_w, b"x")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        with pytest.raises(ConfigError, match="being changed by another process"):
+            with connections.editing():
+                pass
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        for fd in (held, ready_r, ready_w):
+            os.close(fd)
+    with connections.editing() as box:  # free again
+        box[0] = connections.put(box[0], connections.SavedConnection("a", "a:1"), False)
+    assert "a" in connections.load().saved

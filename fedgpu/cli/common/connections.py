@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ TOKENS_DIR = "tokens"
 MAX_FILE_BYTES = 1 << 20
 MAX_TOKEN_BYTES = 4096
 MAX_CONNECTIONS = 1000
+LOCK_WAIT_S = 10.0
 # Bare TOML keys, file names and shell words alike.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FIELDS = ("address", "tls_ca", "tls_cert", "tls_key", "token_file", "insecure")
@@ -188,7 +190,7 @@ def editing(path: Path | None = None) -> Iterator[list[Connections]]:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, path)
         box = [load(path)]
         before = box[0]
         yield box
@@ -196,6 +198,21 @@ def editing(path: Path | None = None) -> Iterator[list[Connections]]:
             write_private(path, dumps(box[0]).encode())
     finally:
         os.close(lock)
+
+
+def _lock(fd: int, path: Path) -> None:
+    """An exclusive lock for one edit, or a ConfigError after LOCK_WAIT_S: another edit
+    holds it only for a moment, so a longer wait means a stuck process."""
+    end = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > end:
+                raise ConfigError(f"{path} is being changed by another process for over "
+                                  f"{LOCK_WAIT_S:g}s; try again") from None
+            time.sleep(0.05)
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import codec
-from fedgpu.core.bundles import Bundle, pack_dir, unmet_requirements
+from fedgpu.core.bundle_requires import unmet_requirements
+from fedgpu.core.bundles import Bundle, pack_dir
 from fedgpu.core.datasets import TEST_FILE, TRAIN_FILE
 from fedgpu.core.errors import FedgpuError
 
