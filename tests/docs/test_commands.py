@@ -112,6 +112,18 @@ def test_every_documented_command_and_flag_exists() -> None:
     assert not found, "\n".join(found)
 
 
+def test_every_example_in_the_cli_help_is_a_real_command(tmp_path: Path) -> None:
+    """The examples the commands' --help shows (rendered into docs/reference/cli.md at build
+    time) name real commands and flags, like every other command line in the docs."""
+    page = tmp_path / "cli.md"
+    page.write_text(cli_reference.markdown())
+    examples = command_lines(page)
+    leaves = [p for p, c in cli_reference.commands() if not getattr(c, "commands", None)]
+    assert len(examples) >= len(leaves), "every command's help should carry an example"
+    found = problems(page)
+    assert not found, "\n".join(found)
+
+
 def test_a_wrong_command_or_flag_is_found(tmp_path: Path) -> None:
     page = tmp_path / "probe.md"
     page.write_text("```bash\nfedgpu job sumbit job.toml\nfedgpu run --nodez 3\n"
