@@ -8,6 +8,7 @@ parameter for the help record `fedgpu X --help` prints, so it follows the CLI's 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -45,7 +46,17 @@ def _clean(text: str) -> str:
 
 
 def _help(cmd: Any) -> str:
-    return _clean(getattr(cmd, "help", None) or "")
+    """The command's help; its "Example: ..." / "Examples: a; b" paragraph as a code block
+    (the help wraps it to the terminal; a reader copies it as one line per command)."""
+    out = []
+    for para in re.split(r"\n\s*\n", _clean(getattr(cmd, "help", None) or "")):
+        m = re.match(r"(Examples?):\s+(fedgpu\b.*)", " ".join(para.split()))
+        if m:
+            commands = [c.strip() for c in m.group(2).split("; ")]
+            out.append(f"{m.group(1)}:\n\n```bash\n" + "\n".join(commands) + "\n```")
+        else:
+            out.append(para)
+    return "\n\n".join(out)
 
 
 def _context(cmd: Any, name: str) -> Any:
@@ -63,7 +74,7 @@ def markdown(heading: str = "##") -> str:
         if _help(cmd):
             out += [_help(cmd), ""]
         usage = " ".join(cmd.collect_usage_pieces(ctx))
-        out += ["```", f"{name} {usage}".rstrip(), "```", ""]
+        out += ["```text", f"{name} {usage}".rstrip(), "```", ""]  # a synopsis, not a command
         epilog = _clean(getattr(cmd, "epilog", None) or "")
         if epilog:  # examples, as the command's --help prints them after its options
             out += ["```text", epilog, "```", ""]

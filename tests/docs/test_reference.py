@@ -81,3 +81,23 @@ def test_the_docs_pins_are_the_dev_extras() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     for pin in pins:
         assert f'"{pin}"' in pyproject, f"{pin} is not pinned the same in pyproject's dev extra"
+
+
+def test_job_files_in_the_docs_validate() -> None:
+    """Every TOML block of the docs that is a job file, or a part of one (a `[resources]`
+    table, the ring keys), passes the aggregator's own validation."""
+    import tomllib
+
+    from fedgpu.core.config import Job, parse_job
+
+    checked = 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for block in re.findall(r"^```toml[^\n]*\n(.*?)^```\s*$", page.read_text(), re.S | re.M):
+            raw = tomllib.loads(block)
+            if not set(raw) & set(Job.__dataclass_fields__):
+                continue  # another file's TOML (a pyproject.toml, connections.toml)
+            if "task" not in raw and "task_dir" not in raw:
+                raw = {"task": "digits", **raw}  # a part of a job file
+            parse_job(raw, str(page.relative_to(ROOT)))
+            checked += 1
+    assert checked >= 5

@@ -4,9 +4,9 @@ Its blocks run in order in a fresh copy of the checkout (tests/fixtures/doc_bloc
 the images this session built (the built_images fixture: FEDGPU_SERVER_IMAGE / _NODE_IMAGE,
 which compose.yaml reads) and, so that it can run beside other projects, a project name and
 published ports of its own (COMPOSE_PROJECT_NAME, FEDGPU_PUBLISH_PORT, FEDGPU_BULK_PUBLISH_PORT,
-FEDGPU_UI_PUBLISH_PORT; FEDGPU_AGGREGATOR points the admin CLI at that port). The project is
-taken down with its volumes afterwards, whether the page passed or not. Skips, saying why,
-without an engine.
+FEDGPU_UI_PUBLISH_PORT; `make up` saves the published port in the connection the admin CLI
+then uses, in the page's own HOME). The project is taken down with its volumes afterwards,
+whether the page passed or not. Skips, saying why, without an engine.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def test_compose_tutorial_runs_as_written(built_images: dict[str, str], tmp_path
         "FEDGPU_PUBLISH_PORT": str(port),
         "FEDGPU_BULK_PUBLISH_PORT": str(free_port()),
         "FEDGPU_UI_PUBLISH_PORT": str(free_port()),
-        "FEDGPU_AGGREGATOR": f"127.0.0.1:{port}",
         # A reader's terminal, wide enough for `fedgpu ps`' table.
         "COLUMNS": "200",
     }
