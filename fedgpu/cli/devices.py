@@ -73,7 +73,8 @@ def _render(snap: nvml.NvmlSnapshot, decision: Decision | None) -> None:
 def devices(
     as_json: Annotated[
         bool,
-        typer.Option("--json", help="Print one JSON document (schema: docs/devices-json.md)."),
+        typer.Option("--json", help="Print one JSON document (schema: "
+                     "docs/reference/devices-json.md)."),
     ] = False,
     gpu: Annotated[
         str,

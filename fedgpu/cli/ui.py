@@ -13,7 +13,7 @@ import typer
 
 from fedgpu.core.errors import FedgpuError
 
-# What compose publishes and the README suggests; the server's own default is off (0).
+# What compose publishes and the docs suggest; the server's own default is off (0).
 DEFAULT_UI_PORT = 8080
 
 

@@ -1,6 +1,6 @@
 """Task bundles: a task's sources packed so that the same sources always give the same sha256.
 
-The contract (README: Your own task), shared by the CLI that packs, the aggregator that stores
+The contract (docs: tutorials/own-task.md), shared by the CLI that packs, the aggregator that stores
 and the node that checks and unpacks:
 
 - A bundle directory holds `fedgpu-task.toml` (`name`, `entry = "module:Attribute"`, optional

@@ -73,7 +73,7 @@ class Job:
     # `use_gpu` is the short form: false is `[resources] gpu = "none"`. parse_job keeps the two
     # in step; `needs` reads them together for a Job built in code.
     resources: Resources = field(default_factory=Resources)
-    # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
+    # A task bundle directory (docs: tutorials/own-task.md), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
 

@@ -83,7 +83,7 @@ class JobRow:
         return self.state in ENDED_JOB_STATES
 
     def summary(self) -> dict[str, Any]:
-        """The `fedgpu job list --json` entry (README: Jobs)."""
+        """The `fedgpu job list --json` entry (docs: reference/json.md)."""
         return {
             "job_id": self.job_id, "name": self.name, "task": self.task,
             "state": str(self.state), "reason": self.reason,

@@ -1,4 +1,4 @@
-"""`fedgpu run`, the README's demo, end to end: 3 nodes, 5 rounds, accuracy >= 0.90."""
+"""`fedgpu run`, the README's `make demo`, end to end: 3 nodes, 5 rounds, accuracy >= 0.90."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.fixtures.processes import (
     with_signals,
 )
 
-# The README's demo end to end: real training, minutes on a loaded machine.
+# `make demo` end to end: real training, minutes on a loaded machine.
 pytestmark = pytest.mark.slow
 
 

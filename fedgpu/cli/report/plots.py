@@ -109,7 +109,8 @@ def _max(values: Sequence[float | None]) -> float | None:
 
 
 def round_rows(hist: RunHistory) -> list[dict[str, Any]]:
-    """One row per recorded round attempt; the time split is documented in the README."""
+    """One row per recorded round attempt; the time split is documented in
+    docs/reference/json.md."""
     rows = []
     for r in hist.rounds:
         updates = r.get("updates") or []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 MANIFEST = '''\
-# A fedgpu task bundle (README: "Your own task"). `fedgpu job submit --task-dir` packs this
+# A fedgpu task bundle (docs: tutorials/own-task.md). `fedgpu job submit --task-dir` packs this
 # directory deterministically and names it by its sha256; each site approves that hash
 # ('fedgpu node approve SHA256'). Change one byte of any file here and it is a new bundle,
 # to be approved again. Hidden files, __pycache__/ and *.pyc are left out of the bundle.
@@ -47,7 +47,8 @@ What to change for your own model: the layers in build_model (keep them determin
 seed the runner sets), DEFAULTS (each key is a hyperparameter a job may set under
 [hyperparameters]; unknown keys are refused), load_data if your sites hold other files, and the
 loss in train/evaluate. For data that does not fit in memory, implement the Dataset contract
-instead (load_datasets, optimizer, batch_loss: see fedgpu/node/tasks/base.py and README "Tasks").
+instead (load_datasets, optimizer, batch_loss: see fedgpu/node/tasks/base.py and docs:
+reference/tasks.md).
 """
 
 from __future__ import annotations
