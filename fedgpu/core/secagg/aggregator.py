@@ -233,11 +233,11 @@ class AggregatorSession:
             partners = sorted(self.neighbours[v] & self._masked)
             if not partners:
                 continue
-            secret = self._rebuild(v, ShareKind.MASK_KEY)
-            if crypto.KeyPair.from_secret(secret).public != self._keys[v].s_public:
+            pair = crypto.KeyPair.from_secret(self._rebuild(v, ShareKind.MASK_KEY))
+            if pair.public != self._keys[v].s_public:
                 raise SecAggError(f"the shares of site {v}'s mask key do not match its key")
             for u in partners:
-                seed = crypto.mask_seed(secret, self._keys[u].s_public, self.context, v, u)
+                seed = crypto.mask_seed(pair, self._keys[u].s_public, self.context, v, u)
                 # u added +mask when u < v: take it back out, and the reverse.
                 corrections.append((seed, -1 if u < v else 1))
             recovered += 1

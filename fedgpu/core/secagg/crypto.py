@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -34,16 +34,18 @@ class KeyPair:
 
     secret: bytes
     public: bytes
+    # Loading a raw key costs as much as an exchange: load it once, agree many times.
+    key: X25519PrivateKey = field(repr=False, compare=False)
 
     @classmethod
     def generate(cls) -> KeyPair:
         sk = X25519PrivateKey.generate()
-        return cls(sk.private_bytes_raw(), sk.public_key().public_bytes_raw())
+        return cls(sk.private_bytes_raw(), sk.public_key().public_bytes_raw(), sk)
 
     @classmethod
     def from_secret(cls, secret: bytes) -> KeyPair:
         sk = _private(secret)
-        return cls(secret, sk.public_key().public_bytes_raw())
+        return cls(secret, sk.public_key().public_bytes_raw(), sk)
 
 
 def _private(secret: bytes) -> X25519PrivateKey:
@@ -52,11 +54,11 @@ def _private(secret: bytes) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(secret)
 
 
-def _agree(secret: bytes, peer_public: bytes, info: bytes, context: bytes) -> bytes:
+def _agree(mine: KeyPair, peer_public: bytes, info: bytes, context: bytes) -> bytes:
     if len(peer_public) != KEY_BYTES:
         raise SecAggError(f"an X25519 public key is {KEY_BYTES} bytes, got {len(peer_public)}")
     try:
-        shared = _private(secret).exchange(X25519PublicKey.from_public_bytes(peer_public))
+        shared = mine.key.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:  # an all-zero (low order) point
         raise SecAggError(f"unusable public key: {exc}") from None
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=context, info=info).derive(shared)
@@ -67,14 +69,14 @@ def _pair(a: int, b: int) -> bytes:
     return struct.pack(">II", min(a, b), max(a, b))
 
 
-def mask_seed(secret: bytes, peer_public: bytes, context: bytes, me: int, peer: int) -> bytes:
+def mask_seed(mine: KeyPair, peer_public: bytes, context: bytes, me: int, peer: int) -> bytes:
     """The 32-byte PRG seed of the mask sites `me` and `peer` share (the same at both ends)."""
-    return _agree(secret, peer_public, _MASK_SEED_INFO + _pair(me, peer), context)
+    return _agree(mine, peer_public, _MASK_SEED_INFO + _pair(me, peer), context)
 
 
-def share_key(secret: bytes, peer_public: bytes, context: bytes, me: int, peer: int) -> bytes:
+def share_key(mine: KeyPair, peer_public: bytes, context: bytes, me: int, peer: int) -> bytes:
     """The AEAD key for shares between `me` and `peer`."""
-    return _agree(secret, peer_public, _SHARE_KEY_INFO + _pair(me, peer), context)
+    return _agree(mine, peer_public, _SHARE_KEY_INFO + _pair(me, peer), context)
 
 
 def _associated(context: bytes, src: int, dst: int) -> bytes:

@@ -86,7 +86,7 @@ class SiteSession:
             if holder == self.me:
                 self._held[self.me] = (b_share, sk_share)
                 continue
-            key = crypto.share_key(self._c.secret, self._peers[holder].c_public, ctx,
+            key = crypto.share_key(self._c, self._peers[holder].c_public, ctx,
                                    self.me, holder)
             plain = (self.me.to_bytes(4, "big") + holder.to_bytes(4, "big")
                      + b_share.y_bytes() + sk_share.y_bytes())
@@ -98,7 +98,7 @@ class SiteSession:
         src = item.peer
         if src not in self._peers:
             raise SecAggError(f"site {self.me}: shares from site {src}, whose keys it never got")
-        key = crypto.share_key(self._c.secret, self._peers[src].c_public, self.setup.context,
+        key = crypto.share_key(self._c, self._peers[src].c_public, self.setup.context,
                                self.me, src)
         plain = crypto.open_sealed(key, item.data, self.setup.context, src, self.me)
         if (len(plain) != 8 + 2 * shamir.SHARE_BYTES
@@ -128,7 +128,7 @@ class SiteSession:
         seeds = [(self._b, 1)]
         for peer in sorted(self._held):
             if peer != self.me:
-                seed = crypto.mask_seed(self._s.secret, self._peers[peer].s_public,
+                seed = crypto.mask_seed(self._s, self._peers[peer].s_public,
                                         self.setup.context, self.me, peer)
                 # The smaller index adds, the larger subtracts: the pair cancels in the sum.
                 seeds.append((seed, 1 if self.me < peer else -1))
