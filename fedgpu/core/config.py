@@ -184,7 +184,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
     secagg = secagg_jobfile.parse(raw.get("secure_aggregation"), source)
-    secagg_jobfile.check_job(secagg, strategy, mode, source)
+    secagg_jobfile.check_job(secagg, strategy, mode, min_nodes, source)
     return Job(
         task=task,
         name=name,

@@ -120,5 +120,7 @@ class SecAggPlan(StarPlan):
                     record.train_loss = sum(losses) / len(losses) if losses else None
             if sround.failure is not None and rnd.error is None:
                 rnd.error = f"round {rnd.number} attempt {rnd.attempt}: {sround.failure}"
+                if record is not None:
+                    record.error = rnd.error
         self.round = None
         return super().closed(rnd, record, chosen, ok)

@@ -68,8 +68,10 @@ DROPS = {1: Stage.ADVERTISE_KEYS, 2: Stage.SHARE_KEYS, 3: Stage.MASKED_INPUT, 4:
 
 
 def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
-             errors: list[BaseException]) -> None:
-    """A site that trains instantly and leaves each round's protocol at DROPS[round]."""
+             errors: list[BaseException], drops: dict[tuple[int, int], Stage]) -> None:
+    """A site that trains instantly and leaves the protocol of the n-th task it gets for
+    round r at drops[(r, n)]."""
+    seen: dict[int, int] = {}
     try:
         client = AggregatorClient(address, token)
         reply = client.register(pb.RegisterRequest(
@@ -81,7 +83,9 @@ def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
             task, payload = client.pull(reply.node_id, 1, 1 << 30)
             if task.kind in (pb.TASK_KIND_NONE, pb.TASK_KIND_SHUTDOWN):
                 continue
-            drop = DROPS.get(task.round)
+            if task.kind == pb.TASK_KIND_TRAIN:
+                seen[task.round] = seen.get(task.round, 0) + 1
+            drop = drops.get((task.round, seen.get(task.round, 0)))
             if task.kind != pb.TASK_KIND_TRAIN or drop == Stage.ADVERTISE_KEYS:
                 # Leaves the initial model to a real node; "fails training" in round 1.
                 client.push(pb.UpdateHeader(node_id=reply.node_id, task_id=task.task_id,
@@ -103,8 +107,10 @@ def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
             masked = site.masked_input(shares, change, 500)
             secagg._send(link, task, Stage.MASKED_INPUT, masked.encode(),
                          pb.UpdateHeader(train_metrics={"loss": 1.0}))
-            UnmaskRequest.decode(secagg._wait(link, task, Stage.UNMASK))
-            # drop == UNMASK: its input is in, its shares never come.
+            request = UnmaskRequest.decode(secagg._wait(link, task, Stage.UNMASK))
+            if drop == Stage.UNMASK:
+                continue  # its input is in, its shares never come
+            secagg._send(link, task, Stage.UNMASK, site.unmask(request).encode())
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         if not stop.is_set():
             errors.append(exc)
@@ -120,8 +126,9 @@ def test_a_site_dropping_at_each_stage_is_recovered(federation: Federation,
     for i, data in enumerate(digits_split):
         federation.start_node(f"node-{i + 1}", data, "--gpu", "none")
     stop, errors = threading.Event(), []
+    drops = {(r, 1): stage for r, stage in DROPS.items()}
     thread = threading.Thread(target=_dropper, args=(federation.address, federation.token,
-                                                     federation.tmp, stop, errors))
+                                                     federation.tmp, stop, errors, drops))
     thread.start()
     try:
         federation.wait_state(("finished", "failed"), timeout=300)
@@ -142,3 +149,33 @@ def test_a_site_dropping_at_each_stage_is_recovered(federation: Federation,
     transports = {u["node"]: u["transport"] for u in rounds[4]["updates"]}
     assert transports == {"dropper": "grpc", "node-1": "bulk", "node-2": "bulk",
                           "node-3": "bulk"}
+
+
+def test_below_threshold_the_round_fails_by_name_and_is_retried(
+        federation: Federation, digits_split: list[Path]) -> None:
+    # Two sites, threshold 2: the scripted one leaves after advertising its keys in the first
+    # attempt, so share-keys ends with one site; the second attempt has both.
+    job = write_job(federation.tmp / "job.toml", rounds=1, min_nodes=2, evaluate=False,
+                    round_deadline_s=60, secure_aggregation={"stage_timeout_s": 3})
+    federation.start_server(job, "--state-dir", str(federation.tmp / "state"),
+                            "--heartbeat-s", "1")
+    federation.start_node("node-1", digits_split[0], "--gpu", "none")
+    stop, errors = threading.Event(), []
+    thread = threading.Thread(target=_dropper, args=(
+        federation.address, federation.token, federation.tmp, stop, errors,
+        {(1, 1): Stage.SHARE_KEYS}))
+    thread.start()
+    try:
+        status = federation.wait_state(("finished", "failed"), timeout=300)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert status["state"] == "finished", status
+    attempts = [r for r in federation.query("ListRounds")["rounds"] if r["round"] == 1]
+    assert [r["status"] for r in attempts] == ["retried", "finished"]
+    failed = attempts[0]["secure_aggregation"]["failed"]
+    assert failed["stage"] == "share-keys"
+    assert "1 sites left, threshold 2" in failed["reason"]
+    assert "secure aggregation failed at share-keys" in attempts[0]["error"]
+    assert attempts[1]["secure_aggregation"]["masked"] == 2

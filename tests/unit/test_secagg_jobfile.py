@@ -14,7 +14,7 @@ from fedgpu.core.secagg.params import Settings
 
 
 def _job(text: str):  # noqa: ANN202
-    return parse_job(tomllib.loads('task = "digits"\n' + text), "job.toml")
+    return parse_job(tomllib.loads('task = "digits"\nmin_nodes = 2\n' + text), "job.toml")
 
 
 def test_off_by_default_and_true_gives_the_defaults() -> None:
@@ -81,4 +81,10 @@ def test_mean_strategies_are_fine(strategy: str) -> None:
 
 def test_ring_mode_is_refused_with_the_reason() -> None:
     with pytest.raises(ConfigError, match="star mode only.*no sum to protect"):
-        _job('mode = "ring"\nmin_nodes = 3\nsecure_aggregation = true')
+        parse_job(tomllib.loads('task = "digits"\nmode = "ring"\nmin_nodes = 3\n'
+                                'secure_aggregation = true'), "job.toml")
+
+
+def test_one_site_is_refused() -> None:
+    with pytest.raises(ConfigError, match="min_nodes >= 2 .*got 1"):
+        parse_job({"task": "digits", "secure_aggregation": True}, "job.toml")

@@ -92,10 +92,14 @@ def parse(value: Any, source: str = "job") -> JobSecAgg | None:
     return JobSecAgg(settings, float(timeout)) if enabled else None
 
 
-def check_job(sa: JobSecAgg | None, strategy: str, mode: str, source: str = "job") -> None:
+def check_job(sa: JobSecAgg | None, strategy: str, mode: str, min_nodes: int,
+              source: str = "job") -> None:
     """Refuse, with the reason, jobs secure aggregation cannot serve."""
     if sa is None:
         return
+    if min_nodes < 2:
+        raise ConfigError(f"{source}: secure_aggregation needs min_nodes >= 2 (the sum of one "
+                          f"site's update is that update), got {min_nodes}")
     if mode != "star":
         raise ConfigError(f"{source}: secure_aggregation works in star mode only: in {mode} "
                           "mode the sites average among themselves and the aggregator holds "
