@@ -177,8 +177,11 @@ class SecAggRound:
         timeout = self.config.stage_timeout_s
         closers = {Stage.ADVERTISE_KEYS: agg.close_keys, Stage.SHARE_KEYS: agg.close_shares,
                    Stage.MASKED_INPUT: agg.close_masked}
+        # The first stage follows training and ends at the round's deadline; the engine's
+        # own wait (and the uploads') must last until the protocol's last stage is over.
+        deadline = rnd.deadline
+        rnd.deadline = deadline + 3 * timeout + 5
         try:
-            deadline = rnd.deadline  # the first stage follows training
             for stage, following in zip(_ORDER, _ORDER[1:], strict=False):
                 await self._collect(rnd, registry, deadline)
                 async with self._lock:
@@ -186,7 +189,6 @@ class SecAggRound:
                     self.stage = following
                 self._expected, self._answered = set(relays), set()
                 deadline = time.time() + timeout
-                # The engine waits on `done`; its deadline only must not end the wait first.
                 rnd.deadline = max(rnd.deadline, deadline + 2 * timeout + 5)
                 self._dispatch(rnd, registry, following, relays)
             await self._collect(rnd, registry, deadline)
