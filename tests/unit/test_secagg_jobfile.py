@@ -88,3 +88,13 @@ def test_ring_mode_is_refused_with_the_reason() -> None:
 def test_one_site_is_refused() -> None:
     with pytest.raises(ConfigError, match="min_nodes >= 2 .*got 1"):
         parse_job({"task": "digits", "secure_aggregation": True}, "job.toml")
+
+
+def test_the_compose_example_job_is_secure() -> None:
+    from pathlib import Path
+
+    from fedgpu.core.config import load_job
+
+    job = load_job(Path(__file__).resolve().parents[2] / "compose" / "job-secure.toml")
+    assert job.secure_aggregation is not None and job.min_nodes == 3
+    assert job.secure_aggregation.settings.neighbours is None
