@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 import fedgpu
-from fedgpu.core import codec
+from fedgpu.core import certs, codec
 from fedgpu.core.secagg.errors import Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
 from fedgpu.core.secagg.site import SiteSession
+from fedgpu.core.tls import TlsFiles
 from fedgpu.node import secagg
 from fedgpu.node.client import AggregatorClient
 from fedgpu.proto import pb
@@ -179,3 +180,29 @@ def test_below_threshold_the_round_fails_by_name_and_is_retried(
     assert "1 sites left, threshold 2" in failed["reason"]
     assert "secure aggregation failed at share-keys" in attempts[0]["error"]
     assert attempts[1]["secure_aggregation"]["masked"] == 2
+
+
+def _tls_flags(t: TlsFiles) -> list[str]:
+    return ["--tls-cert", str(t.cert), "--tls-key", str(t.key), "--tls-ca", str(t.ca)]
+
+
+def test_secure_round_under_mutual_tls_over_the_bulk_port(
+        federation: Federation, digits_split: list[Path]) -> None:
+    pki = federation.tmp / "pki"
+    certs.init_ca(pki)
+    server = certs.issue_server(pki)
+    op = certs.issue_operator(pki)
+    federation.tls = TlsFiles(op.cert, op.key, op.ca)
+    job = write_job(federation.tmp / "job.toml", rounds=1, min_nodes=2, evaluate=False,
+                    round_deadline_s=120, secure_aggregation={"stage_timeout_s": 20})
+    federation.start_server(job, "--bulk-port", str(free_port()), "--heartbeat-s", "1",
+                            *_tls_flags(TlsFiles(server.cert, server.key, server.ca)))
+    for name, data in zip(("node-a", "node-b"), digits_split, strict=False):
+        issued = certs.issue_node(pki, name)
+        federation.start_node(name, data, "--gpu", "none",
+                              *_tls_flags(TlsFiles(issued.cert, issued.key, issued.ca)))
+    status = federation.wait_state(("finished", "failed"), timeout=300)
+    assert status["state"] == "finished", status
+    (rnd,) = [r for r in federation.query("ListRounds")["rounds"] if r["round"] == 1]
+    assert rnd["secure_aggregation"]["masked"] == 2
+    assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
