@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -206,3 +207,31 @@ def test_secure_round_under_mutual_tls_over_the_bulk_port(
     (rnd,) = [r for r in federation.query("ListRounds")["rounds"] if r["round"] == 1]
     assert rnd["secure_aggregation"]["masked"] == 2
     assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
+
+
+def test_fedgpu_sim_speaks_the_protocol(federation: Federation) -> None:
+    # 20 simulated sites in one process, 10 sampled per round, SecAgg+ with 4 neighbours and
+    # FedAdam on top: the server optimiser sees the unmasked mean like any other.
+    tmp = federation.tmp
+    job = write_job(tmp / "job.toml", task="synthetic", hyperparameters={}, rounds=3,
+                    min_nodes=10, min_available_nodes=20, fraction=0.5, evaluate=False,
+                    strategy="fedadam", secure_aggregation={"neighbours": 4,
+                                                            "stage_timeout_s": 20})
+    server = federation.start_server(job, "--heartbeat-s", "2", "--bulk-port",
+                                     str(free_port()))
+    stats = tmp / "sim.json"
+    sim = federation.spawn("sim", ["sim", "--aggregator", federation.address, "--nodes", "20",
+                                   "--params", "20000", "--tensors", "5", "--poll-s", "5",
+                                   "--stats", str(stats)])
+    status = federation.wait_state(("finished", "failed"), timeout=240)
+    rounds = federation.query("ListRounds")["rounds"]
+    sim.popen.send_signal(signal.SIGTERM)
+    assert sim.popen.wait(timeout=60) == 0, sim.text()[-3000:]
+    server.popen.send_signal(signal.SIGTERM)
+    assert status["state"] == "finished", status
+    assert not json.loads(stats.read_text())["errors"]
+    assert [r["status"] for r in rounds] == ["finished"] * 3
+    for r in rounds:
+        sa = r["secure_aggregation"]
+        assert (sa["sites"], sa["masked"], sa["neighbours"]) == (10, 10, 4)
+        assert sa["threshold"] == 3  # more than half of 5 shareholders
