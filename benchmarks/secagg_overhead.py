@@ -6,8 +6,11 @@ without `secure_aggregation`.
 
 One JSON line per (K, params): the median round time of each, the overhead, the protocol's
 time (first keys to result) and the aggregator's unmasking time, and the aggregator's peak RSS.
+With `--flower` (and .venv-bench, `make .venv-bench/.installed`), Flower's SecAgg+ on the same
+K and sizes runs too (benchmarks/flower_secagg.py: its simulation, plain and secure; the first
+round, Ray's warm-up, left out) and the line has both overheads and their ratio.
 The sites all run on this machine, so with K sites the machine does K sites' masking too: on
-few cores that, not the aggregator, dominates the secure round.
+few cores that, not the aggregator, dominates the secure round (for both frameworks).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    bench_python,
     emit,
     free_port,
     proc_rss_mib,
@@ -78,6 +82,28 @@ def _run(tmp: Path, tag: str, sites: int, params: int, rounds: int, processes: i
     return out
 
 
+def _flower(tmp: Path, sites: int, params: int, rounds: int, secure: bool,
+            neighbours: Any) -> float | None:
+    """Flower's median round seconds (rounds after the first), or None if it failed."""
+    import subprocess
+
+    args = [bench_python(), "-m", "benchmarks.flower_secagg", "--clients", str(sites),
+            "--params", str(params), "--rounds", str(rounds + 1)]
+    if not secure:
+        args.append("--plain")
+    elif neighbours != "all":
+        # Flower counts the shares with the client's own: k neighbours are k + 1 shares.
+        args += ["--num-shares", str(int(neighbours) + 1)]
+    log = tmp / f"flower-k{sites}-p{params}-{'secure' if secure else 'plain'}.log"
+    with open(log, "wb") as fh:
+        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=fh, timeout=3600)
+    lines = r.stdout.decode().strip().splitlines()
+    if r.returncode != 0 or not lines:
+        return None
+    times = json.loads(lines[-1])["round_s"][1:]
+    return round(statistics.median(times), 3) if times else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sites", type=int, nargs="+", default=[10, 50, 100])
@@ -85,6 +111,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--processes", type=int, default=2, help="sim processes")
     ap.add_argument("--neighbours", default="all", help='"all" or the SecAgg+ degree k')
+    ap.add_argument("--flower", action="store_true", help="Flower's SecAgg+ side by side")
     a = ap.parse_args()
     neighbours: Any = a.neighbours if a.neighbours == "all" else int(a.neighbours)
     secure = {"neighbours": neighbours, "stage_timeout_s": 600}
@@ -97,8 +124,18 @@ def main() -> None:
                 sec = _run(tmp, f"{tag}-secure", sites, params, a.rounds, a.processes, secure)
                 over = (sec["round_s"] - plain["round_s"]
                         if sec["round_s"] is not None and plain["round_s"] is not None else None)
-                emit({"sites": sites, "params": params, "plain": plain, "secure": sec,
-                      "overhead_s": None if over is None else round(over, 3)})
+                doc: dict[str, Any] = {"sites": sites, "params": params, "plain": plain,
+                                       "secure": sec,
+                                       "overhead_s": None if over is None else round(over, 3)}
+                if a.flower:
+                    fp = _flower(tmp, sites, params, a.rounds, False, neighbours)
+                    fs = _flower(tmp, sites, params, a.rounds, True, neighbours)
+                    f_over = fs - fp if fs is not None and fp is not None else None
+                    doc["flower"] = {"plain_round_s": fp, "secure_round_s": fs,
+                                     "overhead_s": None if f_over is None else round(f_over, 3)}
+                    if over is not None and f_over:
+                        doc["overhead_ratio"] = round(over / f_over, 3)
+                emit(doc)
 
 
 if __name__ == "__main__":
