@@ -124,6 +124,10 @@ def _show_rounds(doc: dict[str, Any]) -> None:
                       fmt_value(r["train_loss"]), fmt_value(ev.get("loss")),
                       fmt_value(ev.get("accuracy")), fmt_value(r["duration_s"], 1))
     Console().print(table)
+    from fedgpu.cli.secagg_rounds import lines
+
+    for line in lines(doc):
+        typer.echo(line)
 
 
 def health(address: Address = "localhost:50051",

@@ -98,3 +98,4 @@ def test_the_compose_example_job_is_secure() -> None:
     job = load_job(Path(__file__).resolve().parents[2] / "compose" / "job-secure.toml")
     assert job.secure_aggregation is not None and job.min_nodes == 3
     assert job.secure_aggregation.settings.neighbours is None
+
