@@ -112,9 +112,11 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=2, help="sim processes")
     ap.add_argument("--neighbours", default="all", help='"all" or the SecAgg+ degree k')
     ap.add_argument("--flower", action="store_true", help="Flower's SecAgg+ side by side")
+    ap.add_argument("--settings", default="{}", help='more [secure_aggregation] keys as JSON, '
+                    'e.g. \'{"ring_bits": 32, "bits": 16, "max_weight": 1000}\'')
     a = ap.parse_args()
     neighbours: Any = a.neighbours if a.neighbours == "all" else int(a.neighbours)
-    secure = {"neighbours": neighbours, "stage_timeout_s": 600}
+    secure = {"neighbours": neighbours, "stage_timeout_s": 600, **json.loads(a.settings)}
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         for params in a.params:
@@ -124,7 +126,8 @@ def main() -> None:
                 sec = _run(tmp, f"{tag}-secure", sites, params, a.rounds, a.processes, secure)
                 over = (sec["round_s"] - plain["round_s"]
                         if sec["round_s"] is not None and plain["round_s"] is not None else None)
-                doc: dict[str, Any] = {"sites": sites, "params": params, "plain": plain,
+                doc: dict[str, Any] = {"sites": sites, "params": params, "settings": secure,
+                                       "plain": plain,
                                        "secure": sec,
                                        "overhead_s": None if over is None else round(over, 3)}
                 if a.flower:

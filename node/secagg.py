@@ -106,7 +106,7 @@ def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     return None
 
 
-def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes,
+def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | bytearray,
           like: pb.UpdateHeader | None = None) -> None:
     header = pb.UpdateHeader()
     if like is not None:

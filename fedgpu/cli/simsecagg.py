@@ -43,18 +43,23 @@ def _change(node: SimNode, header: pb.TaskHeader, payload: memoryview) -> np.nda
                            for name in sorted(tensors)]).astype(np.float32, copy=False)
 
 
-async def _send(node: SimNode, task: pb.TaskHeader, stage: Stage, data: bytes,
+def _digest(data: bytes | bytearray) -> str:
+    h = codec.hasher(codec.WIRE_DIGEST, all_cores=True)
+    h.update(data)
+    return str(h.hexdigest())
+
+
+async def _send(node: SimNode, task: pb.TaskHeader, stage: Stage, data: bytes | bytearray,
                 like: pb.UpdateHeader | None = None) -> None:
     update = pb.UpdateHeader()
     if like is not None:
         update.CopyFrom(like)
     update.node_id, update.task_id, update.round = node.node_id, task.task_id, task.round
     update.kind, update.num_examples = KIND_OF[stage], 0
-    h = codec.hasher(codec.WIRE_DIGEST)
-    h.update(data)
-    digests.stamp(update, codec.WIRE_DIGEST, h.hexdigest())
+    digest = await asyncio.to_thread(_digest, data)
+    digests.stamp(update, codec.WIRE_DIGEST, digest)
     update.payload_size = len(data)
-    source = codec.Encoded((memoryview(data),), len(data), h.hexdigest(), codec.WIRE_DIGEST)
+    source = codec.Encoded((memoryview(data),), len(data), digest, codec.WIRE_DIGEST)
     transport = "grpc"
     if node.bulk_port and not node.bulk_error:
         transport = await node._push_bulk(update, source)

@@ -50,7 +50,7 @@ _ORDER = (Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.MASKED_INPUT, Stage.UNMA
 _OPEN = (SlotState.ASSIGNED, SlotState.UPLOADING)
 
 
-def _payload(data: bytes) -> ModelPayload:
+def _payload(data: bytes | bytearray) -> ModelPayload:
     h = codec.hasher(codec.WIRE_DIGEST)
     h.update(data)
     return ModelPayload(len(data), h.hexdigest(), codec.WIRE_DIGEST, None, (memoryview(data),))
@@ -187,6 +187,8 @@ class SecAggRound:
                 async with self._lock:
                     relays = closers[stage]()
                     self.stage = following
+                log.info("round %d: secure aggregation %s closed, %d of %d sites go on",
+                         rnd.number, stage, len(relays), len(self._expected))
                 self._expected, self._answered = set(relays), set()
                 deadline = time.time() + timeout
                 rnd.deadline = max(rnd.deadline, deadline + 2 * timeout + 5)
@@ -195,6 +197,8 @@ class SecAggRound:
             t0 = time.monotonic()
             outcome = await asyncio.to_thread(agg.finish)
             self.unmask_s = time.monotonic() - t0
+            log.info("round %d: secure aggregation unmasked %d inputs in %.2fs",
+                     rnd.number, outcome.report.masked, self.unmask_s)
             await on_result(outcome)
             self.outcome = outcome
         except SecAggError as exc:

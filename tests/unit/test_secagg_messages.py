@@ -68,7 +68,8 @@ def test_counts_are_bounded_before_allocation() -> None:
     huge = b"FSA" + bytes([1, KeyRelay.KIND]) + struct.pack(">I", 2**32 - 1)
     with pytest.raises(SecAggError, match="at most"):
         KeyRelay.decode(huge)
-    huge = (b"FSA" + bytes([1, MaskedInput.KIND]) + struct.pack(">IBQ", 1, 64, 2**60))
+    huge = (b"FSA" + bytes([1, MaskedInput.KIND]) + struct.pack(">IBQ", 1, 64, 2**60)
+            + bytes(6))
     with pytest.raises(SecAggError, match="at most"):
         MaskedInput.decode(huge)
 
@@ -103,10 +104,15 @@ def test_site_indices_and_setup_params_are_checked() -> None:
 def test_masked_input_is_little_endian_and_decoded_without_a_copy(dtype: type) -> None:
     v = np.arange(1000, dtype=dtype) * 2654435761
     data = MaskedInput(4, v).encode()
-    back = MaskedInput.decode(data)
+    back = MaskedInput.decode(bytes(data))
     np.testing.assert_array_equal(back.vector, v)
     assert back.vector.dtype.byteorder in "<="
     assert not back.vector.flags.owndata and not back.vector.flags.writeable
+    assert back.vector.flags.aligned  # the head is padded to 24 bytes
+    bad = bytearray(data)
+    bad[20] = 1
+    with pytest.raises(SecAggError, match="padding"):
+        MaskedInput.decode(bytes(bad))
     assert data[-v.nbytes:] == v.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
     with pytest.raises(SecAggError, match="uint32 or uint64"):
         MaskedInput(4, v.astype(np.int64)).encode()

@@ -190,6 +190,10 @@ class ShareRelay:
         return cls(sealed)
 
 
+# Zero bytes after the masked input's 18-byte head, so its vector starts 8-byte aligned.
+_VECTOR_PAD = 6
+
+
 @dataclass(frozen=True, eq=False)
 class MaskedInput:
     KIND = 6
@@ -197,22 +201,29 @@ class MaskedInput:
     # Z_2^ring_bits elements: the update's values then the weight, all masked.
     vector: np.ndarray = field(repr=False)
 
-    def encode(self) -> bytes:
+    def encode(self) -> bytearray:
         v = self.vector
         if v.ndim != 1 or v.dtype.kind != "u" or v.dtype.itemsize not in (4, 8):
             raise SecAggError("a masked input is a flat vector of uint32 or uint64")
-        le = v.astype(v.dtype.newbyteorder("<"), copy=False)
-        return (Writer(self.KIND).u32(self.index).u8(8 * v.dtype.itemsize).u64(v.size)
-                .raw(le.tobytes()).done())
+        head = (Writer(self.KIND).u32(self.index).u8(8 * v.dtype.itemsize).u64(v.size)
+                .raw(bytes(_VECTOR_PAD)).done())
+        # One copy of a model-sized vector, straight into the message.
+        out = bytearray(len(head) + v.nbytes)
+        out[:len(head)] = head
+        np.frombuffer(out, dtype=v.dtype.newbyteorder("<"), offset=len(head))[:] = v
+        return out
 
     @classmethod
-    def decode(cls, data: bytes) -> MaskedInput:
-        """The vector is a read-only view of `data`: no copy of a model-sized payload."""
+    def decode(cls, data: bytes | bytearray | memoryview) -> MaskedInput:
+        """The vector is a view of `data` (read-only for bytes): no copy of a model-sized
+        payload."""
         r = Reader(data, cls.KIND, "masked-input")
         index, dtype = _index(r.u32()), ring_dtype(r.u8())
         n = r.u64()
         if n > MAX_LENGTH + 1:
             raise SecAggError(f"masked-input message has {n} values, at most {MAX_LENGTH + 1}")
+        if any(r.take(_VECTOR_PAD)):
+            raise SecAggError("masked-input message has non-zero padding")
         vector = np.frombuffer(r.take(n * dtype.itemsize), dtype=dtype)
         r.end()
         return cls(index, vector)
