@@ -91,7 +91,7 @@ def _flower(tmp: Path, sites: int, params: int, rounds: int, secure: bool,
             "--params", str(params), "--rounds", str(rounds + 1)]
     if not secure:
         args.append("--plain")
-    elif neighbours != "all":
+    elif neighbours != "all" and int(neighbours) < sites - 1:
         # Flower counts the shares with the client's own: k neighbours are k + 1 shares.
         args += ["--num-shares", str(int(neighbours) + 1)]
     log = tmp / f"flower-k{sites}-p{params}-{'secure' if secure else 'plain'}.log"
