@@ -33,7 +33,7 @@ from fedgpu.core.secagg.messages import (
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState, Task
-from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.rounds.states import Reject, SlotState
 from fedgpu.server.transfer.payload import ModelPayload
 
 log = logging.getLogger("fedgpu.server.secagg")
@@ -83,18 +83,20 @@ class SecAggRound:
 
     # -- what the intake asks ------------------------------------------------------------
 
-    def expects(self, node_id: str, kind: int) -> str | None:
-        """None when `node_id`'s message of `kind` is due now; else why it is not."""
+    def expects(self, node_id: str, kind: int) -> tuple[Reject, str] | None:
+        """None when `node_id`'s message of `kind` is due now; else the reason it is not."""
         i = self.index.get(node_id)
         stage = STAGE_OF.get(kind)
         if i is None or stage is None:
-            return "not a participant of this secure round"
+            return Reject.NOT_SELECTED, "not a participant of this secure round"
         if self.failure is not None or self.outcome is not None:
-            return "the secure round is over"
+            return Reject.LATE, "the secure round is over"
         if stage != self.stage:
-            return f"a {stage} message while the round is at {self.stage}"
-        if i not in self._expected or i in self._answered:
-            return f"no {stage} message is due from this node (dropped, or sent already)"
+            return Reject.LATE, f"a {stage} message while the round is at {self.stage}"
+        if i in self._answered:
+            return Reject.DUPLICATE, f"its {stage} message arrived already"
+        if i not in self._expected:
+            return Reject.LATE, f"it dropped out before {stage}"
         return None
 
     async def receive(self, node: Node, header: pb.UpdateHeader, data: memoryview) -> None:

@@ -2,11 +2,13 @@
 either path: checked against the open attempt, its payload handed to the round's driver.
 
 A message the driver cannot use (undecodable, another site's index, a protocol violation) is
-refused like a bad update: listed, counted, and the node's part in the attempt is over.
+refused like a bad update: listed, counted, and the node's part in the attempt is over. One
+that is only repeated or late is refused and listed, and the site stays as the protocol has it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from fedgpu.core.constants import Transport
@@ -14,6 +16,7 @@ from fedgpu.core.secagg.errors import SecAggError
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.records import Rejection, list_rejection
 from fedgpu.server.rounds.states import Reject, SlotState
 from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.secagg.driver import STAGE_OF, SecAggRound
@@ -23,6 +26,8 @@ from fedgpu.server.transfer.wire_limits import WireError, shown
 if TYPE_CHECKING:
     from fedgpu.server.rounds.engine import Orchestrator
     from fedgpu.server.rounds.receive import Receive
+
+log = logging.getLogger("fedgpu.server.secagg")
 
 SECAGG_KINDS = frozenset(STAGE_OF)
 
@@ -48,8 +53,28 @@ def check(orch: Orchestrator, node: Node, header: pb.UpdateHeader
     if not header.failed:
         why = sround.expects(node.node_id, header.kind)
         if why is not None:
-            raise UpdateRejected(Reject.WRONG_KIND, f"{node.name}: {why}")
+            raise Untimely(why[0], f"{node.name}: {why[1]}")
     return rnd, sround
+
+
+class Untimely(UpdateRejected):
+    """A message repeated, or too late for its stage: refused, but it does not end the
+    site's part (the protocol already counts it as dropped at that stage, or has its
+    message)."""
+
+
+def _refuse(orch: Orchestrator, node: Node, header: pb.UpdateHeader, exc: UpdateRejected,
+            rnd: RoundState | None) -> None:
+    if not isinstance(exc, Untimely):
+        orch.reject(node, header, exc, rnd)
+        return
+    orch.history.count_rejection(exc.reason)
+    current = orch.current
+    rnd = rnd or (current if current is not None and current.number == header.round else None)
+    if rnd is not None:
+        list_rejection(rnd, Rejection(node_id=node.node_id, node=node.name, round=header.round,
+                                      reason=exc.reason, message=exc.message))
+    log.warning("refused a secure-aggregation message from %s: %s", node.name, exc.message)
 
 
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
@@ -73,7 +98,7 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
             except SecAggError as exc:
                 raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
     except UpdateRejected as exc:
-        orch.reject(node, header, exc, rnd)
+        _refuse(orch, node, header, exc, rnd)
         raise
     node.transport = transport
     return f"secure aggregation {STAGE_OF[header.kind]} for round {header.round} accepted"
