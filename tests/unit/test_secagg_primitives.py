@@ -248,6 +248,7 @@ def test_settings_resolve_threshold_and_refuse_overflow() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [dict(threshold=1), dict(threshold=1.0), dict(threshold=True),
+                                    dict(threshold=10**30),
                                     dict(neighbours=0), dict(clip=0.0), dict(clip=float("inf")),
                                     dict(ring_bits=48), dict(bits=63), dict(max_weight=0)])
 def test_settings_refuse_bad_values(kwargs: dict) -> None:

@@ -41,7 +41,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         t = self.threshold
-        if isinstance(t, bool) or not (isinstance(t, int) and t >= 2
+        if isinstance(t, bool) or not (isinstance(t, int) and 2 <= t <= MAX_SITES
                                        or isinstance(t, float) and 0 < t < 1):
             raise SecAggError(f"threshold must be a fraction in (0, 1) or a count >= 2, got {t!r}")
         if self.neighbours is not None and not 1 <= self.neighbours < MAX_SITES:
