@@ -1,9 +1,10 @@
 """`fedgpu sim` in a secure round: a simulated node's side of secure aggregation.
 
-The same site state machine as a real node (fedgpu/core/secagg/site.py) and the same wire
-(updates and tasks of the TASK_KIND_SECAGG_* kinds, payloads over the bulk port or gRPC), on
-the simulator's asyncio loop; the masked change is the simulator's synthetic step. The
-cryptography and the masking run in a thread, so a few hundred simulated sites share the loop.
+The same site state machine as a real node (fedgpu/core/secagg/site.py) and the same wire client
+(node/wire_client.py: updates and tasks of the TASK_KIND_SECAGG_* kinds, payloads over the bulk
+port or gRPC), on the simulator's asyncio loop; the masked change is the simulator's synthetic
+step. The cryptography and the masking run in a thread, so a few hundred simulated sites share
+the loop.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import bulk, codec
 from fedgpu.core.secagg.errors import SecAggError, Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
 from fedgpu.core.secagg.site import SiteSession
+from fedgpu.node.wire_client import PayloadError
 from fedgpu.proto import pb
 
 if TYPE_CHECKING:
@@ -57,29 +59,27 @@ async def _send(node: SimNode, task: pb.TaskHeader, stage: Stage, data: bytes | 
     update.node_id, update.task_id, update.round = node.node_id, task.task_id, task.round
     update.kind, update.num_examples = KIND_OF[stage], 0
     digest = await asyncio.to_thread(_digest, data)
-    digests.stamp(update, codec.WIRE_DIGEST, digest)
-    update.payload_size = len(data)
     source = codec.Encoded((memoryview(data),), len(data), digest, codec.WIRE_DIGEST)
-    transport = "grpc"
-    if node.bulk_port and not node.bulk_error:
-        transport = await node._push_bulk(update, source)
-    if transport == "grpc":
-        await node.stub.PushUpdate(node._chunks(update, source), metadata=node.metadata,
-                                   timeout=3600)
+    try:
+        await node.wire.push(update, source)
+    finally:
+        node._note_fallback()
 
 
 async def _wait(node: SimNode, task: pb.TaskHeader, stage: Stage, deadline: float) -> bytes:
     while time.monotonic() < deadline:
-        header, payload, _, asm = await node._pull()
+        # Relays are kept whatever the simulation does with models (--update-file drops them).
+        pulled = await node.wire.pull(node.node_id, node.cfg.poll_s, node.max_bytes)
         try:
+            header = pulled.header
             if header.kind == pb.TASK_KIND_NONE:
                 continue
             if header.task_id != task.task_id or header.kind != KIND_OF[stage]:
                 raise SecAggError(f"got a task of kind {header.kind} waiting for {stage}")
-            return bytes(payload or b"")
+            return bytes(pulled.payload or b"")
         finally:
-            if isinstance(asm, codec.Assembler):
-                asm.release()
+            if isinstance(pulled.receiver, codec.Assembler):
+                pulled.receiver.release()
     raise SecAggError(f"no {stage} relay in time")
 
 
@@ -106,7 +106,7 @@ async def take_part(node: SimNode, task: pb.TaskHeader, payload: memoryview,
         stage = Stage.UNMASK
         request = UnmaskRequest.decode(await _wait(node, task, stage, deadline))
         await _send(node, task, stage, site.unmask(request).encode())
-    except (SecAggError, grpc.aio.AioRpcError, bulk.RefusedError, OSError,
+    except (SecAggError, grpc.RpcError, PayloadError, bulk.RefusedError, OSError,
             bulk.BulkProtocolError) as exc:
-        detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
         node.stats.errors.append(f"{node.name} secure aggregation at {stage}: {detail}")
