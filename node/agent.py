@@ -79,8 +79,6 @@ class Agent:
             lambda sha: self.client.fetch_bundle(self.node_id or "", sha, MAX_BUNDLE_BYTES))
         # The bundles the aggregator last offered; every heartbeat answers about them.
         self._offers: list[pb.TaskBundle] = []
-        # A task that arrived while a secure round waited for its next stage: run next.
-        self._next_task: secagg.Pulled | None = None
 
     # ---- start-up ----------------------------------------------------------------------
 
@@ -199,11 +197,10 @@ class Agent:
             if self._reregister.is_set() or self.node_id is None:
                 self.register(deadline_s=None)
                 continue
-            pending, self._next_task = self._next_task, None
             try:
                 # No deadline: a node waits for its aggregator as long as it runs. A stream
                 # that broke before its header said what the task was is asked for again.
-                header, payload = pending or retry(
+                header, payload = retry(
                     self._pull, what="task poll", policy=self._policy(None),
                     retryable=lambda e: is_unreachable(e) or (
                         isinstance(e, PayloadError) and e.header is None),
@@ -301,7 +298,10 @@ class Agent:
                         return
             if (outcome is not None and outcome.ok and header.kind == pb.TASK_KIND_TRAIN
                     and header.secagg_setup and payload is not None):
-                self._secure(header, outcome, payload, cancel)
+                # A secure round: the protocol (node/secagg.py) instead of the weights.
+                secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
+                              self.max_task_bytes, self.decision, header, outcome, payload,
+                              lambda: cancel.is_set() or self._stop.is_set())
             else:
                 self._report(header, outcome, error)
         finally:
@@ -329,17 +329,6 @@ class Agent:
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))
         self._push(task, update, weights)
-
-    def _secure(self, task: pb.TaskHeader, outcome: RoundOutcome, received: bytearray,
-                cancel: threading.Event) -> None:
-        """A secure round: the protocol (node/secagg.py) instead of the weights."""
-        assert self.node_id is not None and outcome.weights is not None
-        update = messages.update_header(task, self.node_id, self.decision, outcome.resources,
-                                        outcome.result, "")
-        link = secagg.Link(self.client, self.node_id, self.cfg.poll_s, self.max_task_bytes,
-                           outcome.workdir or self.cfg.work_root,
-                           lambda: cancel.is_set() or self._stop.is_set())
-        self._next_task = secagg.take_part(link, task, update, received, outcome.weights)
 
     def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None) -> None:
         def waiting(exc: BaseException, delay: float) -> None:

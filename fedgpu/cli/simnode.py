@@ -266,9 +266,9 @@ class SimNode:
             if header.kind == pb.TASK_KIND_TRAIN:
                 update.train_metrics.update({"loss": 2.0 / (1 + header.round)})
             if header.kind == pb.TASK_KIND_TRAIN and header.secagg_setup and payload is not None:
-                from fedgpu.cli.simsecagg import take_part
+                from fedgpu.cli.simsecagg import answer
 
-                await take_part(self, header, payload, update)
+                await answer(self, header, payload, update)
                 return
             source: codec.Encoded | Path | None = None
             if self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,

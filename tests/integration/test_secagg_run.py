@@ -20,7 +20,6 @@ from fedgpu.core.secagg.errors import Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
 from fedgpu.core.secagg.site import SiteSession
 from fedgpu.core.tls import TlsFiles
-from fedgpu.node import secagg
 from fedgpu.node.client import AggregatorClient
 from fedgpu.proto import pb
 from tests.fixtures.federation import (
@@ -69,6 +68,35 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
 DROPS = {1: Stage.ADVERTISE_KEYS, 2: Stage.SHARE_KEYS, 3: Stage.MASKED_INPUT, 4: Stage.UNMASK}
 
 
+KIND = {Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
+        Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
+        Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+        Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK}
+
+
+class _Wire:
+    """The dropper's side of the wire, by hand: each message an update of its stage's kind,
+    each relay a task of the next stage's kind (what node/secagg.py does for real nodes)."""
+
+    def __init__(self, client: AggregatorClient, node_id: str, workdir: Path,
+                 stop: threading.Event) -> None:
+        self.client, self.node_id, self.workdir, self.stop = client, node_id, workdir, stop
+
+    def send(self, task: pb.TaskHeader, stage: Stage, data: bytes | bytearray,
+             **fields: object) -> None:
+        path = self.workdir / "dropper.bin"
+        path.write_bytes(data)
+        self.client.push(pb.UpdateHeader(node_id=self.node_id, task_id=task.task_id,
+                                         round=task.round, kind=KIND[stage], **fields), path)
+
+    def wait(self, task: pb.TaskHeader, stage: Stage) -> bytes:
+        while not self.stop.is_set():
+            header, payload = self.client.pull(self.node_id, 1, 1 << 30)
+            if header.task_id == task.task_id and header.kind == KIND[stage]:
+                return bytes(payload or b"")
+        raise RuntimeError("stopped")
+
+
 def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
              errors: list[BaseException], drops: dict[tuple[int, int], Stage]) -> None:
     """A site that trains instantly and leaves the protocol of the n-th task it gets for
@@ -80,7 +108,7 @@ def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
             node_name="dropper", version=fedgpu.__version__, tasks=["digits"],
             num_examples=500))
         client.bulk.reset(0)  # this one speaks over gRPC; the real nodes use the bulk port
-        link = secagg.Link(client, reply.node_id, 1, 1 << 30, workdir, stop.is_set)
+        wire = _Wire(client, reply.node_id, workdir, stop)
         while not stop.is_set():
             task, payload = client.pull(reply.node_id, 1, 1 << 30)
             if task.kind in (pb.TASK_KIND_NONE, pb.TASK_KIND_SHUTDOWN):
@@ -98,21 +126,20 @@ def _dropper(address: str, token: str, workdir: Path, stop: threading.Event,
             base = codec.decode(payload)[0]
             change = np.full(sum(a.size for a in base.values()), 0.001, dtype=np.float32)
             site = SiteSession(Setup.decode(task.secagg_setup))
-            secagg._send(link, task, Stage.ADVERTISE_KEYS, site.advertise().encode())
-            relay = KeyRelay.decode(secagg._wait(link, task, Stage.SHARE_KEYS))
+            wire.send(task, Stage.ADVERTISE_KEYS, site.advertise().encode())
+            relay = KeyRelay.decode(wire.wait(task, Stage.SHARE_KEYS))
             if drop == Stage.SHARE_KEYS:
                 continue
-            secagg._send(link, task, Stage.SHARE_KEYS, site.share_keys(relay).encode())
-            shares = ShareRelay.decode(secagg._wait(link, task, Stage.MASKED_INPUT))
+            wire.send(task, Stage.SHARE_KEYS, site.share_keys(relay).encode())
+            shares = ShareRelay.decode(wire.wait(task, Stage.MASKED_INPUT))
             if drop == Stage.MASKED_INPUT:
                 continue
             masked = site.masked_input(shares, change, 500)
-            secagg._send(link, task, Stage.MASKED_INPUT, masked.encode(),
-                         pb.UpdateHeader(train_metrics={"loss": 1.0}))
-            request = UnmaskRequest.decode(secagg._wait(link, task, Stage.UNMASK))
+            wire.send(task, Stage.MASKED_INPUT, masked.encode(), train_metrics={"loss": 1.0})
+            request = UnmaskRequest.decode(wire.wait(task, Stage.UNMASK))
             if drop == Stage.UNMASK:
                 continue  # its input is in, its shares never come
-            secagg._send(link, task, Stage.UNMASK, site.unmask(request).encode())
+            wire.send(task, Stage.UNMASK, site.unmask(request).encode())
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         if not stop.is_set():
             errors.append(exc)
