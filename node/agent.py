@@ -23,7 +23,7 @@ from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import identity, messages, nvml, policy, registration, ring, task_needs
+from fedgpu.node import identity, messages, nvml, policy, registration, ring, secagg, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
@@ -296,7 +296,14 @@ class Agent:
                         # Its answer would be refused: nothing is sent.
                         log.warning("round %d %s abandoned: %s", header.round, kind, error)
                         return
-            self._report(header, outcome, error)
+            if (outcome is not None and outcome.ok and header.kind == pb.TASK_KIND_TRAIN
+                    and header.secagg_setup and payload is not None):
+                # A secure round: the protocol (node/secagg.py) instead of the weights.
+                secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
+                              self.max_task_bytes, self.decision, header, outcome, payload,
+                              lambda: cancel.is_set() or self._stop.is_set())
+            else:
+                self._report(header, outcome, error)
         finally:
             self.liveness.done()
             if outcome is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -100,6 +100,10 @@ class AggregatorClient:
             if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
                 raise ClientClosed() from None
             raise
+
+    def run(self, protocol: Callable[[WireClient], Coroutine[Any, Any, T]]) -> T:
+        """A protocol written on the wire client (node/secagg.py), run on its loop; blocks."""
+        return self._wait(protocol(self._wire))
 
     def close(self) -> None:
         """Ends every call in flight (from any thread): a long poll returns at once."""

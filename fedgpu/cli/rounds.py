@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import typer
+
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
@@ -28,3 +30,7 @@ def show_rounds(doc: dict[str, Any]) -> None:
                       fmt_value(r["train_loss"]), fmt_value(ev.get("loss")),
                       fmt_value(ev.get("accuracy")), fmt_value(r["duration_s"], 1))
     print_table(table)
+    from fedgpu.cli.secagg_rounds import lines
+
+    for line in lines(doc):
+        typer.echo(line)

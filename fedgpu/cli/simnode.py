@@ -234,8 +234,8 @@ class SimNode:
             return None
         if header.kind == pb.TASK_KIND_INIT:
             return synthetic_model(self.cfg.params, self.cfg.tensors, seed=header.seed)
-        if header.kind != pb.TASK_KIND_TRAIN or payload is None:
-            return None
+        if header.kind != pb.TASK_KIND_TRAIN or payload is None or header.secagg_setup:
+            return None  # a secure round's change is made by simsecagg
         tensors, _ = codec.decode(payload)
         # A node-specific step along a shared direction, shrinking with the round, sent back
         # in the dtype it came in (a job's wire_dtype).
@@ -265,6 +265,11 @@ class SimNode:
                 update.num_eval_examples = 20
             if header.kind == pb.TASK_KIND_TRAIN:
                 update.train_metrics.update({"loss": 2.0 / (1 + header.round)})
+            if header.kind == pb.TASK_KIND_TRAIN and header.secagg_setup and payload is not None:
+                from fedgpu.cli.simsecagg import answer
+
+                await answer(self, header, payload, update)
+                return
             source: codec.Encoded | Path | None = None
             if self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
                                                                     pb.TASK_KIND_TRAIN):

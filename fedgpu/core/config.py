@@ -11,6 +11,7 @@ from typing import Any
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job_bounds import check_bounds
+from fedgpu.core.secagg import jobfile as secagg_jobfile
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -76,6 +77,9 @@ class Job:
     # A task bundle directory (docs: tutorials/own-task.md), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
+    # Secure aggregation (SecAgg+): `secure_aggregation = true` or a [secure_aggregation]
+    # table (fedgpu/core/secagg/jobfile.py); None: off.
+    secure_aggregation: secagg_jobfile.JobSecAgg | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +185,8 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if wire_dtype is not None and mode != "star":
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
+    secagg = secagg_jobfile.parse(raw.get("secure_aggregation"), source)
+    secagg_jobfile.check_job(secagg, strategy, mode, min_nodes, source)
     return Job(
         task=task,
         name=name,
@@ -202,6 +208,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         wire_dtype=wire_dtype,
         resources=resources,
         task_dir=task_dir,
+        secure_aggregation=secagg,
         **ring,
     )
 

@@ -38,6 +38,7 @@ from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
+from fedgpu.server.secagg.plan import SecAggPlan
 from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs.queue")
@@ -239,7 +240,8 @@ class JobManager(JobIntake):
             resume.check(job, saved[0], saved[1], initial, directory)
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
                             checkpointer=checkpointer, initial_weights=initial,
-                            plan=RingPlan(job) if job.mode == Mode.RING else None,
+                            plan=(RingPlan(job) if job.mode == Mode.RING
+                                  else SecAggPlan(job) if job.secure_aggregation else None),
                             bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)

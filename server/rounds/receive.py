@@ -18,6 +18,7 @@ from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.secagg import intake as secagg_intake
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.uploads import Received
 from fedgpu.server.transfer.wire_limits import WireError
@@ -29,6 +30,8 @@ Receive = Callable[[RoundState], AbstractAsyncContextManager[Received | None]]
 
 def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> RoundState:
     """The open round `header` answers, once it is within bounds; UpdateRejected if not."""
+    if header.kind in secagg_intake.SECAGG_KINDS:
+        return secagg_intake.check(orch, node, header)[0]
     try:
         wire_limits.check_update_header(header)
     except WireError as exc:
@@ -41,6 +44,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
     server stops) gives the slot back to the node, which may send again."""
+    if header.kind in secagg_intake.SECAGG_KINDS:
+        return await secagg_intake.ingest(orch, node, header, receive, transport)
     rnd: RoundState | None = None
     claimed = False
     try:

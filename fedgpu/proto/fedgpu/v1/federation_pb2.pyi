@@ -20,6 +20,10 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_TRAIN: _ClassVar[TaskKind]
     TASK_KIND_EVALUATE: _ClassVar[TaskKind]
     TASK_KIND_SHUTDOWN: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_ADVERTISE_KEYS: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_SHARE_KEYS: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_MASKED_INPUT: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
@@ -28,6 +32,10 @@ TASK_KIND_INIT: TaskKind
 TASK_KIND_TRAIN: TaskKind
 TASK_KIND_EVALUATE: TaskKind
 TASK_KIND_SHUTDOWN: TaskKind
+TASK_KIND_SECAGG_ADVERTISE_KEYS: TaskKind
+TASK_KIND_SECAGG_SHARE_KEYS: TaskKind
+TASK_KIND_SECAGG_MASKED_INPUT: TaskKind
+TASK_KIND_SECAGG_UNMASK: TaskKind
 
 class BulkTicket(_message.Message):
     __slots__ = ("ticket", "port", "expires_in_s")
@@ -179,7 +187,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +205,8 @@ class TaskHeader(_message.Message):
     PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_SETUP_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_STAGE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -214,7 +224,9 @@ class TaskHeader(_message.Message):
     payload_digest: str
     bundle: TaskBundle
     resources: JobResources
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ...) -> None: ...
+    secagg_setup: bytes
+    secagg_stage_timeout_s: float
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ...) -> None: ...
 
 class JobResources(_message.Message):
     __slots__ = ("gpu", "min_gpu_free_mib", "gpu_memory_mib")

@@ -1,0 +1,26 @@
+"""`fedgpu rounds`: one line per secure-aggregation round under the table (what the
+`secure_aggregation` object of `--json` says, in words)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def lines(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for r in doc.get("rounds", []):
+        sa = r.get("secure_aggregation")
+        if not sa:
+            continue
+        head = f"round {r['round']} attempt {r.get('attempt', 1)}, secure aggregation:"
+        failed = sa.get("failed")
+        if failed:
+            out.append(f"{head} failed at {failed['stage']}: {failed['reason']}")
+            continue
+        dropped = "; ".join(f"{', '.join(names)} at {stage}"
+                            for stage, names in (sa.get("dropped") or {}).items())
+        out.append(f"{head} {sa.get('masked', 0)} of {sa['sites']} sites masked"
+                   f"{', dropped ' + dropped if dropped else ''}"
+                   f"{', ' + str(sa['recovered']) + ' recovered' if sa.get('recovered') else ''}"
+                   f", protocol {sa.get('protocol_s', 0):.1f}s")
+    return out

@@ -1,0 +1,111 @@
+"""Secure-aggregation settings: the job's `[secure_aggregation]` table and one round's numbers.
+
+`Settings` is what an operator writes (fractions, "all"); `RoundParams` is what they mean for a
+round of n sites and a model of `length` values, resolved by the aggregator and sent to every
+site in its setup message, which checks them again (a site never trusts numbers it can verify).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedgpu.core.secagg import graph
+from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
+from fedgpu.core.secagg.quantize import levels
+
+# Wire bounds: every count and size a decoder accepts is checked against these.
+MAX_SITES = 1 << 16
+MAX_LENGTH = 1 << 34
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The job's choices; defaults give the original SecAgg (every site a neighbour)."""
+
+    # Shares needed to rebuild a secret: a fraction f in (0, 1) means more than f of a site's
+    # shareholders (its neighbours and itself); an integer >= 2 is an absolute count.
+    threshold: float | int = 0.5
+    # The degree k of the neighbour graph; None = every other site ("all").
+    neighbours: int | None = None
+    # Updates (the change a round made to the model) are clipped to [-clip, clip] per value.
+    clip: float = 1.0
+    # Quantisation: values become integers in [-(2^(bits-1) - 1), 2^(bits-1) - 1].
+    bits: int = 24
+    # The ring Z_2^ring_bits the masked sums live in: 32 or 64.
+    ring_bits: int = 64
+    # A site's weight (its example count) counts up to this much.
+    max_weight: int = 1 << 24
+    # Stochastic rounding is unbiased; nearest rounding halves the worst-case error.
+    stochastic: bool = True
+
+    def __post_init__(self) -> None:
+        t = self.threshold
+        if isinstance(t, bool) or not (isinstance(t, int) and 2 <= t <= MAX_SITES
+                                       or isinstance(t, float) and 0 < t < 1):
+            raise SecAggError(f"threshold must be a fraction in (0, 1) or a count >= 2, got {t!r}")
+        if self.neighbours is not None and not 1 <= self.neighbours < MAX_SITES:
+            raise SecAggError(f"neighbours must be \"all\" or at least 1, got {self.neighbours}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise SecAggError(f"clip must be a positive number, got {self.clip}")
+        if self.ring_bits not in (32, 64):
+            raise SecAggError(f"ring_bits must be 32 or 64, got {self.ring_bits}")
+        if not 2 <= self.bits <= self.ring_bits - 2:
+            raise SecAggError(f"bits must be between 2 and {self.ring_bits - 2}, got {self.bits}")
+        if not 1 <= self.max_weight < 1 << 48:
+            raise SecAggError(f"max_weight must be between 1 and 2^48, got {self.max_weight}")
+
+    def resolve(self, n: int, length: int) -> RoundParams:
+        """The round's numbers for n sites and a model of `length` values; BelowThreshold when
+        n sites cannot reach the threshold, SecAggError when the sum could overflow."""
+        k = graph.degree(n, self.neighbours)
+        holders = k + 1
+        t = self.threshold
+        need = t if isinstance(t, int) else max(2, math.floor(t * holders) + 1)
+        if need > holders:
+            raise BelowThreshold(Stage.SETUP, holders, need, "shareholders per site")
+        params = RoundParams(n_sites=n, degree=k, threshold=need, clip=self.clip,
+                             bits=self.bits, ring_bits=self.ring_bits,
+                             max_weight=self.max_weight, stochastic=self.stochastic,
+                             length=length)
+        params.check()
+        return params
+
+
+@dataclass(frozen=True)
+class RoundParams:
+    """One round's protocol numbers, identical at every site and the aggregator."""
+
+    n_sites: int
+    degree: int
+    threshold: int
+    clip: float
+    bits: int
+    ring_bits: int
+    max_weight: int
+    stochastic: bool
+    # Values in the model's update; the masked vector has one more (the weight).
+    length: int
+
+    def check(self) -> None:
+        if not 2 <= self.n_sites <= MAX_SITES:
+            raise SecAggError(f"secure aggregation needs 2 to {MAX_SITES} sites, got "
+                              f"{self.n_sites} (one site's sum is its update)")
+        if graph.degree(self.n_sites, self.degree) != self.degree:
+            raise SecAggError(f"no {self.degree}-regular graph on {self.n_sites} sites")
+        if not 2 <= self.threshold <= self.degree + 1:
+            raise SecAggError(f"threshold {self.threshold} must be between 2 and "
+                              f"{self.degree + 1} (the shareholders of each secret)")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise SecAggError(f"clip must be a positive number, got {self.clip}")
+        if self.ring_bits not in (32, 64) or not 2 <= self.bits <= self.ring_bits - 2:
+            raise SecAggError(f"bits {self.bits} do not fit the ring Z_2^{self.ring_bits}")
+        if not 1 <= self.max_weight < 1 << 48 or not 1 <= self.length <= MAX_LENGTH:
+            raise SecAggError("max_weight or the model's length is out of range")
+        # The largest |sum| the ring must hold without wrapping around.
+        worst = self.n_sites * self.max_weight * levels(self.bits)
+        if worst >= 1 << (self.ring_bits - 1):
+            raise SecAggError(
+                f"{self.n_sites} sites x max_weight {self.max_weight} x 2^{self.bits - 1} "
+                f"overflows Z_2^{self.ring_bits}: lower bits or max_weight, or use "
+                "ring_bits = 64")

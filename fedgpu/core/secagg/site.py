@@ -1,0 +1,161 @@
+"""A site's side of one secure-aggregation round, as a state machine without I/O.
+
+    session = SiteSession(setup)                   # fresh keys and self-mask seed
+    keys = session.advertise()                     # -> aggregator
+    shares = session.share_keys(key_relay)         # -> aggregator
+    masked = session.masked_input(share_relay, update, weight)  # -> aggregator
+    reply = session.unmask(unmask_request)         # -> aggregator
+
+Every step checks what the aggregator sent against what this site can verify (its neighbours,
+the threshold, the stage) and raises SecAggError instead of answering a request that would
+leak: above all, it never reveals both a share of a site's self-mask seed and a share of the
+same site's mask key (the double-masking rule), and it answers one unmask request per round.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from fedgpu.core.secagg import crypto, graph, shamir
+from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
+from fedgpu.core.secagg.messages import (
+    KeyRelay,
+    MaskedInput,
+    PublicKeys,
+    RevealedShare,
+    Sealed,
+    Setup,
+    ShareKeys,
+    ShareKind,
+    ShareRelay,
+    UnmaskReply,
+    UnmaskRequest,
+)
+from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks
+from fedgpu.core.secagg.quantize import encode, site_weight
+
+
+class SiteSession:
+    def __init__(self, setup: Setup, rng: np.random.Generator | None = None) -> None:
+        setup.params.check()
+        self.setup = setup
+        self.me = setup.index
+        self.params = setup.params
+        # The graph is derived here, not taken from the aggregator: a site only ever shares
+        # with, and masks against, the neighbours the shared seed gives it.
+        self.neighbours = graph.neighbours(self.params.n_sites, self.params.degree,
+                                           setup.graph_seed)[self.me]
+        self._c = crypto.KeyPair.generate()
+        self._s = crypto.KeyPair.generate()
+        self._b = os.urandom(SEED_BYTES)
+        self._rng = rng if rng is not None else np.random.default_rng()
+        self._peers: dict[int, PublicKeys] = {}
+        # The shares this site holds: owner -> (share of b, share of s_sk).
+        self._held: dict[int, tuple[shamir.Share, shamir.Share]] = {}
+        self.stage = Stage.SETUP
+
+    def _expect(self, stage: Stage, step: str) -> None:
+        if self.stage != stage:
+            raise SecAggError(f"site {self.me}: {step} out of order (after {self.stage})")
+
+    def advertise(self) -> PublicKeys:
+        self._expect(Stage.SETUP, "advertising keys")
+        self.stage = Stage.ADVERTISE_KEYS
+        return PublicKeys(self.me, self._c.public, self._s.public)
+
+    def share_keys(self, relay: KeyRelay) -> ShareKeys:
+        self._expect(Stage.ADVERTISE_KEYS, "sharing keys")
+        for p in relay.peers:
+            if p.index not in self.neighbours:
+                raise SecAggError(f"site {self.me}: keys of site {p.index}, not a neighbour")
+            if p.index in self._peers:
+                raise SecAggError(f"site {self.me}: keys of site {p.index} relayed twice")
+            self._peers[p.index] = p
+        holders = sorted([*self._peers, self.me])
+        t = self.params.threshold
+        if len(holders) < t:
+            raise BelowThreshold(Stage.ADVERTISE_KEYS, len(holders), t, "shareholders")
+        b_shares = shamir.split(self._b, t, holders)
+        sk_shares = shamir.split(self._s.secret, t, holders)
+        ctx = self.setup.context
+        sealed = []
+        for b_share, sk_share in zip(b_shares, sk_shares, strict=True):
+            holder = b_share.x
+            if holder == self.me:
+                self._held[self.me] = (b_share, sk_share)
+                continue
+            key = crypto.share_key(self._c, self._peers[holder].c_public, ctx,
+                                   self.me, holder)
+            plain = (self.me.to_bytes(4, "big") + holder.to_bytes(4, "big")
+                     + b_share.y_bytes() + sk_share.y_bytes())
+            sealed.append(Sealed(holder, crypto.seal(key, plain, ctx, self.me, holder)))
+        self.stage = Stage.SHARE_KEYS
+        return ShareKeys(self.me, tuple(sealed))
+
+    def _open(self, item: Sealed) -> tuple[shamir.Share, shamir.Share]:
+        src = item.peer
+        if src not in self._peers:
+            raise SecAggError(f"site {self.me}: shares from site {src}, whose keys it never got")
+        key = crypto.share_key(self._c, self._peers[src].c_public, self.setup.context,
+                               self.me, src)
+        plain = crypto.open_sealed(key, item.data, self.setup.context, src, self.me)
+        if (len(plain) != 8 + 2 * shamir.SHARE_BYTES
+                or int.from_bytes(plain[:4], "big") != src
+                or int.from_bytes(plain[4:8], "big") != self.me):
+            raise SecAggError(f"site {self.me}: shares from site {src} name other sites")
+        b = shamir.share_from_bytes(self.me, plain[8:8 + shamir.SHARE_BYTES])
+        return b, shamir.share_from_bytes(self.me, plain[8 + shamir.SHARE_BYTES:])
+
+    def masked_input(self, relay: ShareRelay, update: np.ndarray, weight: float) -> MaskedInput:
+        """Clip, quantise, weight and mask `update` (flat float values, `params.length` of
+        them). The pairwise masks are those of the neighbours whose shares arrived: exactly
+        the sites the aggregator can unmask for if they drop later."""
+        self._expect(Stage.SHARE_KEYS, "masking the input")
+        p = self.params
+        if update.shape != (p.length,):
+            raise SecAggError(f"site {self.me}: the update has shape {update.shape}, the round "
+                              f"expects ({p.length},)")
+        for item in relay.sealed:
+            if item.peer in self._held:
+                raise SecAggError(f"site {self.me}: shares from site {item.peer} relayed twice")
+            self._held[item.peer] = self._open(item)
+        if len(self._held) < p.threshold:
+            raise BelowThreshold(Stage.SHARE_KEYS, len(self._held), p.threshold, "shareholders")
+        vector = encode(update, site_weight(weight, p.max_weight), p.clip, p.bits,
+                        p.ring_bits, self._rng if p.stochastic else None)
+        seeds = [(self._b, 1)]
+        for peer in sorted(self._held):
+            if peer != self.me:
+                seed = crypto.mask_seed(self._s, self._peers[peer].s_public,
+                                        self.setup.context, self.me, peer)
+                # The smaller index adds, the larger subtracts: the pair cancels in the sum.
+                seeds.append((seed, 1 if self.me < peer else -1))
+        apply_masks(vector, seeds)
+        self.stage = Stage.MASKED_INPUT
+        return MaskedInput(self.me, vector)
+
+    def unmask(self, request: UnmaskRequest) -> UnmaskReply:
+        self._expect(Stage.MASKED_INPUT, "unmasking")
+        # Answered at most once: a second request could ask for the other kind of share.
+        self.stage = Stage.UNMASK
+        dropped, survivors = set(request.dropped), set(request.survivors)
+        both = dropped & survivors
+        if both:
+            raise SecAggError(f"site {self.me}: asked for both secrets of site(s) "
+                              f"{sorted(both)}; refused (double-masking rule)")
+        if self.me not in survivors or self.me in dropped:
+            raise SecAggError(f"site {self.me}: the request does not count its own input")
+        unknown = (dropped | survivors) - set(self._held)
+        if unknown:
+            raise SecAggError(f"site {self.me}: holds no shares of site(s) {sorted(unknown)}")
+        t = self.params.threshold
+        if len(survivors) < t:
+            # Fewer inputs than the threshold: the sum would be too close to single updates.
+            raise BelowThreshold(Stage.MASKED_INPUT, len(survivors), t)
+        shares = [RevealedShare(o, ShareKind.SELF_MASK, self._held[o][0].y_bytes())
+                  for o in survivors]
+        shares += [RevealedShare(o, ShareKind.MASK_KEY, self._held[o][1].y_bytes())
+                   for o in dropped]
+        return UnmaskReply(self.me, tuple(shares))

@@ -1,0 +1,183 @@
+"""A node's side of secure aggregation, on the node's one wire client (node/wire_client.py).
+
+A TRAIN task whose header carries `secagg_setup` is trained as usual; then, instead of its
+weights, the node sends the protocol's messages (fedgpu/core/secagg/site.py decides what they
+say), each as an update of the stage's kind whose payload is the message's bytes, and pulls
+the aggregator's relay of the next stage as a task of that kind for the same task id. What it
+masks is its change to the model (trained - received), weighted by its example count, which
+never leaves the node in the clear.
+
+Written once, asynchronously: the agent runs it through its blocking client (`answer`),
+`fedgpu sim` awaits `take_part` on its own loop. The cryptography and the masking run in a
+thread, so other clients sharing the loop go on meanwhile. It stops when the protocol is done,
+when the site refuses a step (the failure is reported), when the aggregator abandons the task
+(the round closed) or when the node stops. A task of another round that arrives meanwhile is
+left pending on the aggregator, which serves it again on the next pull.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from fedgpu.core import bulk, codec, digests
+from fedgpu.core.secagg import layout
+from fedgpu.core.secagg.errors import SecAggError, Stage
+from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
+from fedgpu.core.secagg.site import SiteSession
+from fedgpu.node import messages
+from fedgpu.node.client import AggregatorClient
+from fedgpu.node.policy import Decision
+from fedgpu.node.rounds.process import RoundOutcome
+from fedgpu.node.wire_client import PayloadError, WireClient
+from fedgpu.proto import pb
+
+log = logging.getLogger("fedgpu.node.secagg")
+
+KIND_OF = {
+    Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
+    Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
+    Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+    Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK,
+}
+
+
+class Interrupted(Exception):
+    """The protocol cannot go on for this node (abandoned, stopped, another task came)."""
+
+
+@dataclass
+class Link:
+    """What the protocol needs of its node."""
+
+    wire: WireClient
+    node_id: str
+    poll_s: int
+    max_bytes: int
+    # True once the aggregator abandoned the task (heartbeats) or the node stops.
+    cancelled: Callable[[], bool]
+
+
+async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
+                    change: np.ndarray, weight: float) -> str | None:
+    """Run the protocol for `task`: `change` is the round's change to the model (flat, in
+    the layout of fedgpu/core/secagg/layout.py), `update` the header a plain answer would
+    have had (its metrics go with the masked input). None when done, else why it stopped."""
+    started = time.monotonic()
+    stage = Stage.SETUP
+    try:
+        site = SiteSession(Setup.decode(bytes(task.secagg_setup)))
+        stage = Stage.ADVERTISE_KEYS
+        await _send(link, task, stage, site.advertise().encode())
+        stage = Stage.SHARE_KEYS
+        relay = KeyRelay.decode(await _wait(link, task, stage))
+        await _send(link, task, stage, (await asyncio.to_thread(site.share_keys, relay)).encode())
+        stage = Stage.MASKED_INPUT
+        shares = ShareRelay.decode(await _wait(link, task, stage))
+        masked = await asyncio.to_thread(site.masked_input, shares, change, weight)
+        del change
+        data = await asyncio.to_thread(masked.encode)
+        del masked
+        await _send(link, task, stage, data, update)
+        del data
+        stage = Stage.UNMASK
+        request = UnmaskRequest.decode(await _wait(link, task, stage))
+        await _send(link, task, stage, site.unmask(request).encode())
+    except SecAggError as exc:
+        # This site refused a step or could not read a message: it says so, and it is out.
+        why = f"secure aggregation stopped at {stage}: {exc}"
+        log.warning("round %d: %s", task.round, why)
+        failed = pb.UpdateHeader(node_id=link.node_id, task_id=task.task_id, round=task.round,
+                                 kind=KIND_OF.get(stage, pb.TASK_KIND_SECAGG_ADVERTISE_KEYS),
+                                 failed=True, error=why)
+        try:
+            await link.wire.push(failed, None)
+        except grpc.RpcError:
+            pass  # refused or unreachable: the round drops this site either way
+        return why
+    except Interrupted as exc:
+        why = f"secure aggregation ended at {stage}: {exc}"
+        log.warning("round %d: %s", task.round, why)
+        return why
+    except (grpc.RpcError, PayloadError, bulk.RefusedError, bulk.BulkProtocolError,
+            OSError) as exc:
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        why = f"secure aggregation ended at {stage}: {detail}"
+        log.warning("round %d: %s", task.round, why)
+        return why
+    log.info("round %d: secure aggregation done in %.1fs", task.round,
+             time.monotonic() - started)
+    return None
+
+
+def _digest(data: bytes | bytearray) -> str:
+    h = codec.hasher(codec.WIRE_DIGEST, all_cores=True)
+    h.update(data)
+    return str(h.hexdigest())
+
+
+async def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | bytearray,
+                like: pb.UpdateHeader | None = None) -> None:
+    header = pb.UpdateHeader()
+    if like is not None:
+        # The masked input carries the round's metrics and resources like a plain update;
+        # its example count (the weight) travels masked inside the payload only.
+        header.CopyFrom(like)
+    header.node_id, header.task_id, header.round = link.node_id, task.task_id, task.round
+    header.kind, header.num_examples = KIND_OF[stage], 0
+    digest = await asyncio.to_thread(_digest, data)
+    digests.stamp(header, codec.WIRE_DIGEST, digest)
+    # A refusal (grpc.RpcError) ends this node's part: the caller stops.
+    await link.wire.push(header, codec.Encoded((memoryview(data),), len(data), digest,
+                                                codec.WIRE_DIGEST))
+
+
+async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
+    """The payload of the aggregator's relay for `stage`, for this task."""
+    kind = KIND_OF[stage]
+    while True:
+        if link.cancelled():
+            raise Interrupted("the aggregator closed the round (or the node stops)")
+        pulled = await link.wire.pull(link.node_id, link.poll_s, link.max_bytes)
+        try:
+            header = pulled.header
+            if header.kind == pb.TASK_KIND_NONE:
+                continue
+            if header.task_id != task.task_id:
+                raise Interrupted(f"a task of round {header.round} arrived")
+            if header.kind != kind:
+                # An earlier task of this round served again before the aggregator saw our
+                # answer: wait a moment for the relay we need.
+                await asyncio.sleep(0.2)
+                continue
+            return bytes(pulled.payload or b"")
+        finally:
+            if isinstance(pulled.receiver, codec.Assembler):
+                pulled.receiver.release()
+
+
+def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
+           decision: Decision | None, task: pb.TaskHeader, outcome: RoundOutcome,
+           received: bytes | bytearray | memoryview, cancelled: Callable[[], bool]) -> None:
+    """The agent's way in: a trained round answered with the protocol (blocking)."""
+    assert outcome.weights is not None
+    update = messages.update_header(task, node_id, decision, outcome.resources,
+                                    outcome.result, "")
+    try:
+        change = layout.delta(codec.read_file(outcome.weights), codec.decode(received)[0])
+    except (SecAggError, codec.CodecError) as exc:
+        failed = messages.update_header(task, node_id, decision, outcome.resources, None,
+                                        f"secure aggregation: {exc}")
+        try:
+            client.push(failed, None)
+        except grpc.RpcError as err:
+            log.warning("round %d: could not report %s: %s", task.round, exc, err.details())
+        return
+    client.run(lambda wire: take_part(Link(wire, node_id, poll_s, max_bytes, cancelled),
+                                      task, update, change, float(update.num_examples)))
