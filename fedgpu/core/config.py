@@ -10,6 +10,7 @@ from typing import Any
 
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.privacy import PrivacySettings, parse_privacy
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -75,6 +76,8 @@ class Job:
     # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
+    # `[privacy]`: client-level differential privacy (fedgpu/core/privacy); None: none.
+    privacy: PrivacySettings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +182,10 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if wire_dtype is not None and mode != "star":
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
+    privacy = None
+    if raw.get("privacy") is not None:
+        privacy = parse_privacy(raw["privacy"], source,
+                                secure_aggregation=raw.get("secure_aggregation") is True)
     return Job(
         task=task,
         name=name,
@@ -200,6 +207,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         wire_dtype=wire_dtype,
         resources=resources,
         task_dir=task_dir,
+        privacy=privacy,
         **ring,
     )
 

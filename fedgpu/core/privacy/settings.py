@@ -1,0 +1,190 @@
+"""The job file's `[privacy]` table: client-level differential privacy, parsed strictly.
+
+```toml
+[privacy]
+mode = "central"          # "central" | "local" | "distributed"
+clip_norm = 1.0           # or adaptive_clip = true (+ target_quantile, clip_learning_rate)
+noise_multiplier = 1.0    # std of the noise / clip norm; may be derived from target_epsilon
+target_epsilon = 8.0      # the job ends before a round would spend more
+delta = 1e-5
+```
+
+Each problem is a ConfigError naming the key and what it must be: a privacy setting that is
+silently ignored is a guarantee that is silently false.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from fedgpu.core.errors import ConfigError
+
+# The job's end reason when the next round would exceed target_epsilon.
+BUDGET_SPENT_REASON = "privacy budget spent"
+# dp-accounting's accountants: Renyi DP (fast, slightly loose) and privacy loss distributions
+# (tight, slower to compose over many rounds).
+ACCOUNTANTS = ("rdp", "pld")
+# Andrew et al. 2021 ("Differentially private learning with adaptive clipping"): the clip starts
+# small and moves geometrically towards the target quantile of the updates' norms.
+DEFAULT_INITIAL_CLIP = 0.1
+DEFAULT_TARGET_QUANTILE = 0.5
+DEFAULT_CLIP_LEARNING_RATE = 0.2
+# Above this a noise multiplier is a unit mistake (the noise would drown any model).
+MAX_NOISE_MULTIPLIER = 1000.0
+
+
+class PrivacyMode(StrEnum):
+    """Where the clipping and the noise happen."""
+
+    # The aggregator (trusted) clips each update and noises the aggregate.
+    CENTRAL = "central"
+    # Each node clips and noises its own update before upload: the aggregator is not trusted.
+    LOCAL = "local"
+    # Each node clips and adds a share of the noise; secure aggregation hides the single
+    # updates, so the aggregator only ever sees the noised sum.
+    DISTRIBUTED = "distributed"
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    mode: PrivacyMode
+    # The fixed clip (L2 norm of a whole update), or the adaptive clip's starting value.
+    clip_norm: float
+    adaptive_clip: bool = False
+    target_quantile: float = DEFAULT_TARGET_QUANTILE
+    clip_learning_rate: float = DEFAULT_CLIP_LEARNING_RATE
+    # Std of the noise on the clipped-count of adaptive clipping, in updates; None: a twentieth
+    # of the round's sampled nodes (Andrew et al.'s choice).
+    clipped_count_stddev: float | None = None
+    # None: derived at job start from target_epsilon, the rounds and the sampling rate.
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    accountant: str = "rdp"
+
+    @property
+    def budgeted(self) -> bool:
+        return self.target_epsilon is not None
+
+
+_KEYS = ("mode", "clip_norm", "adaptive_clip", "target_quantile", "clip_learning_rate",
+         "clipped_count_stddev", "noise_multiplier", "target_epsilon", "delta", "accountant")
+
+
+def parse_privacy(table: object, source: str = "job", *,
+                  secure_aggregation: bool = False) -> PrivacySettings:
+    """The `[privacy]` table as settings; every problem is a ConfigError naming the key."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: 'privacy' must be a table ([privacy]), got {table!r}")
+    # TOML has no null: a None is an unset key of a stored job (Job.to_dict) read back.
+    table = {k: v for k, v in table.items() if v is not None}
+    unknown = sorted(set(table) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) in [privacy]: {', '.join(unknown)}; "
+                          f"allowed: {', '.join(sorted(_KEYS))}")
+    if "mode" not in table:
+        raise ConfigError(f"{source}: [privacy] needs 'mode' "
+                          f"({' | '.join(repr(m.value) for m in PrivacyMode)})")
+    try:
+        mode = PrivacyMode(table["mode"])
+    except ValueError:
+        raise _fail(source, "mode", " | ".join(repr(m.value) for m in PrivacyMode),
+                    table["mode"]) from None
+    if mode is PrivacyMode.DISTRIBUTED and not secure_aggregation:
+        # The noise shares only protect anything when the aggregator sees their sum alone.
+        raise ConfigError(
+            f"{source}: [privacy] mode = \"distributed\" needs secure_aggregation: each site "
+            "adds only a share of the noise, so the aggregator must never see a single update "
+            "(set secure_aggregation = true once this build has it, or use mode = \"central\" "
+            "or \"local\")")
+    adaptive = _bool(table, "adaptive_clip", False, source)
+    clip = _number(table, "clip_norm", source, "a positive number (an L2 norm)", low=0.0)
+    if clip is None and not adaptive:
+        raise ConfigError(f"{source}: [privacy] needs 'clip_norm' (the L2 norm every update is "
+                          "clipped to), or adaptive_clip = true")
+    if adaptive and mode is not PrivacyMode.CENTRAL:
+        raise ConfigError(
+            f"{source}: [privacy] adaptive_clip needs mode = \"central\": the clip follows the "
+            "norms of the updates, which only the aggregator sees")
+    quantile = _number(table, "target_quantile", source, "a number in (0, 1)", low=0.0, high=1.0)
+    rate = _number(table, "clip_learning_rate", source, "a positive number", low=0.0)
+    count_std = _number(table, "clipped_count_stddev", source, "a positive number", low=0.0)
+    if not adaptive:
+        # A default value is let through: a stored job (Job.to_dict) carries every field.
+        for key, value, default in (
+                ("target_quantile", quantile, DEFAULT_TARGET_QUANTILE),
+                ("clip_learning_rate", rate, DEFAULT_CLIP_LEARNING_RATE),
+                ("clipped_count_stddev", count_std, None)):
+            if value is not None and value != default:
+                raise ConfigError(f"{source}: [privacy] {key} only applies with "
+                                  "adaptive_clip = true")
+    noise = _number(table, "noise_multiplier", source,
+                    f"a number from 0 to {MAX_NOISE_MULTIPLIER:g}", low=0.0,
+                    high=MAX_NOISE_MULTIPLIER, inclusive=True)
+    target = _number(table, "target_epsilon", source, "a positive number", low=0.0)
+    delta = _number(table, "delta", source, "a number in (0, 1)", low=0.0, high=1.0)
+    if noise is None and target is None:
+        raise ConfigError(f"{source}: [privacy] needs 'noise_multiplier', or 'target_epsilon' "
+                          "to derive it from")
+    if noise == 0 and target is not None:
+        raise ConfigError(f"{source}: [privacy] noise_multiplier = 0 spends an infinite epsilon "
+                          f"in the first round, so target_epsilon = {target:g} can never hold")
+    if adaptive and noise is not None and count_std is not None and noise > 0 \
+            and 2 * count_std <= noise:
+        # 1/z^2 = 1/z_update^2 + 1/(2 sigma_b)^2: the count's noise alone must stay below z.
+        raise ConfigError(
+            f"{source}: [privacy] clipped_count_stddev must be more than noise_multiplier / 2 "
+            f"({noise / 2:g}): the count's noise takes part of the budget, and the update's "
+            "noise would have to be infinite")
+    accountant = table.get("accountant", "rdp")
+    if accountant not in ACCOUNTANTS:
+        raise _fail(source, "accountant", " | ".join(repr(a) for a in ACCOUNTANTS), accountant)
+    return PrivacySettings(
+        mode=mode,
+        clip_norm=clip if clip is not None else DEFAULT_INITIAL_CLIP,
+        adaptive_clip=adaptive,
+        target_quantile=quantile if quantile is not None else DEFAULT_TARGET_QUANTILE,
+        clip_learning_rate=rate if rate is not None else DEFAULT_CLIP_LEARNING_RATE,
+        clipped_count_stddev=count_std,
+        noise_multiplier=noise,
+        target_epsilon=target,
+        delta=delta if delta is not None else 1e-5,
+        accountant=accountant,
+    )
+
+
+def settings_from_dict(raw: dict[str, Any]) -> PrivacySettings:
+    """Settings back from `dataclasses.asdict` (a job's stored JSON)."""
+    return PrivacySettings(**{**raw, "mode": PrivacyMode(raw["mode"])})
+
+
+def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
+    return ConfigError(f"{source}: [privacy] {key} must be {expected}, got {value!r}")
+
+
+def _bool(table: dict[str, Any], key: str, default: bool, source: str) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise _fail(source, key, "true or false", value)
+    return value
+
+
+def _number(table: dict[str, Any], key: str, source: str, expected: str, *, low: float,
+            high: float | None = None, inclusive: bool = False) -> float | None:
+    """A finite number in (low, high), or [low, high] when `inclusive`; None when absent."""
+    if key not in table:
+        return None
+    value = table[key]
+    # bool is an int in Python; clip_norm = true is a mistake.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(source, key, expected, value)
+    number = float(value)
+    ok = math.isfinite(number) and (number >= low if inclusive else number > low)
+    if high is not None:
+        ok = ok and (number <= high if inclusive else number < high)
+    if not ok:
+        raise _fail(source, key, expected, value)
+    return number
