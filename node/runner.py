@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 
 from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
-from fedgpu.node import weights
+from fedgpu.node import dp_sgd, weights
 from fedgpu.node.data import DataDirError, check_data_dir
 from fedgpu.node.loop import Loop, autocast
 from fedgpu.node.switches import Switches, for_device, split_hparams
@@ -169,8 +169,12 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
     streaming = isinstance(task, DatasetTask)
-    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    # Example-level DP (node/dp_sgd.py) takes its keys out first.
+    dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
+    switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
+    if dp is not None:
+        switches = dp_sgd.dp_switches(spec.task_name, switches)
     if switches.cudnn_benchmark:
         # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
         torch.backends.cudnn.benchmark = True
@@ -184,6 +188,10 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
 
     with torch.device(device):
         model = task.build_model(task_hp)
+        if dp is not None:
+            model = dp_sgd.prepare_model(spec.task_name, model, dp)
+    private = (dp_sgd.PrivateTraining(spec.task_name, dp, spec.round)
+               if dp is not None and spec.kind == "train" else None)
     wire_dtypes: dict[str, str] | None = None
     if spec.kind != "init":
         assert spec.data_dir is not None
@@ -196,9 +204,10 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         if streaming:
             assert loop is not None
             _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
-                                                          task_hp), result, started)
+                                                          task_hp, private), result, started)
         else:
-            _tensor_round(spec, task, model, device, switches, task_hp, result)  # type: ignore[arg-type]
+            _tensor_round(spec, task, model, device, switches, task_hp, result,  # type: ignore[arg-type]
+                          private)
         if switches.channels_last:
             # Back to the layout the wire and every other node expect (row-major NCHW).
             model = model.to(memory_format=torch.contiguous_format)
@@ -247,7 +256,8 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
 
 
 def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: torch.device,
-                  switches: Switches, task_hp: dict[str, Any], result: RoundResult) -> None:
+                  switches: Switches, task_hp: dict[str, Any], result: RoundResult,
+                  private: dp_sgd.PrivateTraining | None = None) -> None:
     assert spec.data_dir is not None
     data = {k: _to_device(v, device, switches.channels_last)
             for k, v in task.load_data(spec.data_dir).items()}
@@ -259,9 +269,13 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
         )
         if spec.kind == "train":
             start = time.perf_counter()
-            result.num_examples, result.train_metrics = task.train(
-                fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
-            )
+            if private is not None:
+                result.num_examples, result.train_metrics = dp_sgd.train_tensor_task(
+                    task, model, data, device, task_hp, private)
+            else:
+                result.num_examples, result.train_metrics = task.train(
+                    fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
+                )
             if device.type == "cuda":
                 # Kernels run asynchronously; without this the clock stops before they finish.
                 torch.cuda.synchronize(device)
