@@ -22,7 +22,7 @@ from fedgpu.node.rounds.switches import Amp, LoopSettings, Switches, workers_for
 from fedgpu.node.tasks.base import DatasetTask, Metrics
 
 if TYPE_CHECKING:
-    from fedgpu.node.dp_sgd import PrivateTraining
+    from fedgpu.node.rounds.dp_sgd import PrivateTraining
 
 _AUTOCAST_DTYPES = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 
@@ -120,7 +120,7 @@ class Loop:
         self.loop = loop
         self.switches = switches
         self.hparams = task_hparams
-        # DP-SGD (node/dp_sgd.py): Opacus wraps the model, optimizer and loader of train().
+        # DP-SGD (node/rounds/dp_sgd.py): Opacus wraps the model, optimizer and loader of train().
         self.private = private
         self.workers = workers_for(loop, device.type)
         # The compiled module shares the model's parameters; weights are read from `model`.

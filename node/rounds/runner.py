@@ -28,8 +28,9 @@ from torch.utils.data import IterableDataset
 
 from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
-from fedgpu.node import dp_sgd, weights
+from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.rounds import dp_sgd
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.switches import Switches, for_device, split_hparams
 from fedgpu.node.rounds.workfiles import (
@@ -170,7 +171,7 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
     streaming = isinstance(task, DatasetTask)
-    # Example-level DP (node/dp_sgd.py) takes its keys out first.
+    # Example-level DP (node/rounds/dp_sgd.py) takes its keys out first.
     dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
     switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)

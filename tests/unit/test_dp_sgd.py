@@ -1,5 +1,5 @@
-"""Example-level DP-SGD (node/dp_sgd.py): Opacus through the runner's options, on the built-in
-digits (tensor) and images (Dataset) tasks, in-process like tests/unit/test_runner.py."""
+"""Example-level DP-SGD (node/rounds/dp_sgd.py): Opacus through the runner's options, on the
+built-in digits (tensor) and images (Dataset) tasks, in-process like tests/unit/test_runner.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from fedgpu.core import codec
 from fedgpu.core.datasets import split_digits
 from fedgpu.core.synth_images import synth_images
-from fedgpu.node import dp_sgd, runner
+from fedgpu.node.rounds import dp_sgd, runner
+from fedgpu.node.rounds.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 from fedgpu.node.tasks import HyperparameterError
-from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
 _IMAGES_HP = {"depth": 8, "width": 8, "image_size": 16, "batch_size": 32}

@@ -3,7 +3,7 @@ mechanisms (clipping an update's L2 norm, Gaussian noise, adaptive clipping) and
 that turns rounds into (epsilon, delta).
 
 Pure numpy and dp-accounting, no torch: the aggregator (central mode) and the node (local mode)
-share it. Example-level DP-SGD on the node is Opacus's, in node/dp_sgd.py.
+share it. Example-level DP-SGD on the node is Opacus's, in node/rounds/dp_sgd.py.
 """
 
 from __future__ import annotations

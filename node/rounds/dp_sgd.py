@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from fedgpu.node.switches import Amp, Switches
+from fedgpu.node.rounds.switches import Amp, Switches
 from fedgpu.node.tasks.base import HyperparameterError, Metrics, resolve_hparams
 
 log = logging.getLogger("fedgpu.worker")
