@@ -91,14 +91,50 @@ def clip(update: Arrays, clip_norm: float) -> Clipped:
     return Clipped(out, norm, factor)
 
 
+def clip_local(local: Arrays, global_: Arrays, clip_norm: float
+               ) -> tuple[dict[str, np.ndarray], float]:
+    """The local model with its update clipped: global + factor * (local - global) per
+    private tensor (float32), the global value for the others; and the update's norm before.
+
+    Works a tensor at a time: one model's worth of output, whatever the model's size (the
+    aggregator does this for every update as it streams in).
+    """
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
+    total = 0.0
+    for name, arr in local.items():
+        if is_private(arr):
+            d = np.subtract(arr, global_[name], dtype=np.float64).ravel()
+            total += float(np.dot(d, d))
+    norm = math.sqrt(total)
+    if not math.isfinite(norm):
+        raise ValueError("the update holds NaN or infinite values; it cannot be clipped")
+    factor = min(1.0, clip_norm / norm) if norm > 0 else 1.0
+    if factor < 1.0:
+        factor *= 1.0 - 1e-6  # float32 rounding must not land a hair above the clip
+    out: dict[str, np.ndarray] = {}
+    for name, g in global_.items():
+        if not is_private(g):
+            out[name] = g
+            continue
+        d = np.subtract(local[name], g, dtype=np.float32)
+        if factor < 1.0:
+            d *= np.float32(factor)
+        d += g
+        out[name] = d
+    return out, norm
+
+
 def noise_generator(seed: int | None = None) -> np.random.Generator:
     """A generator for the noise: seeded from the OS unless a (test) seed is given."""
     return np.random.default_rng(seed)
 
 
-def add_gaussian_noise(arrays: Arrays, std: float, rng: np.random.Generator
-                       ) -> dict[str, np.ndarray]:
-    """Each private tensor plus independent N(0, std^2) noise per coordinate (float32 out)."""
+def add_gaussian_noise(arrays: Arrays, std: float, rng: np.random.Generator, *,
+                       inplace: bool = False) -> dict[str, np.ndarray]:
+    """Each private tensor plus independent N(0, std^2) noise per coordinate (float32 out).
+    `inplace`: writeable float32 arrays take the noise where they are (an aggregate that
+    nothing else holds), saving a model's worth of memory."""
     if not (std >= 0 and math.isfinite(std)):
         raise ValueError(f"the noise's standard deviation must be >= 0, got {std!r}")
     out: dict[str, np.ndarray] = {}
@@ -106,7 +142,10 @@ def add_gaussian_noise(arrays: Arrays, std: float, rng: np.random.Generator
         if not is_private(arr):
             out[name] = arr
             continue
-        noisy = np.array(arr, dtype=np.float32)
+        if inplace and arr.dtype == np.float32 and arr.flags.writeable:
+            noisy = arr
+        else:
+            noisy = np.array(arr, dtype=np.float32)
         if std > 0:
             # Drawn in float32 straight into a buffer: no float64 copy of a large model.
             noise = rng.standard_normal(noisy.shape, dtype=np.float32)
