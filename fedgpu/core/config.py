@@ -184,7 +184,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
                     "themselves in their own precision)", wire_dtype)
     privacy = None
     if raw.get("privacy") is not None:
-        privacy = parse_privacy(raw["privacy"], source,
+        privacy = parse_privacy(raw["privacy"], source, strategy=strategy, job_mode=mode,
                                 secure_aggregation=raw.get("secure_aggregation") is True)
     return Job(
         task=task,

@@ -310,13 +310,15 @@ class JobManager:
             orch.state, JobState.STOPPED)
         if active.stop_requested:
             state = JobState.STOPPED
-        self._end(row.job_id, state, orch.error)
+        self._end(row.job_id, state, orch.error, orch.end_reason)
 
-    def _end(self, job_id: str, state: JobState, error: str | None) -> None:
-        self.store.update(job_id, state=state, error=error, reason=None,
+    def _end(self, job_id: str, state: JobState, error: str | None,
+             reason: str | None = None) -> None:
+        self.store.update(job_id, state=state, error=error, reason=reason,
                           finished_at=time.time())
         self._offers = None
-        self.store.add_event(job_id, f"{state}" + (f": {error}" if error else ""),
+        self.store.add_event(job_id, f"{state}" + (f": {error or reason}" if error or reason
+                                                   else ""),
                              level="error" if state is JobState.FAILED else "info")
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
 

@@ -74,9 +74,15 @@ _KEYS = ("mode", "clip_norm", "adaptive_clip", "target_quantile", "clip_learning
          "clipped_count_stddev", "noise_multiplier", "target_epsilon", "delta", "accountant")
 
 
-def parse_privacy(table: object, source: str = "job", *,
-                  secure_aggregation: bool = False) -> PrivacySettings:
-    """The `[privacy]` table as settings; every problem is a ConfigError naming the key."""
+# Strategies whose result is a function of the mean of the updates alone: noise calibrated to
+# the mean protects them (server/strategies/private.py); a median is another matter.
+MEAN_STRATEGIES = ("fedavg", "fedavgm", "fedadam")
+
+
+def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg",
+                  job_mode: str = "star", secure_aggregation: bool = False) -> PrivacySettings:
+    """The `[privacy]` table as settings, for a job with this strategy and mode; every problem
+    is a ConfigError naming the key."""
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: 'privacy' must be a table ([privacy]), got {table!r}")
     # TOML has no null: a None is an unset key of a stored job (Job.to_dict) read back.
@@ -93,6 +99,13 @@ def parse_privacy(table: object, source: str = "job", *,
     except ValueError:
         raise _fail(source, "mode", " | ".join(repr(m.value) for m in PrivacyMode),
                     table["mode"]) from None
+    if job_mode != "star":
+        raise ConfigError(f"{source}: [privacy] needs mode = \"star\" (in ring mode the nodes "
+                          "average among themselves: no aggregate to clip and noise)")
+    if strategy not in MEAN_STRATEGIES:
+        raise ConfigError(f"{source}: [privacy] needs a strategy that averages "
+                          f"({', '.join(MEAN_STRATEGIES)}), not {strategy!r}: the noise is "
+                          "calibrated to the mean of the clipped updates")
     if mode is PrivacyMode.DISTRIBUTED and not secure_aggregation:
         # The noise shares only protect anything when the aggregator sees their sum alone.
         raise ConfigError(
