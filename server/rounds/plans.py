@@ -180,10 +180,12 @@ class InitPlan(Plan):
             log.info("initial model from %s", chosen[0].name)
         else:
             log.warning("initialisation attempt %d got no model; retrying", rnd.attempt)
-        return "no initial model"
+        # The node's own words (e.g. Opacus refusing the model under dp_sgd) reach the job.
+        return rnd.failures[-1].error if rnd.failures else "no initial model"
 
     def give_up(self, number: int, error: str) -> str:
-        return "no node returned initial weights; check the nodes' logs"
+        why = f" (last: {error})" if error != "no initial model" else ""
+        return f"no node returned initial weights{why}; check the nodes' logs"
 
 
 class EvalPlan(Plan):

@@ -85,6 +85,17 @@ def test_bad_privacy_tables_are_refused_with_the_key(table, words):
     assert str(info.value).startswith("job.toml: ")
 
 
+def test_privacy_needs_an_averaging_star_job():
+    table = {"mode": "central", "clip_norm": 1, "noise_multiplier": 1}
+    with pytest.raises(ConfigError, match="needs a strategy that averages"):
+        parse_job({"task": "digits", "strategy": "median", "privacy": table})
+    with pytest.raises(ConfigError, match="in ring mode the nodes"):
+        parse_job({"task": "digits", "mode": "ring", "min_nodes": 2, "iterations": 10,
+                   "privacy": table})
+    for strategy in ("fedavg", "fedavgm", "fedadam"):
+        assert parse_job({"task": "digits", "strategy": strategy, "privacy": table}).privacy
+
+
 def test_privacy_must_be_a_table():
     with pytest.raises(ConfigError, match="must be a table"):
         parse_job({"task": "digits", "privacy": "central"})

@@ -153,3 +153,26 @@ def test_privacy_refuses_strategies_that_do_not_average() -> None:
     settings = parse_privacy({"mode": "central", "clip_norm": 1.0, "noise_multiplier": 1.0})
     with pytest.raises(ConfigError, match="needs a strategy that averages"):
         make_strategy("median", {}, settings, 3)
+
+
+def test_the_nodes_reason_for_no_initial_model_reaches_the_job() -> None:
+    # E.g. Opacus refusing the task's model under dp_sgd: the job fails with those words.
+    import time
+
+    from fedgpu.core.config import parse_job
+    from fedgpu.proto import pb
+    from fedgpu.server.rounds.attempt import RoundState
+    from fedgpu.server.rounds.plans import InitPlan
+    from fedgpu.server.rounds.records import Failure
+
+    plan = InitPlan(parse_job({"task": "images"}))
+    rnd = RoundState(number=0, kind=pb.TASK_KIND_INIT, attempt=1, required=1,
+                     deadline=time.time() + 60, started=time.time())
+    why = "task 'images': Opacus cannot train this model with DP-SGD: BatchNorm ..."
+    rnd.failures.append(Failure("n1", "site-a", why))
+    error = plan.closed(rnd, None, [], ok=False)
+    assert why in plan.give_up(0, error)
+    empty = RoundState(number=0, kind=pb.TASK_KIND_INIT, attempt=2, required=1,
+                       deadline=time.time() + 60, started=time.time())
+    assert plan.give_up(0, plan.closed(empty, None, [], ok=False)) == (
+        "no node returned initial weights; check the nodes' logs")
