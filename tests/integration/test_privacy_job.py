@@ -45,6 +45,10 @@ def test_central_dp_job_finishes_when_the_budget_would_be_exceeded(
     assert [r["round"] for r in p["per_round"]] == [1, 2]
     assert p["per_round"][0]["epsilon"] == pytest.approx(epsilon_of([RoundEvent(1.0, 3.0)],
                                                                     1e-5), abs=1e-5)
+    human = cli("job", "status", submitted["job_id"], "--address", site.address).stdout
+    assert f"privacy (central): epsilon {two:.4f} of 2.3 spent at delta 1e-05 over 2 round(s)" \
+        in human, human
+    assert "finished — privacy budget spent" in human, human
     r = cli("rounds", "--address", site.address, "--job", submitted["job_id"], "--json")
     rounds = [x for x in json.loads(r.stdout)["rounds"] if x["status"] == "finished"]
     assert [x["privacy"]["epsilon"] for x in rounds] == [e["epsilon"] for e in p["per_round"]]
