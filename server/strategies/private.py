@@ -18,13 +18,12 @@ and the adaptive clip are part of the strategy's checkpointed state.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
-from fedgpu.core.privacy.accountant import Accountant, noise_for_budget
 from fedgpu.core.privacy.mechanisms import (
     AdaptiveClip,
     add_gaussian_noise,
@@ -36,6 +35,9 @@ from fedgpu.core.privacy.settings import MEAN_STRATEGIES
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 
+if TYPE_CHECKING:
+    from fedgpu.core.privacy.accountant import Accountant
+
 # Rounds are accounted as if every node took part: see the module's docstring.
 SAMPLING_RATE = 1.0
 
@@ -46,6 +48,8 @@ def noise_multiplier_for(privacy: PrivacySettings, rounds: int) -> float:
     if privacy.noise_multiplier is not None:
         return privacy.noise_multiplier
     assert privacy.target_epsilon is not None, "parse_privacy requires one of the two"
+    from fedgpu.core.privacy.accountant import noise_for_budget
+
     z = noise_for_budget(privacy.target_epsilon, privacy.delta, SAMPLING_RATE, rounds,
                          privacy.accountant)
     return 2 * z if privacy.mode is PrivacyMode.LOCAL else z
@@ -65,8 +69,12 @@ class PrivateStrategy(Strategy):
         self.inner = inner
         self.privacy = privacy
         self.central = privacy.mode is PrivacyMode.CENTRAL
+        # dp-accounting (scipy) is imported by a job with [privacy] only: seconds of start-up
+        # an aggregator without one does not pay.
+        from fedgpu.core.privacy.accountant import Accountant
+
         self.noise_multiplier = noise_multiplier_for(privacy, rounds)
-        self.accountant = Accountant(privacy.delta, privacy.accountant)
+        self.accountant: Accountant = Accountant(privacy.delta, privacy.accountant)
         self.clip_norm = privacy.clip_norm
         self._rng = noise_generator()
         self._global: Mapping[str, np.ndarray] | None = None
@@ -168,8 +176,8 @@ class PrivateStrategy(Strategy):
                    tensors: Mapping[str, np.ndarray] | None = None) -> None:
         self.inner.load_state(state.get("inner") or {}, tensors)
         saved = state.get("privacy") or {}
-        self.accountant = Accountant.from_list(saved.get("events") or [], self.privacy.delta,
-                                               self.privacy.accountant)
+        self.accountant = type(self.accountant).from_list(
+            saved.get("events") or [], self.privacy.delta, self.privacy.accountant)
         self.clip_norm = float(saved.get("clip_norm", self.clip_norm))
         # The noise the account was made with, even if calibrated again differently now.
         self.noise_multiplier = float(saved.get("noise_multiplier", self.noise_multiplier))
