@@ -142,3 +142,24 @@ def test_dp_keys_leave_the_rest_to_the_task() -> None:
     assert rest == {"lr": 0.1}
     assert settings is not None and settings.noise_multiplier == 1.5
     assert dp_sgd.split_dp("digits", {"lr": 0.1}) == (None, {"lr": 0.1})
+
+
+def test_empty_poisson_batches_still_take_their_step() -> None:
+    """Batch size 1 over 3 rows: each batch is empty with probability (2/3)^3, so 15 steps
+    almost surely include empty ones; each still steps (noise only) and counts."""
+    from fedgpu.node.tasks.digits import DigitsTask
+
+    class OneRow(DigitsTask):
+        def batch_size(self, hparams: Any) -> int:
+            return 1
+
+    task = OneRow()
+    model = task.build_model({})
+    data = {"x_train": torch.randn(3, 1, 8, 8), "y_train": torch.tensor([1, 2, 3])}
+    settings, _ = dp_sgd.split_dp("digits", {"dp_sgd": True, "noise_multiplier": 1.0})
+    assert settings is not None
+    private = dp_sgd.PrivateTraining("digits", settings, 1)
+    n, m = dp_sgd.train_tensor_task(task, model, data, torch.device("cpu"),
+                                    {"local_epochs": 5}, private)
+    assert n == 3 and m["dp_steps"] == 15 and m["dp_sample_rate"] == pytest.approx(1 / 3)
+    assert np.isfinite(m["loss"]) and all(torch.isfinite(p).all() for p in model.parameters())
