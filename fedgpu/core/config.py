@@ -11,6 +11,7 @@ from typing import Any
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.privacy import PrivacySettings, parse_privacy
+from fedgpu.core.privacy.settings import with_dp_rounds
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -197,7 +198,8 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         use_gpu=use_gpu,
         strategy=strategy,
         strategy_params=_scalars(raw.get("strategy_params", {}), source, "strategy_params"),
-        hyperparameters=_scalars(raw.get("hyperparameters", {}), source, "hyperparameters"),
+        hyperparameters=with_dp_rounds(
+            _scalars(raw.get("hyperparameters", {}), source, "hyperparameters"), rounds),
         seed=seed,
         mode=mode,
         evaluate=evaluate,

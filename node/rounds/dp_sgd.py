@@ -6,7 +6,7 @@ A job turns it on with hyperparameters the runner takes out before the task sees
     max_grad_norm = 1.0       # the clip of each example's gradient (L2)
     noise_multiplier = 1.1    # std of the noise / max_grad_norm; or give dp_target_epsilon
     dp_target_epsilon = 8.0   # the noise is derived so that dp_rounds rounds spend this
-    dp_rounds = 10            # the rounds the target covers (the job's rounds)
+    dp_rounds = 10            # the rounds the target covers (a job file: its rounds)
     dp_delta = 1e-5
     dp_accountant = "rdp"     # Opacus's: "rdp" | "prv" | "gdp"
     dp_fix_model = false      # let Opacus replace layers it refuses (BatchNorm -> GroupNorm)

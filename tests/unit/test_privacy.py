@@ -96,6 +96,17 @@ def test_privacy_needs_an_averaging_star_job():
         assert parse_job({"task": "digits", "strategy": strategy, "privacy": table}).privacy
 
 
+def test_dp_sgd_target_covers_the_whole_job_unless_told_otherwise():
+    hp = {"dp_sgd": True, "dp_target_epsilon": 8.0}
+    assert parse_job({"task": "digits", "rounds": 7, "hyperparameters": hp}
+                     ).hyperparameters["dp_rounds"] == 7
+    given = parse_job({"task": "digits", "rounds": 7,
+                       "hyperparameters": {**hp, "dp_rounds": 2}})
+    assert given.hyperparameters["dp_rounds"] == 2 and parse_job(given.to_dict()) == given
+    assert "dp_rounds" not in parse_job({"task": "digits", "hyperparameters": {
+        "dp_sgd": True, "noise_multiplier": 1.0}}).hyperparameters
+
+
 def test_privacy_must_be_a_table():
     with pytest.raises(ConfigError, match="must be a table"):
         parse_job({"task": "digits", "privacy": "central"})

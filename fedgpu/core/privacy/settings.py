@@ -169,6 +169,16 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
     )
 
 
+def with_dp_rounds(hyperparameters: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """The job's hyperparameters with DP-SGD's `dp_rounds` set to the job's rounds when a
+    `dp_target_epsilon` is given without it: the target is then the budget of the whole job,
+    not of each round (node/rounds/dp_sgd.py derives the noise from both)."""
+    if (hyperparameters.get("dp_sgd") is True and "dp_target_epsilon" in hyperparameters
+            and "dp_rounds" not in hyperparameters):
+        return {**hyperparameters, "dp_rounds": rounds}
+    return hyperparameters
+
+
 def settings_from_dict(raw: dict[str, Any]) -> PrivacySettings:
     """Settings back from `dataclasses.asdict` (a job's stored JSON)."""
     return PrivacySettings(**{**raw, "mode": PrivacyMode(raw["mode"])})
