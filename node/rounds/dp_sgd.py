@@ -128,9 +128,9 @@ def prepare_model(task_name: str, model: torch.nn.Module, dp: DpSgd) -> torch.nn
 
 
 def dp_switches(task_name: str, switches: Switches) -> Switches:
-    """The switches DP-SGD trains under, those it cannot turned off with a log line: Opacus's
-    per-sample gradient hooks do not follow torch.compile's graphs, nor float16's scaled
-    gradients."""
+    """The switches DP-SGD trains under: compile and amp are turned off, with a log line.
+    Opacus's per-sample gradient hooks do not follow torch.compile's graphs, nor float16's
+    scaled gradients."""
     if switches.compile or switches.amp is not Amp.OFF:
         log.info("task %r: compile and amp are off under dp_sgd (Opacus's per-sample gradients "
                  "need the plain float32 module)", task_name)
@@ -153,6 +153,7 @@ class PrivateTraining:
         self.module: Any = None
         self.noise_multiplier = dp.noise_multiplier
         self.sample_rate = 0.0
+        self.planned_steps = 0
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              loader: DataLoader[Any], epochs: int, max_steps: int = 0
@@ -168,6 +169,7 @@ class PrivateTraining:
         steps = epochs * steps_per_epoch
         if max_steps:
             steps = min(steps, max_steps)
+        self.planned_steps = steps
         if self.dp.target_epsilon > 0:
             # Every round of the budget is assumed to take this round's full step count: a
             # round cut short by max_train_seconds spends less than planned, never more.
@@ -205,9 +207,11 @@ class PrivateTraining:
         accountant = self.engine.accountant
         spent = float(accountant.get_epsilon(self.dp.delta)) if accountant.history else 0.0
         steps = sum(int(n) for _, _, n in accountant.history)
-        # The same round's steps again for every earlier round: an upper bound for this node.
+        # Every earlier round at its full planned steps, then this one as it ran: an upper
+        # bound for this node (a round cut short by max_train_seconds took fewer steps).
         total = type(accountant)()
-        total.history = list(accountant.history) * self.round_number
+        earlier = (self.noise_multiplier, self.sample_rate, self.planned_steps)
+        total.history = [earlier] * (self.round_number - 1) + list(accountant.history)
         spent_total = float(total.get_epsilon(self.dp.delta)) if total.history else 0.0
         return {
             "dp_epsilon": round(spent, 6),
