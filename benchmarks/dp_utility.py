@@ -50,6 +50,9 @@ class Row:
     accuracy: float
     train_s: float
     noise_multiplier: float
+    # Rounds that ran before every node's training diverged on the noised model (the job
+    # would have failed there); None: all of them.
+    diverged_after: int | None = None
 
 
 def _spec(kind: str, node_dir: Path, hp: dict[str, Any], seed: int,
@@ -83,16 +86,25 @@ def run(nodes: list[Path], rounds: int, level: str, eps: float, clip: float, see
     global_ = codec.decode((work / WEIGHTS_OUT).read_bytes())[0]
     node_eps, train_s = [0.0], []
     noise = 0.0
+    diverged = None
     for number in range(1, rounds + 1):
         strategy.begin_round(global_)
+        added = 0
         for i, node in enumerate(nodes):
             weights.write_weights(work / WEIGHTS_IN, global_)
-            res = runner.run_round(_spec("train", node, hp, seed * 1000 + number * 10 + i,
-                                         number), work)
+            try:
+                res = runner.run_round(_spec("train", node, hp, seed * 1000 + number * 10 + i,
+                                             number), work)
+            except runner.DivergedError:
+                continue  # a failed update, as in a federation
+            added += 1
             train_s.append(res.train_seconds)
             node_eps.append(res.train_metrics.get("dp_epsilon_total", 0.0))
             noise = res.train_metrics.get("dp_noise_multiplier", noise)
             strategy.add(codec.decode((work / WEIGHTS_OUT).read_bytes())[0], res.num_examples)
+        if not added:
+            diverged = number - 1
+            break
         global_ = {k: np.array(v) for k, v in strategy.finish().items()}
         strategy.commit()
     epsilon = 0.0 if not math.isfinite(eps) else max(node_eps)
@@ -100,7 +112,7 @@ def run(nodes: list[Path], rounds: int, level: str, eps: float, clip: float, see
         epsilon = strategy.spent()  # type: ignore[attr-defined]
         noise = strategy.noise_multiplier  # type: ignore[attr-defined]
     acc = _evaluate(nodes, global_, work)
-    return Row(level, eps, epsilon, acc, statistics.mean(train_s), noise)
+    return Row(level, eps, epsilon, acc, statistics.mean(train_s or [0.0]), noise, diverged)
 
 
 def main() -> None:
@@ -126,7 +138,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{level:8s} eps {eps:>4}: spent {row.epsilon:.3f}, accuracy "
                       f"{row.accuracy:.4f}, z {row.noise_multiplier:.3f}, train "
-                      f"{row.train_s:.3f} s/node-round ({time.perf_counter() - t0:.0f} s)",
+                      f"{row.train_s:.3f} s/node-round, diverged after {row.diverged_after} "
+                      f"({time.perf_counter() - t0:.0f} s)",
                       flush=True)
     doc = {"nodes": args.nodes, "rounds": args.rounds, "clip": args.clip, "seed": args.seed,
            "hyperparameters": HP, "machine": f"{platform.machine()}, Python "
