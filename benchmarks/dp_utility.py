@@ -144,7 +144,8 @@ def main() -> None:
     doc = {"nodes": args.nodes, "rounds": args.rounds, "clip": args.clip, "seed": args.seed,
            "hyperparameters": HP, "machine": f"{platform.machine()}, Python "
            f"{platform.python_version()}", "rows": [r.__dict__ for r in rows]}
-    text = json.dumps(doc, indent=2, default=str)
+    # Strict JSON: the row without DP has target null, not Infinity.
+    text = json.dumps(doc, indent=2, default=str).replace(": Infinity", ": null")
     if args.out is not None:
         args.out.write_text(text + "\n")
     print(text)
