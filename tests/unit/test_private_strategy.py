@@ -176,3 +176,33 @@ def test_the_nodes_reason_for_no_initial_model_reaches_the_job() -> None:
                        deadline=time.time() + 60, started=time.time())
     assert plan.give_up(0, plan.closed(empty, None, [], ok=False)) == (
         "no node returned initial weights; check the nodes' logs")
+
+
+def test_a_resumed_run_continues_the_same_account() -> None:
+    import json
+
+    from fedgpu.core import jsondoc
+    from fedgpu.core.config import parse_job
+    from fedgpu.server.registry import Registry
+    from fedgpu.server.rounds.engine import Orchestrator
+
+    job = parse_job({"task": "digits", "rounds": 9, "privacy": {
+        "mode": "central", "clip_norm": 1.0, "noise_multiplier": 4.0, "target_epsilon": 2.5}})
+    g = _global(100)
+    first = Orchestrator(job, Registry(), initial_weights=g)
+    assert isinstance(first.strategy, PrivateStrategy)
+    for i in range(3):
+        _round(first.strategy, g, [_update(g, i, 0.5)])
+    state = json.loads(jsondoc.dumps(first.checkpoint_state()))
+    state["global_round"] = 3
+    again = Orchestrator(job, Registry())
+    again.restore(g, state)
+    resumed = again.strategy
+    assert isinstance(resumed, PrivateStrategy)
+    assert resumed.accountant.rounds == 3 and resumed.spent() == first.strategy.spent()
+    # Rounds 4 and 5 still fit (2.17, 2.45 of 2.5), the sixth would not: the same stop as
+    # without the restart.
+    for i in range(2):
+        assert resumed.exhausted() is None
+        _round(resumed, g, [_update(g, i, 0.5)])
+    assert resumed.exhausted() == BUDGET_SPENT_REASON
