@@ -50,19 +50,29 @@ class PrivacyMode(StrEnum):
 
 @dataclass(frozen=True)
 class PrivacySettings:
+    # Where the clipping and the noise happen: the aggregator (central), each node before
+    # upload (local), or shares on the nodes under secure aggregation (distributed).
     mode: PrivacyMode
-    # The fixed clip (L2 norm of a whole update), or the adaptive clip's starting value.
+    # The clip: the L2 norm of a whole update (local model - global model), or the adaptive
+    # clip's starting value (default 0.1 then). Required without adaptive_clip.
     clip_norm: float
+    # Central mode: the clip follows target_quantile of the updates' norms (Andrew et al.).
     adaptive_clip: bool = False
+    # adaptive_clip: the share of updates the clip aims to leave unclipped.
     target_quantile: float = DEFAULT_TARGET_QUANTILE
+    # adaptive_clip: the clip moves by exp(-rate * (unclipped share - target_quantile)).
     clip_learning_rate: float = DEFAULT_CLIP_LEARNING_RATE
-    # Std of the noise on the clipped-count of adaptive clipping, in updates; None: a twentieth
-    # of the round's sampled nodes (Andrew et al.'s choice).
+    # adaptive_clip: std of the noise on the count of unclipped updates; none: the larger of
+    # a twentieth of the round's updates and noise_multiplier.
     clipped_count_stddev: float | None = None
-    # None: derived at job start from target_epsilon, the rounds and the sampling rate.
+    # Noise std / clip_norm (on the sum of the updates); none: derived at the job's start
+    # from target_epsilon so that all its rounds fit.
     noise_multiplier: float | None = None
+    # The job ends (finished, "privacy budget spent") before a round that would exceed it.
     target_epsilon: float | None = None
+    # The delta of every epsilon the job reports.
     delta: float = 1e-5
+    # dp-accounting's Renyi DP ("rdp") or privacy loss distributions ("pld", tighter).
     accountant: str = "rdp"
 
     @property
