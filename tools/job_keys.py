@@ -53,6 +53,9 @@ DESCRIPTIONS: dict[str, str] = {
     "Job.task_dir": "A task bundle directory, relative to the job file: `fedgpu job submit` "
                     "packs it and sends it with the job (`--task-dir` wins). The aggregator "
                     "keeps the bundle, not the path.",
+    "Job.privacy": "Client-level differential privacy: clipping, noise, the accountant and a "
+                   "budget that ends the job (see [Train with differential privacy]"
+                   "(../how-to/differential-privacy.md)); absent: none.",
     "Resources.gpu": "`required`, `preferred` or `none` (see [GPU-aware admission]"
                      "(../explanation/gpu-policy.md#gpu-aware-admission-resources)).",
 }
@@ -125,6 +128,10 @@ def tables(cls: type | None = None) -> list[tuple[str, type]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        # An optional table (`[privacy]`: absent means none) is a table all the same.
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            tp = args[0]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.append((f.name, tp))
     return out

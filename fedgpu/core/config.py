@@ -11,6 +11,8 @@ from typing import Any
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job_bounds import check_bounds
+from fedgpu.core.privacy import PrivacySettings, parse_privacy
+from fedgpu.core.privacy.settings import with_dp_rounds
 from fedgpu.core.secagg import jobfile as secagg_jobfile
 
 Scalar = int | float | str | bool
@@ -80,6 +82,8 @@ class Job:
     # Secure aggregation (SecAgg+): `secure_aggregation = true` or a [secure_aggregation]
     # table (fedgpu/core/secagg/jobfile.py); None: off.
     secure_aggregation: secagg_jobfile.JobSecAgg | None = None
+    # `[privacy]`: client-level differential privacy (fedgpu/core/privacy); None: none.
+    privacy: PrivacySettings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,6 +191,10 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
                     "themselves in their own precision)", wire_dtype)
     secagg = secagg_jobfile.parse(raw.get("secure_aggregation"), source)
     secagg_jobfile.check_job(secagg, strategy, mode, min_nodes, source)
+    privacy = None
+    if raw.get("privacy") is not None:
+        privacy = parse_privacy(raw["privacy"], source, strategy=strategy, job_mode=mode,
+                                secure_aggregation=secagg is not None)
     return Job(
         task=task,
         name=name,
@@ -198,7 +206,8 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         use_gpu=use_gpu,
         strategy=strategy,
         strategy_params=_scalars(raw.get("strategy_params", {}), source, "strategy_params"),
-        hyperparameters=_scalars(raw.get("hyperparameters", {}), source, "hyperparameters"),
+        hyperparameters=with_dp_rounds(
+            _scalars(raw.get("hyperparameters", {}), source, "hyperparameters"), rounds),
         seed=seed,
         mode=mode,
         evaluate=evaluate,
@@ -209,6 +218,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         resources=resources,
         task_dir=task_dir,
         secure_aggregation=secagg,
+        privacy=privacy,
         **ring,
     )
 

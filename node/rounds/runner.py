@@ -30,6 +30,7 @@ from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.rounds import dp_sgd, local_dp
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.switches import Switches, for_device, split_hparams
 from fedgpu.node.rounds.workfiles import (
@@ -76,6 +77,7 @@ class RoundSpec:
     torch_threads: int | None = None
     # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
     bundle: BundleSpec | None = None
+    privacy: local_dp.LocalDp | None = None  # [privacy] mode = "local" (node/rounds/local_dp.py)
 
 
 @dataclass
@@ -152,6 +154,7 @@ def parse_spec(raw: object) -> RoundSpec:
         memory_fraction=float(fraction) if fraction is not None else None,
         torch_threads=threads,
         bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
+        privacy=local_dp.parse(raw.get(local_dp.SECTION)),
     )
 
 
@@ -169,9 +172,12 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     device = _prepare_device(spec)
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
-    streaming = isinstance(task, DatasetTask)
-    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    streaming, train = isinstance(task, DatasetTask), spec.kind == "train"
+    dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
+    switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
+    if dp is not None:
+        switches = dp_sgd.dp_switches(spec.task_name, switches)
     if switches.cudnn_benchmark:
         # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
         torch.backends.cudnn.benchmark = True
@@ -185,6 +191,9 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
 
     with torch.device(device):
         model = task.build_model(task_hp)
+        if dp is not None:
+            model = dp_sgd.prepare_model(spec.task_name, model, dp)
+    private = dp_sgd.PrivateTraining(spec.task_name, dp, spec.round) if dp and train else None
     wire_dtypes: dict[str, str] | None = None
     if spec.kind != "init":
         assert spec.data_dir is not None
@@ -197,9 +206,10 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         if streaming:
             assert loop is not None
             _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
-                                                          task_hp), result, started)
+                                                          task_hp, private), result, started)
         else:
-            _tensor_round(spec, task, model, device, switches, task_hp, result)  # type: ignore[arg-type]
+            _tensor_round(spec, task, model, device, switches, task_hp, result,  # type: ignore[arg-type]
+                          private)
         if switches.channels_last:
             # Back to the layout the wire and every other node expect (row-major NCHW).
             model = model.to(memory_format=torch.contiguous_format)
@@ -212,6 +222,8 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
                 f"lower 'lr' in the job's hyperparameters"
             )
         out = weights.state_arrays(model, wire_dtypes)
+        if spec.privacy is not None and train:  # clipped and noised before it is written
+            out = local_dp.privatize(out, workdir / WEIGHTS_IN, spec.privacy, result.train_metrics)
         weights.write_weights(
             workdir / WEIGHTS_OUT, out, {"task": spec.task_name, "round": str(spec.round)}
         )
@@ -251,7 +263,8 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
 
 
 def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: torch.device,
-                  switches: Switches, task_hp: dict[str, Any], result: RoundResult) -> None:
+                  switches: Switches, task_hp: dict[str, Any], result: RoundResult,
+                  private: dp_sgd.PrivateTraining | None = None) -> None:
     assert spec.data_dir is not None
     data = {k: _to_device(v, device, switches.channels_last)
             for k, v in task.load_data(spec.data_dir).items()}
@@ -263,9 +276,11 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
         )
         if spec.kind == "train":
             start = time.perf_counter()
-            result.num_examples, result.train_metrics = task.train(
-                fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
-            )
+            if private is not None:
+                out = dp_sgd.train_tensor_task(task, model, data, device, task_hp, private)
+            else:
+                out = task.train(fwd, data, device, task_hp, spec.seed)  # type: ignore[arg-type]
+            result.num_examples, result.train_metrics = out
             if device.type == "cuda":
                 # Kernels run asynchronously; without this the clock stops before they finish.
                 torch.cuda.synchronize(device)
@@ -297,6 +312,7 @@ def classify(exc: BaseException) -> Failure:
         )
     bad_input = (
         BadInputError,
+        local_dp.LocalDpError,
         BundleError,
         UnknownTaskError,
         HyperparameterError,

@@ -87,6 +87,8 @@ class Orchestrator(Intake):
         self.completed = False
         # True while a round waits for enough nodes that can take the job (`job status`).
         self.waiting_for_nodes = False
+        # Why the run finished before its last round (a spent privacy budget); None: it did not.
+        self.end_reason: str | None = None
 
     @property
     def rejections(self) -> Counter[str]:
@@ -127,6 +129,11 @@ class Orchestrator(Intake):
             self.state = RunState.RUNNING
             if not self.completed:
                 for number in range(self.global_round + 1, self.job.rounds + 1):
+                    self.end_reason = self.strategy.exhausted()
+                    if self.end_reason is not None:
+                        log.info("run %s ends before round %d: %s", self.run_id, number,
+                                 self.end_reason)
+                        break
                     await self._run_round(number, self.plan)
                 if self.job.evaluate:
                     await self._run_round(self.job.rounds + 1, self._bound(EvalPlan(self.job)))
@@ -180,6 +187,8 @@ class Orchestrator(Intake):
             # Recorded before the checkpoint is written, so the round is in its history.
             record = (self._record(rnd, RoundStatus.FINISHED if ok else RoundStatus.RETRIED)
                       if plan.recorded else None)
+            if ok and record is not None and (report := self.strategy.round_report()):
+                record.extra["privacy"] = report  # the spent epsilon, in `fedgpu rounds`
             error = plan.closed(rnd, record, chosen, ok)
             if ok:
                 if new is not None:

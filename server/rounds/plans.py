@@ -22,6 +22,7 @@ from fedgpu.server.rounds.records import RoundRecord, UpdateRecord
 from fedgpu.server.rounds.sampling import sample
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.base import Strategy
+from fedgpu.server.strategies.private import PrivateStrategy
 
 log = logging.getLogger("fedgpu.server.rounds.engine")
 
@@ -136,10 +137,21 @@ class StarPlan(TrainPlan):
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
-        self.strategy = make_strategy(job.strategy, job.strategy_params)
+        self.strategy = make_strategy(job.strategy, job.strategy_params, job.privacy,
+                                      job.rounds)
 
     def pool_size(self) -> int:
         return self.job.min_available_nodes or self.job.min_nodes
+
+    def task_fields(self, number: int, attempt: int, chosen: list[Node]
+                    ) -> list[dict[str, Any]]:
+        fields = super().task_fields(number, attempt, chosen)
+        dp = self.strategy
+        if isinstance(dp, PrivateStrategy) and not dp.central:
+            # Local DP: each node clips and noises its own update before it uploads it.
+            local = pb.PrivacyLocalDp(clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier)
+            fields = [{**f, "privacy_local": local} for f in fields]
+        return fields
 
     def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
         by_name = {n.name: n for n in pool}
@@ -169,10 +181,12 @@ class InitPlan(Plan):
             log.info("initial model from %s", chosen[0].name)
         else:
             log.warning("initialisation attempt %d got no model; retrying", rnd.attempt)
-        return "no initial model"
+        # The node's own words (e.g. Opacus refusing the model under dp_sgd) reach the job.
+        return rnd.failures[-1].error if rnd.failures else "no initial model"
 
     def give_up(self, number: int, error: str) -> str:
-        return "no node returned initial weights; check the nodes' logs"
+        why = f" (last: {error})" if error != "no initial model" else ""
+        return f"no node returned initial weights{why}; check the nodes' logs"
 
 
 class EvalPlan(Plan):

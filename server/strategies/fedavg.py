@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from fedgpu.server.strategies.base import Strategy, Weights
 
 class FedAvg(Strategy):
     name = "fedavg"
+    # Applied to the mean before anything reads it, server optimisers included: central DP's
+    # noise (server/strategies/private.py).
+    mean_hook: Callable[[Weights], Weights] | None = None
 
     def __init__(self, params: Mapping[str, object] | None = None) -> None:
         super().__init__(params)
@@ -39,6 +42,8 @@ class FedAvg(Strategy):
     def finish(self) -> Weights:
         assert self._sum is not None, "begin_round first"
         weights = self._sum.mean()
+        if self.mean_hook is not None:
+            weights = self.mean_hook(weights)
         self._sum = None
         self._spares = [{k: v for k, v in weights.items()
                          if isinstance(v, np.ndarray) and v.flags.owndata}]
