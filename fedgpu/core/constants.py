@@ -97,7 +97,8 @@ class RoundStatus(StrEnum):
 
 
 # Implemented in fedgpu/server/strategies/, one module each; a test checks they agree.
-STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean",
+                               "fednova")
 
 # Where `fedgpu node start` keeps its status file (FEDGPU_NODE_STATUS); the container
 # HEALTHCHECK (`fedgpu node health`) and `fedgpu ps` read it.
