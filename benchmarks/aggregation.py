@@ -31,12 +31,12 @@ def main() -> None:
     base = rss_mib()
 
     if a.impl == "fedgpu":
-        from fedgpu.server.aggregate import weighted_mean
+        from fedgpu.server.strategies.aggregate import weighted_mean
 
         def run() -> object:
             return weighted_mean(list(zip(dicts, map(float, weights), strict=True)))
     elif a.impl == "fedgpu_stream":
-        from fedgpu.server.aggregate import WeightedSum
+        from fedgpu.server.strategies.aggregate import WeightedSum
 
         def run() -> object:
             # What the aggregator does: one update at a time as each arrives.

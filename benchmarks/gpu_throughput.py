@@ -75,7 +75,7 @@ def plain(a: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
-    from fedgpu.node.switches import LoopSettings, workers_for
+    from fedgpu.node.rounds.switches import LoopSettings, workers_for
     from fedgpu.node.tasks.images import ImagesTask
 
     p = Preset(**json.loads(a.preset))

@@ -1,12 +1,13 @@
 """Per-round process isolation: a round in a process of its own vs training in-process.
 
 The digits task, CPU, one node's partition; the same round through three paths:
-  spawned     fedgpu.node.round.run_task spawning python -m fedgpu.node.worker at the round
+  spawned     fedgpu.node.rounds.process.run_task spawning python -m fedgpu.node.rounds.worker at
+  the round
               (--no-prestart)
-  factory     fedgpu.node.round.run_task with a worker factory (the agent's default): the
+  factory     fedgpu.node.rounds.process.run_task with a worker factory (the agent's default): the
               round's process is forked from a process that imported torch, and warmed up on
               the task at the node's first (init) round, as the agent's factory does
-  in-process  fedgpu.node.runner.run_round called directly, torch already imported and warm
+  in-process  fedgpu.node.rounds.runner.run_round called directly, torch already imported and warm
     python -m benchmarks.isolation --rounds 5
 """
 
@@ -28,9 +29,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     from fedgpu.core.datasets import split_digits
-    from fedgpu.node import nvml, policy, workfiles
-    from fedgpu.node.factory_client import FactoryClient
-    from fedgpu.node.round import run_task
+    from fedgpu.node import nvml, policy
+    from fedgpu.node.rounds import workfiles
+    from fedgpu.node.rounds.factory_client import FactoryClient
+    from fedgpu.node.rounds.process import run_task
 
     hp = {"lr": 0.05, "local_epochs": 1}
     with tempfile.TemporaryDirectory() as tmp_:
@@ -65,7 +67,7 @@ def main() -> None:
 
         import torch
 
-        from fedgpu.node.runner import parse_spec, run_round
+        from fedgpu.node.rounds.runner import parse_spec, run_round
 
         torch.set_num_threads(1)
 

@@ -46,8 +46,8 @@ def _aggregation(r: dict[str, Any]) -> list[str]:
         "",
         "`python -m benchmarks.aggregation --impl IMPL --k K --params P` (20 float32 tensors, "
         "integer example counts as weights). `fedgpu` = "
-        "`fedgpu.server.aggregate.weighted_mean` (all K in memory, one blocked sweep: each 1 MiB "
-        "block of the sum stays in L2 while all K "
+        "`fedgpu.server.strategies.aggregate.weighted_mean` (all K in memory, one blocked "
+        "sweep: each 1 MiB block of the sum stays in L2 while all K "
         "updates are folded into it); `fedgpu_stream` = `WeightedSum.add` one update at a time, "
         "with a dot product per block to bound the sum; `fedgpu_stream_normed` = the same with "
         "the norms validation's finite check measured (what the aggregator does as updates "
@@ -320,11 +320,12 @@ def _isolation(r: dict[str, Any]) -> list[str]:
         "## 5. Per-round process isolation (digits task, CPU, 1 torch thread)",
         "",
         f"`python -m benchmarks.isolation --rounds {i['rounds']}`: the same training round "
-        "through `node.round.run_task` with a fresh `python -m fedgpu.node.worker` spawned at the "
+        "through `node.rounds.process.run_task` with a fresh `python -m fedgpu.node.rounds.worker` "
+        "spawned at the "
         "round (`--no-prestart`), through `run_task` with a worker forked by the worker factory "
         "(the agent's default: a process that imported torch once, never touches CUDA, and "
         "warmed up on the task at the node's first round; the forked worker exits after its "
-        "round), and through `fedgpu.node.runner.run_round` called in a warm process.",
+        "round), and through `fedgpu.node.rounds.runner.run_round` called in a warm process.",
         "",
         "| | median per round (s) | overhead vs in-process (s) |",
         "|---|---|---|",

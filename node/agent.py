@@ -26,18 +26,25 @@ from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import data, messages, nvml, policy, ring, workfiles
+from fedgpu.node import data, messages, nvml, policy, ring
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
-from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness
 from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
-from fedgpu.node.round import SIMULATED_GPUS_ENV, RoundOutcome, Worker, run_task, simulated_gpus
+from fedgpu.node.rounds import workfiles
+from fedgpu.node.rounds.factory_client import FactoryClient
+from fedgpu.node.rounds.process import (
+    SIMULATED_GPUS_ENV,
+    RoundOutcome,
+    Worker,
+    run_task,
+    simulated_gpus,
+)
+from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.status import write_status
-from fedgpu.node.workfiles import KINDS
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")

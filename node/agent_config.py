@@ -27,7 +27,7 @@ class AgentConfig:
     # per-update limit, sent at registration, applies too (the smaller wins).
     max_payload_bytes: int = 4 << 30
     # Fork each round's training process from a worker factory that imported torch ahead of
-    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.worker` per round.
+    # time (CUDA untouched); False: spawn a fresh `python -m fedgpu.node.rounds.worker` per round.
     prestart: bool = True
     # The socket of a factory this host's agents share; None: the agent starts its own.
     worker_factory: Path | None = None

@@ -77,8 +77,9 @@ class BundleKeeper:
             with self._lock:
                 unusable = self._unusable.get(sha)
             if unusable is not None:
-                # One printable line within the aggregator's bounds (server/wire_limits.py):
-                # a heartbeat it refused would make this node look gone.
+                # One printable line within the aggregator's bounds
+                # (server/transfer/wire_limits.py): a heartbeat it refused would make this node
+                # look gone.
                 reason = "".join(c if c.isprintable() else " " for c in unusable)
                 out.append(pb.BundleStatus(sha256=sha, state=BundleState.UNUSABLE,
                                            reason=" ".join(reason.split())[:1000]))

@@ -24,8 +24,8 @@ from typing import TextIO
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node.agent import Agent
 from fedgpu.node.agent_config import AgentConfig
-from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.policy import EnforceError
+from fedgpu.node.rounds.factory_client import FactoryClient
 
 log = logging.getLogger("fedgpu.node.fleet")
 # How long a stop waits for the agents' threads before the process exits under them.

@@ -53,7 +53,8 @@ def decision(d: Decision) -> pb.GpuDecision:
 
 
 def resources(r: Mapping[str, Any]) -> pb.RoundResources:
-    """A round's measured resources (node/round.py RoundOutcome.resources); -1: not measured."""
+    """A round's measured resources (node/rounds/process.py RoundOutcome.resources); -1: not
+    measured."""
     def num(key: str) -> int:
         v = r.get(key)
         return -1 if v is None else int(v)

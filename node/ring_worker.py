@@ -1,7 +1,7 @@
 """One block of D-PSGD iterations: `python -m fedgpu.node.ring_worker WORKDIR`, a
 torch.distributed worker.
 
-Spawned per block like a star round (node/round.py), so GPU memory goes back to the driver
+Spawned per block like a star round (node/rounds/process.py), so GPU memory goes back to the driver
 after every block and NVML accounting per block works as in star mode. Between blocks this
 node's own copy of the model, and its optimizer state, persist in the ring state directory the
 agent names (`copy.safetensors`, tagged with the run and the iteration it reached); the
@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 
 from fedgpu.core import codec, lifetime
-from fedgpu.node import gossip, runner, weights
-from fedgpu.node.runner import BadInputError, DivergedError, RoundResult, RoundSpec
-from fedgpu.node.tasks.base import RingTask
-from fedgpu.node.worker import _fail
-from fedgpu.node.workfiles import (
+from fedgpu.node import gossip, weights
+from fedgpu.node.rounds import runner
+from fedgpu.node.rounds.runner import BadInputError, DivergedError, RoundResult, RoundSpec
+from fedgpu.node.rounds.worker import _fail
+from fedgpu.node.rounds.workfiles import (
     EXIT_OK,
     RESULT_FILE,
     TASK_FILE,
@@ -43,6 +43,7 @@ from fedgpu.node.workfiles import (
     WEIGHTS_OUT,
     write_json,
 )
+from fedgpu.node.tasks.base import RingTask
 
 log = logging.getLogger("fedgpu.ring_worker")
 

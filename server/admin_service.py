@@ -1,6 +1,6 @@
 """The `fedgpu.v1.Admin` service: what operators ask and do (`fedgpu nodes|status|rounds`,
 `fedgpu job ...`). Every call needs the operator credential; the documents come from
-server/docs.py, the one producer the dashboard reads too."""
+server/views/documents.py, the one producer the dashboard reads too."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from fedgpu.core.bundles import MAX_BUNDLE_BYTES, Bundle, BundleError, check_sha
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.server import docs, paging
 from fedgpu.server.auth import Auth, Caller
-from fedgpu.server.jobs import JobError, JobManager
+from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.views import documents as docs
+from fedgpu.server.views import paging
 
 # Model bytes per DownloadModel message, well under gRPC's 4 MiB message limit.
 MODEL_CHUNK = 1 << 20

@@ -23,20 +23,20 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials, ssl_server_context
 from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
-from fedgpu.server import docs
 from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import Auth
-from fedgpu.server.bulk_server import BulkServer
 from fedgpu.server.federation_service import FederationService
-from fedgpu.server.job_events import JobLogHandler
-from fedgpu.server.jobs import JobManager
-from fedgpu.server.jobstore import JobStore
+from fedgpu.server.jobs.events import JobLogHandler
+from fedgpu.server.jobs.queue import JobManager
+from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
-from fedgpu.server.tickets import TicketBook
-from fedgpu.server.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
+from fedgpu.server.transfer.bulk_server import BulkServer
+from fedgpu.server.transfer.tickets import TicketBook
+from fedgpu.server.transfer.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
+from fedgpu.server.views import documents as docs
 
 if TYPE_CHECKING:
-    from fedgpu.server.dashboard import DashboardServer
+    from fedgpu.server.views.dashboard import DashboardServer
 
 log = logging.getLogger("fedgpu.server")
 
@@ -56,7 +56,7 @@ class ServerConfig:
     chunk_size: int = codec.DEFAULT_CHUNK_SIZE
     max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
     # An upload that sends nothing for this long is refused; all uploads in flight share
-    # this much memory (see server/uploads.py).
+    # this much memory (see server/transfer/uploads.py).
     upload_idle_s: float = DEFAULT_IDLE_S
     upload_memory_bytes: int = DEFAULT_BUDGET_BYTES
     # Nodes the registry holds; when full, the node lost the longest ago makes room.
@@ -72,11 +72,11 @@ class ServerConfig:
     # that cannot present a client certificate (Kubernetes' native `grpc:` probes): it
     # answers SERVING or NOT_SERVING and nothing else.
     health_port: int = 0
-    # The web dashboard (server/dashboard.py) on ui_host:ui_port; 0 = off. Loopback unless
+    # The web dashboard (server/views/dashboard.py) on ui_host:ui_port; 0 = off. Loopback unless
     # asked: it is plain HTTP, reached from elsewhere through an SSH tunnel.
     ui_port: int = 0
     ui_host: str = "127.0.0.1"
-    # The bulk data path (server/bulk_server.py) on host:bulk_port, TLS as the gRPC port;
+    # The bulk data path (server/transfer/bulk_server.py) on host:bulk_port, TLS as the gRPC port;
     # 0 = off: weights move over gRPC only.
     bulk_port: int = 0
 
@@ -186,7 +186,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
             raise FedgpuError(f"cannot serve the health probe on {probe_address}: is the port "
                               "in use? pick another --health-port (0 turns it off)")
     if cfg.metrics_port:
-        from fedgpu.server.metrics import serve_metrics
+        from fedgpu.server.views.metrics import serve_metrics
 
         closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
     if cfg.ui_port:
@@ -258,8 +258,8 @@ async def _queue_done(jobs: JobManager) -> None:
 
 
 async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServer:
-    from fedgpu.server.dashboard import DashboardServer, DashboardSources
-    from fedgpu.server.dashboard_auth import token_check
+    from fedgpu.server.views.dashboard import DashboardServer, DashboardSources
+    from fedgpu.server.views.dashboard_auth import token_check
 
     assert cfg.operator_token
     if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):

@@ -1,7 +1,7 @@
 """The `fedgpu.v1.Federation` service: thin gRPC glue over the registry and the running
 job's round engine. Nodes register once with the federation and stay across jobs.
 
-With a bulk port, the weights themselves may move beside gRPC (server/bulk_server.py): a
+With a bulk port, the weights themselves may move beside gRPC (server/transfer/bulk_server.py): a
 PullTask asked with `bulk` carries a download ticket instead of chunks, and OpenUpload checks
 an update's header and hands out an upload ticket."""
 
@@ -23,18 +23,18 @@ from fedgpu.core.bulk import Direction
 from fedgpu.core.bundles import BundleError
 from fedgpu.core.constants import TaskApproval, Transport
 from fedgpu.proto import pb, pb_grpc
-from fedgpu.server import wire_limits
 from fedgpu.server.auth import Auth
-from fedgpu.server.ingest import check_header, ingest
-from fedgpu.server.jobs import JobError, JobManager
+from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.registry import Node, Registry, RegistryFull
-from fedgpu.server.round_state import RoundState
-from fedgpu.server.rounds import Orchestrator
-from fedgpu.server.states import Reject
-from fedgpu.server.tickets import TicketBook
-from fedgpu.server.uploads import Received, Uploads
-from fedgpu.server.validation import UpdateRejected
-from fedgpu.server.wire_limits import WireError, shown
+from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.receive import check_header, ingest
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.transfer import wire_limits
+from fedgpu.server.transfer.tickets import TicketBook
+from fedgpu.server.transfer.uploads import Received, Uploads
+from fedgpu.server.transfer.wire_limits import WireError, shown
 
 log = logging.getLogger("fedgpu.server.federation")
 

@@ -1,7 +1,7 @@
 """`fedgpu run`: an aggregator and N nodes as local processes on loopback, no Docker.
 
 The nodes live in as few processes as makes sense: `fedgpu node start-many` hosts up to
-`nodes_per_process` of them each, and one worker factory (`python -m fedgpu.node.factory`)
+`nodes_per_process` of them each, and one worker factory (`python -m fedgpu.node.rounds.factory`)
 forks every round's worker for all of them, within the host's CPU slots (fedgpu/cli/
 local_nodes.py). Each node still has its own identity, data, registration and reports.
 

@@ -43,8 +43,8 @@ def hosts(nodes: int, per_process: int) -> list[Host]:
 
 
 def factory_cmd(socket: Path, cpu_slots: int) -> list[str]:
-    # Not through the CLI: the factory must start lean and single-threaded (node/factory.py).
-    return [sys.executable, "-m", "fedgpu.node.factory", "--socket", str(socket),
+    # Not through the CLI: the factory must start lean and single-threaded (node/rounds/factory.py).
+    return [sys.executable, "-m", "fedgpu.node.rounds.factory", "--socket", str(socket),
             "--cpu-slots", str(cpu_slots)]
 
 

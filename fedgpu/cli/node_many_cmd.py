@@ -81,8 +81,8 @@ def start_many(
     from fedgpu.node import policy
     from fedgpu.node.agent_config import AgentConfig
     from fedgpu.node.data import DataDirError, check_data_dir
-    from fedgpu.node.factory_client import FactoryClient
     from fedgpu.node.fleet import Fleet
+    from fedgpu.node.rounds.factory_client import FactoryClient
 
     logs.setup(log_level)
     for handler in logging.getLogger().handlers:
@@ -174,7 +174,7 @@ def factory(
     """
     # The CLI has imported gRPC and numpy (threads); the factory must fork from a
     # single-threaded process, so it replaces this one (same pid: lifetimes are unchanged).
-    cmd = [sys.executable, "-m", "fedgpu.node.factory", "--socket", str(socket_path),
+    cmd = [sys.executable, "-m", "fedgpu.node.rounds.factory", "--socket", str(socket_path),
            "--cpu-slots", str(cpu_slots), "--log-level", log_level]
     sys.stdout.flush()
     sys.stderr.flush()

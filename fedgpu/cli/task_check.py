@@ -3,7 +3,8 @@ sees it.
 
 The directory is packed exactly as `fedgpu job submit --task-dir` packs it (so the hash printed
 is the one sites approve), every check a node makes is made, and then three rounds run in
-fresh `python -m fedgpu.node.worker` processes, each handed the archive and its hash as a node's
+fresh `python -m fedgpu.node.rounds.worker` processes, each handed the archive and its hash as a
+node's
 agent hands them: init (build the model), train (evaluate the received model, then train on it)
 and evaluate. The data is generated in the node's data-directory format (what `fedgpu data split`
 writes: `x` float32 [N, 1, 8, 8], `y` int64 in 0..9), or a real node data directory (`--data`).
@@ -107,7 +108,7 @@ def _run_worker(workdir: Path, cwd: Path, timeout_s: float) -> dict[str, Any]:
     env["CUDA_VISIBLE_DEVICES"] = ""
     try:
         # cwd away from the task directory: a node's worker never finds the sources there.
-        proc = subprocess.run([sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
+        proc = subprocess.run([sys.executable, "-m", "fedgpu.node.rounds.worker", str(workdir)],
                               cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -2,14 +2,15 @@
 
 A task is found by name through the `fedgpu.tasks` entry-point group, so the aggregator only ever
 sends a name, hyperparameters and weights — never code. Two contracts, and the runner
-(node/runner.py) owns the device in both: it builds the model under `torch.device(device)` and
+(node/rounds/runner.py) owns the device in both: it builds the model under `torch.device(device)`
+and
 loads the global weights onto it; task code never calls `.cuda()` or `.to()` on models or data.
 
 - `Task` (tensors): `load_data` returns the node's whole split as CPU tensors, the runner moves
   them to the device once, and the task's own `train`/`evaluate` loop over them. Fits data that
   fits in (GPU) memory, such as digits.
 - `DatasetTask` (streaming): `load_datasets` returns torch `Dataset`s and the runner owns the
-  loop (node/loop.py): it builds the DataLoaders (batch size, workers, pinned memory), hands
+  loop (node/rounds/loop.py): it builds the DataLoaders (batch size, workers, pinned memory), hands
   each batch to `batch_loss` already on the device, and applies the GPU switches (mixed
   precision, channels_last, torch.compile). A task whose batches are not tensors, tuples, lists
   or dicts of tensors defines `move_batch(batch, device, non_blocking)` and does the move there:
@@ -81,7 +82,7 @@ class DatasetTask(Protocol):
     """A task whose data streams from Datasets; the runner drives its training loop.
 
     The runner takes its own hyperparameters out of the job's (batch_size, local_epochs,
-    max_steps, num_workers, amp, ... — see node/switches.py) and passes the rest to the task.
+    max_steps, num_workers, amp, ... — see node/rounds/switches.py) and passes the rest to the task.
     """
 
     name: str

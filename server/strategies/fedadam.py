@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.server.aggregate import adam_step
+from fedgpu.server.strategies.aggregate import adam_step
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.server_opt import ServerOptimizer
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fedgpu.server.aggregate import WeightedSum
+from fedgpu.server.strategies.aggregate import WeightedSum
 from fedgpu.server.strategies.base import Strategy, Weights
 
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedgpu.server.aggregate import acc_dtype, cast_back
+from fedgpu.server.strategies.aggregate import acc_dtype, cast_back
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedgpu.server.aggregate import coordinate_median
+from fedgpu.server.strategies.aggregate import coordinate_median
 from fedgpu.server.strategies.robust import SpilledStrategy
 
 

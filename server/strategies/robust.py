@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.spill import UpdateSpill
 from fedgpu.server.strategies.base import Strategy, Weights
+from fedgpu.server.strategies.spill import UpdateSpill
 
 
 class SpilledStrategy(Strategy):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.server.aggregate import trimmed_mean
+from fedgpu.server.strategies.aggregate import trimmed_mean
 from fedgpu.server.strategies.robust import SpilledStrategy
 
 

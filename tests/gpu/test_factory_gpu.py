@@ -17,9 +17,9 @@ import torch
 
 from fedgpu.core.datasets import split_digits
 from fedgpu.node import nvml, policy
-from fedgpu.node.factory_client import FactoryClient
 from fedgpu.node.gpu_sampler import MemorySampler
-from fedgpu.node.round import RoundOutcome, run_task
+from fedgpu.node.rounds.factory_client import FactoryClient
+from fedgpu.node.rounds.process import RoundOutcome, run_task
 
 pytestmark = [
     pytest.mark.gpu,

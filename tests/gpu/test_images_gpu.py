@@ -41,7 +41,8 @@ def _round(workdir: Path, kind: str, data_dir: Path, hp: dict[str, Any],
         "torch_threads": 2}))
     if payload is not None:
         (workdir / "weights.in.safetensors").write_bytes(payload)
-    out = subprocess.run([sys.executable, "-m", "fedgpu.node.worker", str(workdir)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "fedgpu.node.rounds.worker", str(workdir)],
+    cwd=REPO,
                          env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads((workdir / "result.json").read_text())

@@ -49,7 +49,7 @@ def _run(workdir: Path, kind: str, data_dir: Path, payload: bytes | None = None,
     if payload is not None:
         (workdir / "weights.in.safetensors").write_bytes(payload)
     return subprocess.run(
-        [sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
+        [sys.executable, "-m", "fedgpu.node.rounds.worker", str(workdir)],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,

@@ -1,4 +1,4 @@
-"""A bundle loaded by the real round worker (`python -m fedgpu.node.worker WORKDIR`): the
+"""A bundle loaded by the real round worker (`python -m fedgpu.node.rounds.worker WORKDIR`): the
 checks it makes before importing anything, and where the import happens."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def run_worker(tmp: Path, b: Bundle, node_dir: Path, archive: bytes | None = Non
         "bundle": {"path": str(path), "sha256": b.sha256, "name": b.manifest.name,
                    "entry": b.manifest.entry}}
     (workdir / "task.json").write_text(json.dumps(task))
-    proc = subprocess.run([sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
+    proc = subprocess.run([sys.executable, "-m", "fedgpu.node.rounds.worker", str(workdir)],
                           env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=tmp,
                           capture_output=True, text=True, timeout=180)
     return proc.returncode, workdir

@@ -163,7 +163,7 @@ def test_bundle_code_is_imported_only_in_round_workers(
                           env=base_env(FEDGPU_TOKEN=fed.token, BUNDLE_MARKER=str(marker)))
     factory = wait_until("the node's worker factory runs", lambda: [
         p.pid for p in psutil.Process(node.popen.pid).children(recursive=True)
-        if "fedgpu.node.factory" in " ".join(p.cmdline())])
+        if "fedgpu.node.rounds.factory" in " ".join(p.cmdline())])
     job = write_job(tmp_path / "job.toml", task=None, task_dir="marked", min_nodes=1, rounds=1)
     submitted = job_cli(fed, "submit", str(job))
     done = wait_job(fed, submitted["job_id"], ("finished", "failed", "stopped"))

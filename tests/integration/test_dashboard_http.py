@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fedgpu.server.dashboard import ASSETS, DashboardServer, DashboardSources
-from fedgpu.server.dashboard_auth import COOKIE, token_check
+from fedgpu.server.views.dashboard import ASSETS, DashboardServer, DashboardSources
+from fedgpu.server.views.dashboard_auth import COOKIE, token_check
 from tests.fixtures.federation import cli, free_port, write_job
 
 TOKEN = "operator-secret"

@@ -24,7 +24,7 @@ from tests.fixtures.processes import descendants, describe, is_factory, kill_all
 from tests.integration.test_faults import wait_for
 
 pytestmark = pytest.mark.timeout(420)
-FACTORY = "fedgpu.node.factory"
+FACTORY = "fedgpu.node.rounds.factory"
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:

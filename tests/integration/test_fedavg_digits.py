@@ -9,8 +9,9 @@ import pytest
 
 from fedgpu.core import codec
 from fedgpu.core.datasets import split_digits
-from fedgpu.node import runner, weights
-from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
+from fedgpu.node import weights
+from fedgpu.node.rounds import runner
+from fedgpu.node.rounds.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 NODES, ROUNDS = 3, 5
 

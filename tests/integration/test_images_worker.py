@@ -31,7 +31,7 @@ def _task(kind: str, data_dir: Path, **hp: Any) -> dict[str, Any]:
 
 
 def _worker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedgpu.node.worker", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "fedgpu.node.rounds.worker", *args], cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, input=stdin,
                           capture_output=True, text=True, timeout=180)
 
@@ -40,8 +40,8 @@ def test_a_factory_warms_up_on_the_task_and_its_worker_trains_the_round(
     tmp_path: Path, node_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from fedgpu.node import nvml, policy
-    from fedgpu.node.factory_client import FactoryClient
-    from fedgpu.node.round import run_task
+    from fedgpu.node.rounds.factory_client import FactoryClient
+    from fedgpu.node.rounds.process import run_task
 
     init = tmp_path / "init"
     init.mkdir()
@@ -97,7 +97,7 @@ def test_the_warm_up_takes_the_runner_switches_out_for_either_contract(
     tmp_path: Path, node_dir: Path, task_name: str
 ) -> None:
     from fedgpu.core.datasets import split_digits
-    from fedgpu.node import worker
+    from fedgpu.node.rounds import worker
 
     data = node_dir if task_name == "images" else split_digits(tmp_path / "d", 1)[0]
     hp = {**(HP if task_name == "images" else {"lr": 0.1}), "amp": "bf16",

@@ -52,7 +52,7 @@ def test_the_wheel_has_one_top_level_package(wheel: Path) -> None:
         assert zf.read(top_level).decode().split() == ["fedgpu"]
     tops = {p.split("/")[0] for p in paths if not p.split("/")[0].endswith(".dist-info")}
     assert tops == {"fedgpu"}, tops
-    assert "fedgpu/node/nvml.py" in paths and "fedgpu/server/aggregate.py" in paths
+    assert "fedgpu/node/nvml.py" in paths and "fedgpu/server/strategies/aggregate.py" in paths
     assert "fedgpu/node/tasks/digits.py" in paths
     assert "fedgpu/server/strategies/fedavg.py" in paths
     assert "fedgpu/proto/fedgpu/v1/federation.proto" in paths
@@ -76,7 +76,8 @@ def test_no_top_level_node_or_server(target: Path, tmp_path: Path, name: str) ->
 
 
 def test_the_installed_packages_import(target: Path, tmp_path: Path) -> None:
-    r = _python(target, "import fedgpu.node.nvml, fedgpu.server.aggregate, fedgpu.cli.app; "
+    r = _python(target, "import fedgpu.node.nvml, fedgpu.server.strategies.aggregate, "
+                "fedgpu.cli.app; "
                 "print(fedgpu.node.nvml.__file__)", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().startswith(str(target))
@@ -90,9 +91,9 @@ def test_the_dashboard_assets_are_in_the_wheel(wheel: Path, target: Path, tmp_pa
                     if p.suffix in (".html", ".js", ".css"))
     assert {"index.html", "login.html", "app.js", "charts.js", "style.css"} <= set(assets)
     for name in assets:
-        assert f"fedgpu/server/ui/{name}" in names, f"server/ui/{name} is not packaged"
+        assert f"fedgpu/server/views/ui/{name}" in names, f"server/views/ui/{name} is not packaged"
     # The installed server reads every asset from its own package directory.
-    r = _python(target, "import fedgpu.server.dashboard as d; s = d.DashboardServer("
+    r = _python(target, "import fedgpu.server.views.dashboard as d; s = d.DashboardServer("
                 "d.DashboardSources(status=dict, nodes=dict, rounds=dict, is_operator=bool)); "
                 "print(d.__file__); print(' '.join(sorted(s.assets)))", tmp_path)
     assert r.returncode == 0, r.stderr

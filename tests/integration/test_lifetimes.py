@@ -38,7 +38,7 @@ from tests.integration.test_faults import faulty_env, wait_for
 
 pytestmark = pytest.mark.timeout(420)
 
-FACTORY = "fedgpu.node.factory"
+FACTORY = "fedgpu.node.rounds.factory"
 RING_WORKER = "fedgpu.node.ring_worker"
 
 

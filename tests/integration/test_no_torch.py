@@ -11,12 +11,12 @@ from tests.fixtures.federation import ROOT, Federation, base_env, write_job
 
 AGENT = """
 import sys
-import fedgpu.node.agent, fedgpu.node.round, fedgpu.node.client
+import fedgpu.node.agent, fedgpu.node.rounds.process, fedgpu.node.client
 import fedgpu.node.nvml, fedgpu.node.policy, fedgpu.node.tasks
 # Many agents in one process, and their side of the worker factory (which imports torch in
 # its own process only, in main()).
-import fedgpu.node.fleet, fedgpu.node.factory_client, fedgpu.node.factory
-import fedgpu.node.forked_worker
+import fedgpu.node.fleet, fedgpu.node.rounds.factory_client, fedgpu.node.rounds.factory
+import fedgpu.node.rounds.fork
 fedgpu.node.tasks.available_tasks()
 bad = sorted(m for m in sys.modules if m.split(".")[0] == "torch")
 print("IMPORTED:", bad)

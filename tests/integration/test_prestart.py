@@ -91,6 +91,6 @@ def test_no_prestart_spawns_at_the_round(fake_nvml: FakeNvml, federation: Federa
     seen = [json.loads(line) for line in (tmp_path / "env.jsonl").read_text().splitlines()]
     # The job does not ask for a GPU: the GPU is hidden from the round's process.
     assert seen[0]["CUDA_VISIBLE_DEVICES"] == "" and seen[0]["FEDGPU_DEVICE"] == "cpu"
-    # A fresh `python -m fedgpu.node.worker`, the agent's own child.
+    # A fresh `python -m fedgpu.node.rounds.worker`, the agent's own child.
     assert seen[0]["ppid"] == node.popen.pid and seen[0]["comm"] != "fedgpu-round"
     assert "worker factory" not in node.text()

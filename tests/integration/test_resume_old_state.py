@@ -1,6 +1,6 @@
 """A state directory written before the round history became records resumes: a real
 aggregator reads tests/fixtures/state/star-v0.json (written by the aggregator before
-server/rounds.py was split), serves its rounds unchanged, and trains on from them."""
+server/rounds/engine.py was split), serves its rounds unchanged, and trains on from them."""
 
 from __future__ import annotations
 

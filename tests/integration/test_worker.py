@@ -1,4 +1,5 @@
-"""`python -m fedgpu.node.worker WORKDIR` as a real subprocess: its file contract with the agent."""
+"""`python -m fedgpu.node.rounds.worker WORKDIR` as a real subprocess: its file contract with the
+agent."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def run_worker(
         (workdir / "weights.in.safetensors").write_bytes(weights)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "fedgpu.node.worker", str(workdir)],
+        [sys.executable, "-m", "fedgpu.node.rounds.worker", str(workdir)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -20,8 +20,8 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 from fedgpu.node.policy import Ineligible, capacity, decide_for_job, parse_gpu_flags
 from fedgpu.proto import pb
-from fedgpu.server.eligibility import eligibility
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.eligibility import eligibility
 
 # ---- the job file -------------------------------------------------------------------------
 
@@ -207,10 +207,10 @@ def test_a_nodes_own_refusal_holds_until_it_reports_again() -> None:
 def test_an_attempt_is_hopeless_once_an_ineligible_answer_leaves_too_few() -> None:
     import time
 
-    from fedgpu.server.records import Ineligibility
-    from fedgpu.server.ring import block_error
-    from fedgpu.server.round_state import RoundState
-    from fedgpu.server.states import SlotState
+    from fedgpu.server.rounds.attempt import RoundState
+    from fedgpu.server.rounds.records import Ineligibility
+    from fedgpu.server.rounds.ring import block_error
+    from fedgpu.server.rounds.states import SlotState
 
     registry = Registry()
     a, b, c = (registry.register(n, "peer", "0", {}, {}, {}, []) for n in ("a", "b", "c"))

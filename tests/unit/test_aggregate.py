@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.aggregate import WeightedSum, weighted_mean, weighted_metric
 from fedgpu.server.strategies import make_strategy
+from fedgpu.server.strategies.aggregate import WeightedSum, weighted_mean, weighted_metric
 
 RNG = np.random.default_rng(1)
 
@@ -74,7 +74,7 @@ def test_blocked_sum_streamed_or_batched_matches_numpy(block: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Block edges (a block of 7 never divides the tensors) and the first-update shortcut
     # (the sum starts uninitialised) are where a blocked sum goes wrong.
-    monkeypatch.setattr("fedgpu.server.aggregate.BLOCK", block)
+    monkeypatch.setattr("fedgpu.server.strategies.aggregate.BLOCK", block)
     updates = [(model(), float(RNG.integers(1, 50))) for _ in range(5)]
     want = direct(updates)
     streamed = WeightedSum(updates[0][0])
@@ -133,7 +133,7 @@ def test_no_finite_update_overflows_the_weighted_mean() -> None:
 
 
 def test_robust_statistics_of_huge_values_stay_finite() -> None:
-    from fedgpu.server.aggregate import coordinate_median, trimmed_mean
+    from fedgpu.server.strategies.aggregate import coordinate_median, trimmed_mean
 
     top = np.finfo(np.float32).max
     block = np.array([[top], [top], [top], [top]], np.float32)

@@ -1,5 +1,5 @@
 """A site's allow-list and bundle cache (node/approvals.py), the agent's consent rules
-(node/bundle_keeper.py) and the aggregator's view of them (server/eligibility.py).
+(node/bundle_keeper.py) and the aggregator's view of them (server/rounds/eligibility.py).
 
 The keeper gets its bundle bytes from a plain function here (what the gRPC client's
 fetch_bundle is in the agent); the integration tests fetch them from a real aggregator."""
@@ -17,8 +17,8 @@ from fedgpu.core.constants import BundleState, TaskApproval
 from fedgpu.node.approvals import SiteTasks
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.proto import pb
-from fedgpu.server.eligibility import eligibility
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.eligibility import eligibility
 
 
 def make_bundle(model: str = "class DemoTask:\n    name = 'demo'\n",
@@ -113,8 +113,9 @@ def test_approved_mode_waits_for_the_site_then_runs_the_checked_copy(tmp_path: P
     [status] = k.answer([offer(b)])
     assert (status.sha256, status.state) == (b.sha256, "pending")
     # The offer is fetched in the background, checked and kept as pending at the site.
-    wait_for(lambda: k.site.archive_path(b.sha256).exists())
-    assert k.site.state(b.sha256) is BundleState.PENDING
+    # The archive is written before its state is recorded: wait for both.
+    wait_for(lambda: k.site.archive_path(b.sha256).exists()
+             and k.site.state(b.sha256) is BundleState.PENDING)
     section, why = k.prepare(offer(b))
     assert section is None
     assert why == (f"bundle {b.sha256} (task 'demo') is not approved at this site "

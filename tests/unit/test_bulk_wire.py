@@ -14,8 +14,8 @@ from fedgpu.core import bulk, codec
 from fedgpu.core.buffers import BufferPool
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.payload import ModelPayload, to_wire, wire_spec
-from fedgpu.server.tickets import TicketBook, TicketRefused
+from fedgpu.server.transfer.payload import ModelPayload, to_wire, wire_spec
+from fedgpu.server.transfer.tickets import TicketBook, TicketRefused
 
 
 class Clock:

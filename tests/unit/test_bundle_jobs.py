@@ -1,5 +1,5 @@
-"""Jobs with task bundles on the aggregator (server/jobs.py, server/bundle_store.py) and in the
-job file (fedgpu/core/config.py): what is queued, kept, offered to nodes and refused."""
+"""Jobs with task bundles on the aggregator (server/jobs/queue.py, server/jobs/bundles.py)
+and in the job file (fedgpu/core/config.py): what is queued, kept, offered to nodes and refused."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from fedgpu.core.bundles import Bundle, open_archive, pack_files
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.jobs import JobError, JobManager
-from fedgpu.server.jobstore import JobStore
+from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
 
 

@@ -16,8 +16,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from fedgpu.core import certs
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
-from fedgpu.server import resume
-from fedgpu.server.checkpoint import Checkpointer, CheckpointError
+from fedgpu.server.jobs import resume
+from fedgpu.server.jobs.checkpoint import Checkpointer, CheckpointError
 
 
 def test_issued_certs_chain_to_the_ca_and_carry_names(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedgpu.server.dashboard_auth import Sessions, bearer, token_check
+from fedgpu.server.views.dashboard_auth import Sessions, bearer, token_check
 
 
 def test_token_check() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fedgpu.server.dashboard_views import (
+from fedgpu.server.views.dashboard_pages import (
     MAX_PAGE,
     MEMORY_ROUNDS,
     NodesQuery,

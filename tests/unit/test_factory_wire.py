@@ -1,5 +1,5 @@
-"""The agent <-> factory framing (node/factory_wire.py) over real Unix socket pairs, and the
-factory's request checks (node/forked_worker.py parse_spawn)."""
+"""The agent <-> factory framing (node/rounds/factory_wire.py) over real Unix socket pairs, and the
+factory's request checks (node/rounds/fork.py parse_spawn)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.node import factory_wire as wire
-from fedgpu.node.forked_worker import parse_spawn
+from fedgpu.node.rounds import factory_wire as wire
+from fedgpu.node.rounds.fork import parse_spawn
 
 
 def test_messages_and_descriptors_cross_a_socket_pair() -> None:
@@ -86,7 +86,7 @@ def test_spawn_requests_are_checked_field_by_field(tmp_path: Path) -> None:
 
 def test_a_temp_dir_too_deep_for_a_socket_path_falls_back_to_tmp(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedgpu.node import factory_client
+    from fedgpu.node.rounds import factory_client
 
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedgpu.core.constants import JobState
-from fedgpu.server import jobstore
-from fedgpu.server.jobstore import JobStore, StoreError
+from fedgpu.server.jobs import store as jobstore
+from fedgpu.server.jobs.store import JobStore, StoreError
 
 
 def _add(store: JobStore, job_id: str, task: str = "digits") -> jobstore.JobRow:
@@ -91,7 +91,7 @@ def test_a_database_before_bundles_is_migrated_and_bundles_round_trip(tmp_path: 
     from fedgpu.core.bundles import BundleRef
 
     # A database as the first schema left it, with a job in it.
-    first = resources.files("fedgpu.server").joinpath("migrations/0001_jobs.sql").read_text()
+    first = resources.files("fedgpu.server.jobs").joinpath("migrations/0001_jobs.sql").read_text()
     with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
         db.executescript(first + ";PRAGMA user_version=1;")
         db.execute("INSERT INTO jobs (job_id, seq, name, task, state, job_toml, job_json, "

@@ -1,4 +1,5 @@
-"""The runner's loop for Dataset tasks (fedgpu.node.loop) and its switches (fedgpu.node.switches).
+"""The runner's loop for Dataset tasks (fedgpu.node.rounds.loop) and its switches
+(fedgpu.node.rounds.switches).
 
 A small recording task stands in for a real one: it is a real DatasetTask whose batch_loss
 notes what the runner handed it (device, memory layout, autocast dtype, which DataLoader worker
@@ -20,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from fedgpu.node import runner
-from fedgpu.node.loop import BatchError, Loop, batch_len, move
-from fedgpu.node.switches import (
+from fedgpu.node.rounds import runner
+from fedgpu.node.rounds.loop import BatchError, Loop, batch_len, move
+from fedgpu.node.rounds.switches import (
     Amp,
     LoopSettings,
     Switches,

@@ -8,7 +8,7 @@ import pytest
 from fedgpu.core import mixing
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.ring import RingAverage, block_range, peer_host
+from fedgpu.server.rounds.ring import RingAverage, block_range, peer_host
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])

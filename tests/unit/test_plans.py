@@ -11,12 +11,12 @@ import pytest
 
 from fedgpu.core.config import parse_job
 from fedgpu.proto import pb
-from fedgpu.server.plans import InitPlan, StarPlan
-from fedgpu.server.records import Failure
 from fedgpu.server.registry import Node, Registry
-from fedgpu.server.ring import RingPlan, block_error
-from fedgpu.server.round_state import RoundState, RunFailed
-from fedgpu.server.states import SlotState
+from fedgpu.server.rounds.attempt import RoundState, RunFailed
+from fedgpu.server.rounds.plans import InitPlan, StarPlan
+from fedgpu.server.rounds.records import Failure
+from fedgpu.server.rounds.ring import RingPlan, block_error
+from fedgpu.server.rounds.states import SlotState
 
 
 class Run:

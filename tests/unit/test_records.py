@@ -2,7 +2,7 @@
 aggregator wrote before the history became dataclasses.
 
 tests/fixtures/state/*-v0.json are state.json files written by a real aggregator (a star run
-with a failure and a refusal, and a ring run) before the split of server/rounds.py: a run
+with a failure and a refusal, and a ring run) before the split of server/rounds/engine.py: a run
 resumed from them must serve the same documents, key for key and in the same order, and write
 the same checkpoint state back.
 """
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from fedgpu.core.config import parse_job
-from fedgpu.server.records import RoundRecord
 from fedgpu.server.registry import Registry
-from fedgpu.server.ring import RingPlan
-from fedgpu.server.rounds import Orchestrator
+from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.records import RoundRecord
+from fedgpu.server.rounds.ring import RingPlan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "state"
 
@@ -86,7 +86,7 @@ def test_unknown_keys_are_kept_and_missing_ones_get_defaults() -> None:
 
 def test_queued_seconds_is_reported_when_nodes_send_it_and_absent_from_older_records() -> None:
     from fedgpu.proto import pb
-    from fedgpu.server.records import Resources
+    from fedgpu.server.rounds.records import Resources
 
     new = Resources.from_wire(pb.RoundResources(device="cpu", round_seconds=2.5,
                                                 queued_seconds=1.23456))

@@ -1,4 +1,5 @@
-"""fedgpu.node.runner in-process: task.json validation, failure classification, one round's work."""
+"""fedgpu.node.rounds.runner in-process: task.json validation, failure classification, one round's
+work."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 from fedgpu.core import codec
 from fedgpu.core.datasets import split_digits
 from fedgpu.core.synth_images import synth_images
-from fedgpu.node import runner, weights
+from fedgpu.node import weights
+from fedgpu.node.rounds import runner
+from fedgpu.node.rounds.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 from fedgpu.node.tasks import HyperparameterError
-from fedgpu.node.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 
 BASE: dict[str, Any] = {
     "kind": "train",

@@ -7,7 +7,7 @@ import pytest
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
 from fedgpu.server.registry import Registry
-from fedgpu.server.sampling import sample, sample_size
+from fedgpu.server.rounds.sampling import sample, sample_size
 
 
 def pool(n: int, order: int = 1) -> list[str]:

@@ -1,10 +1,10 @@
-"""Host slots (node/slots.py): CPU slots and GPU shares, FIFO per resource."""
+"""Host slots (node/rounds/slots.py): CPU slots and GPU shares, FIFO per resource."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedgpu.node.slots import Need, Slots, default_cpu_slots
+from fedgpu.node.rounds.slots import Need, Slots, default_cpu_slots
 
 CPU = Need()
 

@@ -10,9 +10,9 @@ import pytest
 
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.aggregate import coordinate_median, trim_count, trimmed_mean
-from fedgpu.server.checkpoint import Checkpointer
+from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.strategies import STRATEGIES, make_strategy
+from fedgpu.server.strategies.aggregate import coordinate_median, trim_count, trimmed_mean
 
 RNG = np.random.default_rng(7)
 
@@ -236,7 +236,7 @@ def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
     # The aggregator's own restart path: checkpoint written by one Orchestrator, restored by
     # a fresh one, the optimiser arrays equal to the ones saved.
     from fedgpu.server.registry import Registry
-    from fedgpu.server.rounds import Orchestrator
+    from fedgpu.server.rounds.engine import Orchestrator
 
     job = parse_job({"task": "t", "strategy": "fedadam"})
     first = Orchestrator(job, Registry(), checkpointer=Checkpointer(tmp_path))
@@ -257,9 +257,9 @@ def test_checkpoint_is_written_off_the_event_loop_from_a_snapshot(tmp_path: Path
     # and evaluations landing in the history meanwhile must not tear the state being written.
     import threading
 
-    from fedgpu.server.records import RoundRecord
     from fedgpu.server.registry import Registry
-    from fedgpu.server.rounds import Orchestrator
+    from fedgpu.server.rounds.engine import Orchestrator
+    from fedgpu.server.rounds.records import RoundRecord
 
     def record(number: int) -> RoundRecord:
         return RoundRecord(number, 1, "finished", 0.0, 0.0, [], 0, [], None, 0, 0, 0.0)

@@ -21,7 +21,7 @@ from fedgpu.core.update_codecs import (
     dense,
     encode_update,
 )
-from fedgpu.server.aggregate import WeightedSum
+from fedgpu.server.strategies.aggregate import WeightedSum
 
 RNG = np.random.default_rng(3)
 
@@ -102,7 +102,7 @@ def test_error_feedback_delays_what_compression_left_out(kind: UpdateCodec,
 def test_decode_accumulate_equals_decode_then_add(kind: UpdateCodec, block: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # Aggregator blocks that cut through codec blocks (7, 1536) and the real one.
-    monkeypatch.setattr("fedgpu.server.aggregate.BLOCK", block)
+    monkeypatch.setattr("fedgpu.server.strategies.aggregate.BLOCK", block)
     ds = [delta(30_000) for _ in range(4)]
     spec = codec.spec(ds[0])
     decoded = [decode_update(*encode_update(d, kind, 0.05), spec) for d in ds]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.server.uploads import ByteBudget
+from fedgpu.server.transfer.uploads import ByteBudget
 from tests.fixtures.wire import rss_mib
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedgpu.server.aggregate import Normed, WeightedSum, weighted_mean
-from fedgpu.server.validation import UpdateRejected, check_finite, finite_norms
+from fedgpu.server.strategies.aggregate import Normed, WeightedSum, weighted_mean
+from fedgpu.server.rounds.validation import UpdateRejected, check_finite, finite_norms
 
 RNG = np.random.default_rng(7)
 TOP = float(np.finfo(np.float32).max)
@@ -27,7 +27,7 @@ def exact(updates: list[tuple[dict[str, np.ndarray], float]]) -> dict[str, np.nd
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Blocks of 64 elements: several per tensor, a partial one at each tensor's end.
-    monkeypatch.setattr("fedgpu.server.aggregate.BLOCK", 64)
+    monkeypatch.setattr("fedgpu.server.strategies.aggregate.BLOCK", 64)
 
 
 @pytest.mark.parametrize("normed", [False, True])

@@ -8,9 +8,10 @@ import pytest
 
 from fedgpu.core import jsondoc
 from fedgpu.proto import pb
-from fedgpu.server import paging, wire_limits
 from fedgpu.server.registry import Registry, RegistryFull
-from fedgpu.server.states import Reject
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.transfer import wire_limits
+from fedgpu.server.views import paging
 
 
 def test_error_text_is_truncated_with_a_marker_and_escaped() -> None:

@@ -1,0 +1,383 @@
+"""One round of local work — init, train or evaluate — from a parsed task.json to a result.
+
+Kept apart from `node/rounds/worker.py` (the process entry point) so tests can run a round
+in-process.
+The runner owns the device: it builds the model under `torch.device(device)` and loads the
+global weights into it there. For a tensor task it moves the task's data onto the device once
+and calls the task's own loops; for a Dataset task it drives the loops itself (node/rounds/loop.py).
+Either way it applies the GPU switches of node/rounds/switches.py; task code never moves tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import random
+import resource
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from fedgpu.core import codec
+from fedgpu.core.bundles import BundleError
+from fedgpu.node import weights
+from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.rounds.loop import Loop, autocast
+from fedgpu.node.rounds.switches import Switches, for_device, split_hparams
+from fedgpu.node.rounds.workfiles import (
+    EXIT_CODES,
+    KINDS,
+    WEIGHTS_IN,
+    WEIGHTS_OUT,
+    ErrorKind,
+    Kind,
+)
+from fedgpu.node.tasks import (
+    Datasets,
+    DatasetTask,
+    HyperparameterError,
+    Task,
+    TaskLoadError,
+    UnknownTaskError,
+    load_task,
+)
+from fedgpu.node.tasks.bundled import BundleSpec, load_bundle_task
+
+log = logging.getLogger("fedgpu.worker")
+_MIB = 1 << 20
+
+
+class BadInputError(ValueError):
+    """task.json or the weights sent with it cannot be used; retrying will not help."""
+
+
+class DivergedError(RuntimeError):
+    """Training produced NaN or infinite weights."""
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    kind: Kind
+    task_name: str
+    hyperparameters: dict[str, Any]
+    seed: int
+    round: int
+    data_dir: Path | None
+    device: str
+    memory_fraction: float | None = None
+    torch_threads: int | None = None
+    # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
+    bundle: BundleSpec | None = None
+
+
+@dataclass
+class RoundResult:
+    num_examples: int = 0
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    num_eval_examples: int = 0
+    torch_peak_allocated_mib: int = -1
+    torch_peak_reserved_mib: int = -1
+    rss_peak_mib: int = 0
+    train_seconds: float = 0.0
+    device_name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: ErrorKind
+    message: str
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.kind]
+
+
+def parse_spec(raw: object) -> RoundSpec:
+    """Validate task.json's content; every problem is a one-line BadInputError."""
+    if not isinstance(raw, Mapping):
+        raise BadInputError("task.json must hold a JSON object")
+
+    def need(key: str, kind: type | tuple[type, ...], what: str, optional: bool = False) -> Any:
+        if key not in raw:
+            if optional:
+                return None
+            raise BadInputError(f"task.json: '{key}' is missing")
+        value = raw[key]
+        if value is None and optional:
+            return None
+        # bool is an int in Python; "seed": true is a mistake.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise BadInputError(f"task.json: '{key}' must be {what}, got {value!r}")
+        if not isinstance(value, kind):
+            raise BadInputError(f"task.json: '{key}' must be {what}, got {value!r}")
+        return value
+
+    kind = need("kind", str, "a string")
+    if kind not in KINDS:
+        raise BadInputError(f"task.json: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    data_dir = need("data_dir", str, "a path", optional=kind == "init")
+    device = need("device", str, "'cpu' or 'cuda:N'")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        device_type = None
+    if device_type not in ("cpu", "cuda"):
+        raise BadInputError(f"task.json: 'device' must be 'cpu' or 'cuda:N', got {device!r}")
+    fraction = need("memory_fraction", (int, float), "a number in (0, 1]", optional=True)
+    if fraction is not None and not 0 < fraction <= 1:
+        raise BadInputError(f"task.json: 'memory_fraction' must be in (0, 1], got {fraction}")
+    threads = need("torch_threads", int, "a positive integer", optional=True)
+    if threads is not None and threads < 1:
+        raise BadInputError(f"task.json: 'torch_threads' must be >= 1, got {threads}")
+    return RoundSpec(
+        kind=kind,
+        task_name=need("task_name", str, "a string"),
+        hyperparameters=dict(need("hyperparameters", dict, "an object")),
+        seed=need("seed", int, "an integer"),
+        round=need("round", int, "an integer"),
+        data_dir=Path(data_dir) if data_dir else None,
+        device=device,
+        memory_fraction=float(fraction) if fraction is not None else None,
+        torch_threads=threads,
+        bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
+    )
+
+
+def task_for(spec: RoundSpec, workdir: Path) -> Task | DatasetTask:
+    """The round's task: installed (by name), or imported from its checked bundle here."""
+    if spec.bundle is not None:
+        return load_bundle_task(spec.bundle, workdir)
+    return load_task(spec.task_name)
+
+
+def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
+    """Do the round's work; reads WEIGHTS_IN and writes WEIGHTS_OUT inside `workdir`."""
+    workdir = Path(workdir)
+    started = time.perf_counter()
+    device = _prepare_device(spec)
+    _seed_everything(spec.seed)
+    task = task_for(spec, workdir)
+    streaming = isinstance(task, DatasetTask)
+    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
+    if switches.cudnn_benchmark:
+        # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
+    if spec.kind != "init":
+        if spec.data_dir is None:
+            raise BadInputError("task.json: 'data_dir' is required for train and evaluate")
+        # Only that it exists: which files it must hold is the task's business.
+        check_data_dir(spec.data_dir, required=())
+    result = RoundResult(device_name=_device_name(device))
+
+    with torch.device(device):
+        model = task.build_model(task_hp)
+    wire_dtypes: dict[str, str] | None = None
+    if spec.kind != "init":
+        assert spec.data_dir is not None
+        arrays = weights.read_arrays(workdir / WEIGHTS_IN)
+        wire_dtypes = {name: codec.dtype_name(arr.dtype) for name, arr in arrays.items()}
+        weights.load_into(model, arrays)
+        del arrays
+        if switches.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if streaming:
+            assert loop is not None
+            _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
+                                                          task_hp), result, started)
+        else:
+            _tensor_round(spec, task, model, device, switches, task_hp, result)  # type: ignore[arg-type]
+        if switches.channels_last:
+            # Back to the layout the wire and every other node expect (row-major NCHW).
+            model = model.to(memory_format=torch.contiguous_format)
+
+    if spec.kind in ("init", "train"):
+        bad = weights.non_finite(model)
+        if bad:
+            raise DivergedError(
+                f"training diverged: {len(bad)} tensor(s) hold NaN/inf (first: {bad[0]}); "
+                f"lower 'lr' in the job's hyperparameters"
+            )
+        out = weights.state_arrays(model, wire_dtypes)
+        weights.write_weights(
+            workdir / WEIGHTS_OUT, out, {"task": spec.task_name, "round": str(spec.round)}
+        )
+
+    if device.type == "cuda":
+        result.torch_peak_allocated_mib = _ceil_mib(torch.cuda.max_memory_allocated(device))
+        result.torch_peak_reserved_mib = _ceil_mib(torch.cuda.max_memory_reserved(device))
+    result.rss_peak_mib = rss_peak_mib()
+    return result
+
+
+def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
+                  device: torch.device, loop: Loop, result: RoundResult, started: float) -> None:
+    assert spec.data_dir is not None
+    sets = task.load_datasets(spec.data_dir, loop.hparams)
+    if not isinstance(sets, Datasets):
+        raise TypeError(f"task {spec.task_name!r}: load_datasets must return "
+                        f"fedgpu.node.tasks.Datasets(train, test), got {type(sets).__name__}")
+    for ds in (sets.train, sets.test):
+        # Shuffling, the example count FedAvg weighs by and the step caps need a length.
+        if isinstance(ds, IterableDataset) or not hasattr(ds, "__len__"):
+            raise TypeError(f"task {spec.task_name!r}: load_datasets must return map-style "
+                            f"Datasets (__len__ and __getitem__), got {type(ds).__name__}")
+    # Evaluating first scores the model every node just received: the global model of the
+    # previous round, on each node's own held-out split, where training runs.
+    result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)
+    if spec.kind == "train":
+        out = loop.train(sets.train, spec.seed, started)
+        result.num_examples, result.train_metrics = out.num_examples, out.metrics
+        result.train_seconds = out.seconds
+        log.info("round %s: %d steps, %.0f examples/s, first step %.2fs after the round began",
+                 spec.round, out.metrics["steps"], out.metrics["examples_per_s"],
+                 out.metrics["first_step_s"])
+
+
+def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: torch.device,
+                  switches: Switches, task_hp: dict[str, Any], result: RoundResult) -> None:
+    assert spec.data_dir is not None
+    data = {k: _to_device(v, device, switches.channels_last)
+            for k, v in task.load_data(spec.data_dir).items()}
+    # The task's loops run on the compiled module when asked; it shares `model`'s parameters.
+    fwd = torch.compile(model) if switches.compile else model
+    with autocast(device, switches):
+        result.num_eval_examples, result.eval_metrics = task.evaluate(
+            fwd, data, device, task_hp  # type: ignore[arg-type]
+        )
+        if spec.kind == "train":
+            start = time.perf_counter()
+            result.num_examples, result.train_metrics = task.train(
+                fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
+            )
+            if device.type == "cuda":
+                # Kernels run asynchronously; without this the clock stops before they finish.
+                torch.cuda.synchronize(device)
+            result.train_seconds = round(time.perf_counter() - start, 4)
+
+
+def _to_device(t: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    if channels_last and t.dim() == 4:
+        return t.to(device, memory_format=torch.channels_last)
+    return t.to(device)
+
+
+def classify(exc: BaseException) -> Failure:
+    """What the agent is told about a failed round: a kind and one line with the fix."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return Failure(
+            "oom",
+            f"CUDA out of memory ({_one_line(exc)}): lower 'batch_size' in the job's "
+            f"hyperparameters, raise --gpu-memory-fraction if it caps this node, or pick a GPU "
+            f"with more free memory (--gpu-index)",
+        )
+    if isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    ):
+        return Failure(
+            "oom",
+            f"host out of memory ({_one_line(exc)}): lower 'batch_size' or give the node "
+            f"more RAM",
+        )
+    bad_input = (
+        BadInputError,
+        BundleError,
+        UnknownTaskError,
+        HyperparameterError,
+        DataDirError,
+        weights.WeightsError,
+        codec.CodecError,
+    )
+    if isinstance(exc, bad_input):
+        return Failure("bad_input", _one_line(exc))
+    if isinstance(exc, TaskLoadError | DivergedError):
+        return Failure("exception", _one_line(exc))
+    return Failure("exception", f"{type(exc).__name__}: {_one_line(exc)}")
+
+
+def rss_peak_mib() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return math.ceil(peak / (_MIB if sys.platform == "darwin" else 1024))
+
+
+def _prepare_device(spec: RoundSpec) -> torch.device:
+    if spec.torch_threads is not None:
+        torch.set_num_threads(spec.torch_threads)
+    device = torch.device(spec.device)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise BadInputError(
+            f"task.json asks for {spec.device} but this torch build sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
+        )
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise BadInputError(
+            f"task.json asks for {spec.device} but only {torch.cuda.device_count()} CUDA "
+            f"device(s) are visible (CUDA_VISIBLE_DEVICES decides the numbering)"
+        )
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    if spec.memory_fraction is not None:
+        # Several nodes may share one card: the caching allocator refuses to grow past this
+        # share and raises OutOfMemoryError instead of starving the neighbours.
+        torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, index)
+    torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    # cuDNN's autotuner picks kernels by timing, which changes results from run to run.
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({_cpu_model()})"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _ceil_mib(nbytes: int) -> int:
+    # Rounded up: a small model's few hundred KiB must not read as "0 MiB, the GPU was idle".
+    return math.ceil(nbytes / _MIB)
+
+
+def _one_line(exc: BaseException) -> str:
+    raw = str(exc)
+    if "Original Traceback" in raw:
+        # Raised in a DataLoader worker: torch re-raises it here with the worker's whole
+        # traceback as the message; its last line is the original "Type: message".
+        last = raw.strip().splitlines()[-1]
+        raw = last.split(": ", 1)[-1] + " (in a DataLoader worker)"
+    text = " ".join(raw.split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."

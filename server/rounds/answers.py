@@ -1,0 +1,229 @@
+"""Update acceptance: what the Federation service asks of the round engine when a node
+answers a task. Checks an update's header against the open round, records failures and
+refusals, and folds accepted updates into the strategy.
+
+A mixin of the engine (server/rounds/engine.py), which owns the state it reads: kept apart because
+it is the wire-facing half, and small enough to read in one go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedgpu.core import codec
+from fedgpu.proto import pb
+from fedgpu.server.registry import Node
+from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.records import (
+    EvalEntry,
+    Failure,
+    Ineligibility,
+    Rejection,
+    Resources,
+    UpdateRecord,
+    list_rejection,
+)
+from fedgpu.server.rounds.states import Reject, SlotState
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.transfer.payload import ModelPayload, wire_spec
+from fedgpu.server.transfer.wire_limits import shown
+
+if TYPE_CHECKING:
+    from fedgpu.core.config import Job
+    from fedgpu.server.rounds.history import History
+    from fedgpu.server.rounds.plans import Plan
+    from fedgpu.server.strategies.base import Strategy
+
+log = logging.getLogger("fedgpu.server.rounds.engine")
+
+
+class Intake:
+    # Owned by the engine (server/rounds/engine.py).
+    job: Job
+    current: RoundState | None
+    current_plan: Plan
+    history: History
+    strategy: Strategy
+    global_weights: dict[str, np.ndarray] | None
+    global_spec: dict[str, tuple[str, tuple[int, ...]]] | None
+    _agg_lock: asyncio.Lock
+    _payload: ModelPayload | None
+
+    @property
+    def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+        """What a training update must match: the global model's names, shapes and dtypes,
+        float32 as the job's wire_dtype when it has one."""
+        return wire_spec(self.global_spec, self.job.wire_dtype)
+
+    def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
+        """The open round this header answers; UpdateRejected when it answers none."""
+        rnd = self.current
+        if rnd is None or rnd.number != header.round:
+            if self.history.last_of(header.round) is not None:
+                raise UpdateRejected(
+                    Reject.LATE, f"round {header.round} already closed: the update arrived "
+                    "after its deadline and was dropped")
+            raise UpdateRejected(
+                Reject.STALE_ROUND, f"round {header.round} is not the current round "
+                f"({rnd.number if rnd else 'none open'})")
+        state = rnd.slots.get(node.node_id)
+        if state is None:
+            raise UpdateRejected(Reject.NOT_SELECTED, f"node {node.name} was not selected for "
+                                 f"round {rnd.number}")
+        if rnd.task_ids.get(node.node_id) != header.task_id:
+            raise UpdateRejected(Reject.WRONG_TASK, f"task id {shown(header.task_id)} was not "
+                                 f"given to {node.name} in round {rnd.number}")
+        if state != SlotState.ASSIGNED:
+            raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
+                                 f"round {rnd.number} ({state})")
+        if len(header.iteration_loss) > self.current_plan.series_length():
+            raise UpdateRejected(Reject.MALFORMED, f"iteration_loss has "
+                                 f"{len(header.iteration_loss)} values; this round runs "
+                                 f"{self.current_plan.series_length()} iterations")
+        if header.kind != rnd.kind:
+            raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
+        if header.kind == pb.TASK_KIND_TRAIN and not (header.failed or header.ineligible):
+            self._check_examples(node, header.num_examples)
+        return rnd
+
+    def _check_examples(self, node: Node, claimed: int) -> None:
+        # FedAvg weighs an update by this claim: unbounded, one node could outweigh all.
+        if claimed <= 0:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
+        cap = self.job.max_examples_per_node
+        if cap is not None and claimed > cap:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples; "
+                                 f"this job counts at most {cap} per node "
+                                 "(max_examples_per_node)")
+        if node.stated_examples and claimed > node.stated_examples:
+            raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples "
+                                 f"but stated {node.stated_examples} (its training-set size)")
+
+    def claim(self, node: Node, rnd: RoundState) -> None:
+        """Take the node's slot for the stream now receiving its answer.
+
+        Called right after check_update, with no await between: on the event loop that makes
+        "is the slot free?" and "it is mine" one step, so of many concurrent streams of one
+        update exactly one goes on and the others are refused as duplicates at their header.
+        """
+        assert rnd.slots.get(node.node_id) == SlotState.ASSIGNED
+        rnd.slots[node.node_id] = SlotState.UPLOADING
+
+    def release(self, node: Node, rnd: RoundState) -> None:
+        """The claiming stream broke off (the sender went away): the node may send again."""
+        if not rnd.closed and rnd.slots.get(node.node_id) == SlotState.UPLOADING:
+            rnd.slots[node.node_id] = SlotState.ASSIGNED
+
+    def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
+               rnd: RoundState | None = None, claimed: bool = False) -> None:
+        """Count and list a refusal. A refused answer to the node's own open task ends its
+        part in the attempt, unless another stream of that node holds the slot (`claimed`
+        says whether the refused stream is the one holding it)."""
+        self.history.count_rejection(exc.reason)
+        entry = Rejection(
+            node_id=node.node_id if node else None,
+            node=node.name if node else None,
+            round=header.round if header else None,
+            reason=exc.reason,
+            message=exc.message,
+        )
+        rnd = rnd or self.current
+        if (rnd is not None and not rnd.closed and node is not None and header is not None
+                and rnd.task_ids.get(node.node_id) == header.task_id
+                and rnd.number == header.round):
+            list_rejection(rnd, entry)
+            state = rnd.slots.get(node.node_id)
+            if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
+                node.pending = None
+                rnd.settle(node.node_id, SlotState.REJECTED, time.time())
+        elif header is not None:
+            # Not an answer to an open task (late, stale, forged): still listed under the round
+            # it names, so `fedgpu rounds --json` shows every refusal, not just a counter.
+            if rnd is not None and not rnd.closed and rnd.number == header.round:
+                list_rejection(rnd, entry)
+            else:
+                self.history.file_rejection(entry)
+        log.warning("rejected update from %s: %s", entry.node or "an unknown node", exc.message)
+
+    def record_failure(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
+        rnd.failures.append(Failure(node.node_id, node.name, header.error))
+        if header.lost_ranks:
+            rnd.lost_ranks[node.node_id] = list(header.lost_ranks)
+        node.rounds_failed += 1
+        node.last_error = header.error
+        node.pending = None
+        log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error,
+                    extra={"node": node.name})
+        rnd.settle(node.node_id, SlotState.FAILED, time.time())
+
+    def record_ineligible(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
+        """The node cannot take the job now: not its failure, and its answer is remembered
+        (server/rounds/eligibility.py) so the next attempt samples among the others."""
+        reason = header.ineligible_reason or "no reason given"
+        rnd.ineligible.append(Ineligibility(node.node_id, node.name, reason))
+        node.refusal = (self.job.needs, reason)
+        node.pending = None
+        log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
+                 extra={"node": node.name})
+        rnd.settle(node.node_id, SlotState.INELIGIBLE, time.time())
+
+    def wants(self, node: Node, task_id: str) -> bool:
+        """Is `task_id` `node`'s task in the open round? Else a heartbeat tells the node to
+        abandon it: its job was stopped, or its round closed (an answer would be refused)."""
+        rnd = self.current
+        return rnd is not None and not rnd.closed and rnd.task_ids.get(node.node_id) == task_id
+
+    async def accept(
+        self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
+        tensors: dict[str, np.ndarray] | None, payload_bytes: int,
+    ) -> None:
+        # The caller holds the slot (claim): anything else means the round closed meanwhile.
+        if rnd.closed or rnd.slots.get(node.node_id) != SlotState.UPLOADING:
+            raise UpdateRejected(Reject.LATE,
+                                 f"round {rnd.number} closed while the update streamed")
+        if header.kind == pb.TASK_KIND_INIT:
+            assert tensors is not None
+            self.global_weights = {k: np.array(v) for k, v in tensors.items()}
+            self.global_spec = codec.spec(self.global_weights)
+            self._payload = None
+        elif header.kind == pb.TASK_KIND_TRAIN:
+            assert tensors is not None
+            async with self._agg_lock:
+                if rnd.closed:
+                    raise UpdateRejected(Reject.LATE,
+                                         f"round {rnd.number} closed before aggregation")
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self.strategy.add, tensors, header.num_examples)
+                rnd.aggregation_s += time.perf_counter() - t0
+        rnd.bytes_received += payload_bytes
+        resources = Resources.from_wire(header.resources)
+        update = UpdateRecord(
+            node_id=node.node_id,
+            node=node.name,
+            num_examples=header.num_examples,
+            train_metrics=dict(header.train_metrics),
+            eval_metrics=dict(header.eval_metrics),
+            num_eval_examples=header.num_eval_examples,
+            resources=resources,
+            upload_s=rnd.upload_s.get(node.node_id),
+            gpu_decision=node.decision,
+            transport=rnd.transport.get(node.node_id),
+        )
+        self.current_plan.on_update(update, header)
+        rnd.updates.append(update)
+        node.pending = None
+        node.last_round = rnd.number
+        node.last_resources = resources.to_dict()
+        if header.kind == pb.TASK_KIND_TRAIN:
+            node.rounds_completed += 1
+            # A node that stated no size at registration states it with its first update.
+            node.stated_examples = node.stated_examples or header.num_examples
+        if header.eval_metrics:
+            self.history.attach_eval(header.evaluated_round, EvalEntry(
+                node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
+        rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())

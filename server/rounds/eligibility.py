@@ -1,0 +1,89 @@
+"""Which connected nodes can take a job, and why the others can't: one rule for the round
+engine (which nodes it samples, server/rounds/engine.py) and for the documents (`fedgpu job status`,
+the reason a job waits, server/jobs/queue.py).
+
+The rule is a list of checks, each saying why a node cannot take the job or None; the first
+reason found is the node's. A node that reports nothing a check needs (an older node,
+`fedgpu sim`) passes that check: the node itself decides when the task comes, and says so.
+
+A job whose task is installed needs it installed on the node. A job whose task came as a
+bundle needs the node's site to allow that bundle: its `--task-approval` mode, and in mode
+`approved` the site's answer about that very sha256, which the node gives in its heartbeats
+(node/bundle_keeper.py). A node that has not allowed the bundle is never sampled, so a job
+does not burn its round retries on sites that have not approved it yet: it waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedgpu.core import admission
+from fedgpu.core.bundles import BundleRef
+from fedgpu.core.config import Job
+from fedgpu.core.constants import BundleState, TaskApproval
+from fedgpu.server.registry import Node
+
+Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
+
+
+def task_available(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
+    """Installed on the node, or (a bundle job) allowed by its site."""
+    if bundle is not None:
+        return bundle_refusal(bundle, node)
+    if node.tasks and job.task not in node.tasks:
+        shown = ", ".join(node.tasks[:8]) + (", ..." if len(node.tasks) > 8 else "")
+        return f"task {job.task!r} is not installed there (installed: {shown})"
+    return None
+
+
+def gpu_fits(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
+    """The job's [resources] against the node's GPUs as its last heartbeat reported them (and
+    its own answer to a task of this job, until it reports again)."""
+    needs = job.needs
+    if node.refusal is not None and node.refusal[0] == needs:
+        return node.refusal[1]
+    if node.capacity is None:
+        return None
+    return admission.refusal(needs, node.capacity)
+
+
+CHECKS: tuple[Check, ...] = (task_available, gpu_fits)
+
+
+def eligibility(job: Job, node: Node, alive: bool, bundle: BundleRef | None = None
+                ) -> str | None:
+    """Why `node` cannot take part in `job` now; None when it can."""
+    if not alive:
+        return "not connected (no heartbeat)"
+    for check in CHECKS:
+        reason = check(job, node, bundle)
+        if reason is not None:
+            return reason
+    return None
+
+
+def bundle_refusal(bundle: BundleRef, node: Node) -> str | None:
+    mode = node.task_approval or TaskApproval.INSTALLED
+    if mode == TaskApproval.INSTALLED:
+        return (f"the site runs installed tasks only (--task-approval installed), and task "
+                f"{bundle.name!r} came as bundle {bundle.sha256[:12]}; that site can bake it "
+                "into its node image instead")
+    state, reason = node.bundle_states.get(bundle.sha256, (None, ""))
+    if state == BundleState.UNUSABLE:
+        return f"bundle {bundle.sha256[:12]} cannot run there: {reason}"
+    if mode == TaskApproval.ANY:
+        return None
+    if state == BundleState.APPROVED:
+        return None
+    if state == BundleState.REJECTED:
+        return f"the site rejected bundle {bundle.sha256[:12]} ({bundle.name})"
+    if state == BundleState.PENDING:
+        return (f"waiting for the site to approve bundle {bundle.sha256} ({bundle.name}): "
+                f"'fedgpu node approve {bundle.sha256}' there")
+    return (f"the site has not answered about bundle {bundle.sha256[:12]} yet (its next "
+            "heartbeat will)")
+
+
+def eligible_nodes(job: Job, nodes: list[Node], bundle: BundleRef | None = None) -> list[Node]:
+    """The nodes of `nodes` (alive ones) that can take part in `job`."""
+    return [n for n in nodes if eligibility(job, n, True, bundle) is None]

@@ -1,0 +1,373 @@
+"""The round engine: one loop (wait for nodes, open, await, close, record, commit, retry) that
+every kind of round runs through, driven by a plan (server/rounds/plans.py) that says which nodes,
+which task headers and what success means. Updates arrive through server/rounds/answers.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fedgpu.core import codec, digests, jsondoc
+from fedgpu.core.admission_wire import resources_to_wire
+from fedgpu.core.bundles import BundleRef
+from fedgpu.core.config import Job
+from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
+from fedgpu.proto import pb
+from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights, map_weights
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rounds.answers import Intake
+from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
+from fedgpu.server.rounds.eligibility import eligible_nodes
+from fedgpu.server.rounds.history import History
+from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
+from fedgpu.server.rounds.records import RoundRecord
+from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.rounds.validation import first_non_finite
+from fedgpu.server.strategies.aggregate import weighted_metric
+from fedgpu.server.transfer.payload import ModelPayload, to_wire
+
+log = logging.getLogger("fedgpu.server.rounds.engine")
+
+
+class Orchestrator(Intake):
+    def __init__(
+        self,
+        job: Job,
+        registry: Registry,
+        chunk_size: int = codec.DEFAULT_CHUNK_SIZE,
+        checkpointer: Checkpointer | None = None,
+        initial_weights: Mapping[str, np.ndarray] | None = None,
+        plan: TrainPlan | None = None,
+        bundle: BundleRef | None = None,
+        job_id: str = "",
+    ) -> None:
+        self.job = job
+        # The task's bundle (None: installed on the nodes): named in every task header, and
+        # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
+        self.bundle = bundle
+        self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
+                                          name=bundle.name, entry=bundle.entry, job_id=job_id)
+                            if bundle is not None else None)
+        self.registry = registry
+        self.chunk_size = chunk_size
+        self.checkpointer = checkpointer
+        # The mode's training plan brings its strategy (star: the job's; ring: the average).
+        self.plan = plan if plan is not None else StarPlan(job)
+        self.plan.bind(self)
+        self.strategy = self.plan.strategy
+        self.run_id = secrets.token_hex(6)
+        self.state = RunState.WAITING
+        self.error: str | None = None
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self.global_weights: dict[str, np.ndarray] | None = (
+            dict(initial_weights) if initial_weights is not None else None
+        )
+        self.global_spec: dict[str, tuple[str, tuple[int, ...]]] | None = (
+            codec.spec(self.global_weights) if self.global_weights is not None else None
+        )
+        self.global_round = 0
+        self.history = History()
+        self.current: RoundState | None = None
+        self.current_plan: Plan = self.plan
+        self.finished = asyncio.Event()
+        self._agg_lock = asyncio.Lock()
+        self._payload: ModelPayload | None = None
+        # The file the global model was last adopted from, and the arrays mapped from it.
+        self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
+        # True once the job has run to its end, here or before a restart (from the checkpoint).
+        self.completed = False
+        # True while a round waits for enough nodes that can take the job (`job status`).
+        self.waiting_for_nodes = False
+
+    @property
+    def rejections(self) -> Counter[str]:
+        return self.history.rejections
+
+    def restore(self, weights: dict[str, np.ndarray], state: Mapping[str, Any]) -> None:
+        """Continue a checkpointed run: the next round is the one after the last finished one
+        (a round the restart interrupted runs again; none that finished runs twice)."""
+        self.run_id = str(state["run_id"])
+        self.global_weights = weights
+        self.global_spec = codec.spec(weights)
+        self.global_round = int(state["global_round"])
+        self.history.load(state)
+        self.started_at = float(state.get("started_at") or self.started_at)
+        self.completed = bool(state.get("completed"))
+        # Optimiser arrays (FedAdam moments...) live beside the checkpoint, not in state.json.
+        tensors = (self.checkpointer.load_strategy_tensors(self.global_round)
+                   if self.checkpointer is not None else None)
+        self.strategy.load_state(state.get("strategy") or {}, tensors)
+        self._payload = None
+        if self.checkpointer is not None:
+            self._adopt(self.checkpointer.saved(state))
+        log.info("resumed run %s after round %d of %d%s", self.run_id, self.global_round,
+                 self.job.rounds, " (already complete)" if self.completed else "")
+
+    # ---- the run ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            if self.global_weights is None:
+                await self._run_round(0, self._bound(InitPlan(self.job)))
+                assert self.global_weights is not None
+                log.info("initial model: %d tensors", len(self.global_weights))
+            if self.global_round == 0:
+                # The starting model is checkpointed too: a node drew it at random, and a run
+                # resumed before round 1 finishes must train from the very same weights.
+                await self.commit(self.global_weights, 0)
+            self.state = RunState.RUNNING
+            if not self.completed:
+                for number in range(self.global_round + 1, self.job.rounds + 1):
+                    await self._run_round(number, self.plan)
+                if self.job.evaluate:
+                    await self._run_round(self.job.rounds + 1, self._bound(EvalPlan(self.job)))
+                self.completed = True
+                # Once more with the final evaluation and `completed`, so a restart after the
+                # end serves the finished run instead of evaluating again.
+                await self.commit(self.global_weights, self.global_round)
+            self.state = RunState.FINISHED
+            log.info("run %s finished: %d rounds", self.run_id, self.job.rounds)
+        except RunFailed as exc:
+            self.state = RunState.FAILED
+            self.error = str(exc)
+            log.error("run failed: %s", exc)
+        except asyncio.CancelledError:
+            self.state = RunState.STOPPED
+            raise
+        finally:
+            self.finished_at = time.time()
+            self.current = None
+            for node in self.registry.all():
+                node.wakeup.set()
+            self.finished.set()
+
+    def _bound(self, plan: Plan) -> Plan:
+        plan.bind(self)
+        return plan
+
+    async def _run_round(self, number: int, plan: Plan) -> None:
+        """Every attempt of round `number` until one succeeds; RunFailed when none did.
+
+        An attempt that failed because a node answered "ineligible" costs no retry: that node
+        is left out of the next attempt's pool until it reports its GPUs again."""
+        error = ""
+        attempt = spent = 0
+        while spent < plan.attempts():
+            attempt += 1
+            pool = await self._wait_for_nodes(plan.pool_size())
+            chosen = plan.choose(pool, number, attempt)
+            rnd = self._open(number, attempt, chosen, plan)
+            if plan.aggregates:
+                assert self.global_weights is not None
+                async with self._agg_lock:
+                    self.strategy.begin_round(self.global_weights)
+            await self._await(rnd, plan)
+            ok = plan.succeeded(rnd)
+            new = None
+            if ok and plan.aggregates:
+                new = await self._aggregate(rnd)
+                ok = new is not None
+            self._close(rnd)
+            # Recorded before the checkpoint is written, so the round is in its history.
+            record = (self._record(rnd, RoundStatus.FINISHED if ok else RoundStatus.RETRIED)
+                      if plan.recorded else None)
+            error = plan.closed(rnd, record, chosen, ok)
+            if ok:
+                if new is not None:
+                    await self.commit(new, number)
+                return
+            if not rnd.ineligible:
+                spent += 1
+        raise RunFailed(plan.give_up(number, error))
+
+    async def _aggregate(self, rnd: RoundState) -> dict[str, np.ndarray] | None:
+        """The round's new global model; None (and rnd.error) when it is not finite, so that
+        a poisoned model is never committed, checkpointed or sent to the nodes."""
+        async with self._agg_lock:
+            t0 = time.perf_counter()
+            new = await asyncio.to_thread(self.strategy.finish)
+            bad = await asyncio.to_thread(first_non_finite, new)
+            rnd.aggregation_s += time.perf_counter() - t0
+        problem = (f"tensor {bad!r} of the aggregate holds NaN or Inf" if bad is not None
+                   else self.strategy.pending_problem())
+        if problem is not None:
+            rnd.error = (f"round {rnd.number} attempt {rnd.attempt}: {problem}; the round is "
+                         "retried from the previous model")
+            return None
+        self.strategy.commit()
+        return new
+
+    async def _wait_for_nodes(self, needed: int) -> list[Node]:
+        last_log = 0.0
+        while True:
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
+            if len(alive) >= needed:
+                self.waiting_for_nodes = False
+                return alive
+            self.waiting_for_nodes = True
+            if time.monotonic() - last_log > 30:
+                log.info("waiting for nodes: %d of %d needed are connected and can take the "
+                         "job", len(alive), needed)
+                last_log = time.monotonic()
+            try:
+                await asyncio.wait_for(self.registry.changed.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+    def _model_payload(self) -> ModelPayload:
+        # Encoded once per global model and shared by every node's download; after a
+        # checkpoint it is the checkpoint's file (set in commit).
+        if self._payload is None:
+            assert self.global_weights is not None
+            enc = codec.encode(to_wire(self.global_weights, self.job.wire_dtype),
+                               {"global_round": str(self.global_round)})
+            self._payload = ModelPayload.from_encoded(enc)
+        return self._payload
+
+    def _open(self, number: int, attempt: int, chosen: list[Node], plan: Plan) -> RoundState:
+        now = time.time()
+        rnd = RoundState(number=number, kind=plan.kind, attempt=attempt,
+                         required=plan.required(chosen),
+                         deadline=now + self.job.round_deadline_s, started=now)
+        payload = self._model_payload() if plan.sends_model else None
+        per_node = plan.task_fields(number, attempt, chosen)
+        for node, fields in zip(chosen, per_node, strict=True):
+            task_id = secrets.token_hex(8)
+            header = pb.TaskHeader(
+                task_id=task_id,
+                round=number,
+                kind=plan.kind,
+                task_name=self.job.task,
+                hyperparameters_json=json.dumps(self.job.hyperparameters),
+                use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
+                resources=resources_to_wire(self.job.needs),
+                payload_size=payload.size if payload is not None else 0,
+                evaluated_round=self.global_round,
+                bundle=self._bundle_msg,
+                **fields,
+            )
+            if payload is not None:
+                digests.stamp(header, payload.algorithm, payload.digest)
+            node.pending = Task(task_id, number, plan.kind, header, payload)
+            node.wakeup.set()
+            rnd.slots[node.node_id] = SlotState.ASSIGNED
+            rnd.task_ids[node.node_id] = task_id
+        self.current, self.current_plan = rnd, plan
+        log.info("%s", plan.describe(rnd, chosen))
+        return rnd
+
+    async def _await(self, rnd: RoundState, plan: Plan) -> None:
+        while not rnd.done.is_set():
+            now = time.time()
+            if (now >= rnd.deadline or rnd.hopeless()
+                    or plan.stop_waiting(rnd, self.registry, now)):
+                break
+            # Wake regularly: a participant that vanished can't answer, but may be replaced.
+            try:
+                await asyncio.wait_for(rnd.done.wait(), timeout=min(rnd.deadline - now, 1.0))
+            except TimeoutError:
+                pass
+
+    def _close(self, rnd: RoundState) -> None:
+        rnd.closed = True
+        for node_id, state in rnd.slots.items():
+            node = self.registry.get(node_id)
+            if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
+                rnd.slots[node_id] = SlotState.DROPPED
+                log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
+            if node is not None and node.pending is not None and node.pending.round == rnd.number:
+                node.pending = None
+        self.current = None
+
+    def _record(self, rnd: RoundState, status: RoundStatus) -> RoundRecord:
+        record = RoundRecord(
+            round=rnd.number,
+            attempt=rnd.attempt,
+            status=status,
+            started_at=rnd.started,
+            duration_s=round(time.time() - rnd.started, 3),
+            participants=sorted(rnd.slots),
+            nodes_reporting=rnd.accepted(),
+            dropped=rnd.in_state(SlotState.DROPPED),
+            train_loss=weighted_metric([(u.train_metrics["loss"], u.num_examples)
+                                        for u in rnd.updates if "loss" in u.train_metrics]),
+            num_examples=sum(u.num_examples for u in rnd.updates),
+            bytes_received=rnd.bytes_received,
+            aggregation_s=round(rnd.aggregation_s, 4),
+            updates=rnd.updates,
+            rejected=rnd.rejected,
+            failures=rnd.failures,
+            rejected_not_listed=rnd.rejected_not_listed,
+            error=rnd.error,
+            ineligible=rnd.ineligible,
+        )
+        self.history.append(record)
+        return record
+
+    async def commit(self, weights: dict[str, np.ndarray], number: int) -> None:
+        """Make `weights` the global model of round `number` and checkpoint the run."""
+        self.global_weights = weights
+        self.global_round = number
+        self._payload = None
+        if self.checkpointer is not None:
+            # The write (encode, fsync: seconds for a multi-GB model) runs in a thread so
+            # heartbeats and long polls go on. The state is copied here, on the loop, because
+            # late evaluations keep landing in the history meanwhile; the weights and the
+            # optimiser arrays change only in the next round's finish, after this returns.
+            # Strict JSON: state.json is read by `fedgpu report` and other tools.
+            state = json.loads(jsondoc.dumps(self.checkpoint_state()))
+            # The model adopted from its file and unchanged (the last commit of a run, with
+            # its final evaluation): that file stays, nothing is encoded or written again.
+            same = (self._saved[0] if self._saved is not None and self._saved[1] is weights
+                    else None)
+            saved = await asyncio.to_thread(self.checkpointer.save, weights, state,
+                                            tensors=self.strategy.tensor_state(), same_as=same)
+            self._adopt(saved)
+
+    def _adopt(self, saved: SavedWeights | None) -> None:
+        """Serve and hold the global model from its checkpoint file: downloads read the file,
+        and the arrays become read-only views of it, so the aggregate they were computed in
+        is freed (a multi-GB model is not kept twice)."""
+        if saved is None:
+            return
+        if self.job.wire_dtype is None:
+            # In half precision the nodes get an encoding of their own (_model_payload).
+            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
+        self.global_weights = map_weights(saved.path)
+        self._saved = (saved, self.global_weights)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        history = self.history.state()
+        return {
+            "run_id": self.run_id,
+            "global_round": self.global_round,
+            "job": self.job.to_dict(),
+            "strategy": self.strategy.state(),
+            "history": history["history"],
+            "initial_eval": history["initial_eval"],
+            "rejections": history["rejections"],
+            "started_at": self.started_at,
+            "completed": self.completed,
+            **self.plan.checkpoint_extra(),
+        }
+
+    def rounds_doc(self) -> dict[str, Any]:
+        """The `fedgpu rounds --json` document."""
+        return self.history.doc(self.run_id)
+
+    def task_for(self, node: Node) -> Task | None:
+        task = node.pending
+        rnd = self.current
+        # The task must be this engine's own: a task left from a stopped job is never served.
+        if task is None or rnd is None or rnd.task_ids.get(node.node_id) != task.task_id:
+            return None
+        return task

@@ -1,0 +1,200 @@
+"""What one kind of round is: which nodes, what each is told, what counts as success, what
+happens after. The round loop (server/rounds/engine.py) is the same for all of them; a plan only
+answers its questions, the way Flower's strategies split configure and aggregate.
+
+Star training (`StarPlan`) and ring blocks (`fedgpu.server.rounds.ring.RingPlan`) are the two
+training plans, each bringing its strategy; `InitPlan` fetches the starting model from one node and
+`EvalPlan` runs the final federated evaluation, in either mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+from fedgpu.core.config import Job
+from fedgpu.proto import pb
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.records import RoundRecord, UpdateRecord
+from fedgpu.server.rounds.sampling import sample
+from fedgpu.server.strategies import make_strategy
+from fedgpu.server.strategies.base import Strategy
+
+log = logging.getLogger("fedgpu.server.rounds.engine")
+
+KIND_NAMES = {
+    pb.TASK_KIND_INIT: "init",
+    pb.TASK_KIND_TRAIN: "train",
+    pb.TASK_KIND_EVALUATE: "evaluate",
+}
+
+
+class RunView(Protocol):
+    """What a plan may read of the run it serves."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def global_round(self) -> int: ...
+
+
+class Plan(ABC):
+    kind: ClassVar[int]
+    # The global model goes out with the task (not for INIT: the node builds the model).
+    sends_model: ClassVar[bool] = True
+    # Accepted updates are fed to the strategy, and a success makes a new global model.
+    aggregates: ClassVar[bool] = False
+    # Closed attempts are round records in the history.
+    recorded: ClassVar[bool] = False
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.run: RunView | None = None
+
+    def bind(self, run: RunView) -> None:
+        self.run = run
+
+    @property
+    def evaluated_round(self) -> int:
+        assert self.run is not None, "bind the plan to its run first"
+        return self.run.global_round
+
+    def attempts(self) -> int:
+        return self.job.round_retries + 1
+
+    @abstractmethod
+    def pool_size(self) -> int:
+        """How many eligible nodes must be connected before an attempt opens."""
+
+    @abstractmethod
+    def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
+        """The participants of this attempt, from the eligible connected nodes."""
+
+    def required(self, chosen: list[Node]) -> int:
+        return len(chosen)
+
+    def task_fields(self, number: int, attempt: int, chosen: list[Node]
+                    ) -> list[dict[str, Any]]:
+        """Per participant (in `chosen` order), the TaskHeader fields of this mode."""
+        seed = self.job.seed * 1_000_003 + number * 1009 + attempt
+        return [{"seed": seed} for _ in chosen]
+
+    def describe(self, rnd: RoundState, chosen: list[Node]) -> str:
+        return (f"round {rnd.number} ({KIND_NAMES[self.kind]}, attempt {rnd.attempt}) opened "
+                f"for {len(chosen)} node(s): {', '.join(n.name for n in chosen)}")
+
+    def stop_waiting(self, rnd: RoundState, registry: Registry, now: float) -> bool:
+        """Close before the deadline? By default when every node still awaited is gone
+        (replaced by a re-registration): a vanished participant can't answer."""
+        waiting = rnd.waiting_on()
+        return bool(waiting) and all(registry.get(nid) is None for nid in waiting)
+
+    def succeeded(self, rnd: RoundState) -> bool:
+        return rnd.accepted() >= rnd.required
+
+    def series_length(self) -> int:
+        """How many per-iteration losses an update of this round may carry."""
+        return 0
+
+    def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:  # noqa: B027
+        """Add what this mode keeps of an accepted update's header (nothing by default)."""
+
+    def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
+               ok: bool) -> str:
+        """After an attempt closed (and was recorded): annotate the record, log, and say what
+        went wrong when it did not succeed."""
+        error = rnd.error or (f"round {rnd.number} attempt {rnd.attempt} closed with "
+                              f"{rnd.accepted()} of {rnd.required} required updates")
+        if not ok:
+            log.warning("%s; retrying", error)
+        return error
+
+    def give_up(self, number: int, error: str) -> str:
+        """The RunFailed message once every attempt failed."""
+        return (f"round {number} did not get {self.job.min_nodes} usable updates in "
+                f"{self.attempts()} attempts (last: {error})")
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {}
+
+
+class TrainPlan(Plan):
+    """A training round: brings the strategy that turns its updates into the next model."""
+
+    kind = pb.TASK_KIND_TRAIN
+    aggregates = True
+    recorded = True
+    strategy: Strategy
+
+
+class StarPlan(TrainPlan):
+    """FedAvg and friends: a seeded sample of the pool trains; the strategy combines."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.strategy = make_strategy(job.strategy, job.strategy_params)
+
+    def pool_size(self) -> int:
+        return self.job.min_available_nodes or self.job.min_nodes
+
+    def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
+        by_name = {n.name: n for n in pool}
+        return [by_name[name] for name in sample(by_name, self.job.fraction, self.job.min_nodes,
+                                                 self.job.seed, number, attempt)]
+
+    def required(self, chosen: list[Node]) -> int:
+        return self.job.min_nodes
+
+
+class InitPlan(Plan):
+    """Ask one node for the task's initial weights: the aggregator never runs torch."""
+
+    kind = pb.TASK_KIND_INIT
+    sends_model = False
+
+    def pool_size(self) -> int:
+        return max(1, self.job.min_nodes)
+
+    def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
+        # Another node on each retry: the one that failed may fail again.
+        return [pool[(attempt - 1) % len(pool)]]
+
+    def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
+               ok: bool) -> str:
+        if ok:
+            log.info("initial model from %s", chosen[0].name)
+        else:
+            log.warning("initialisation attempt %d got no model; retrying", rnd.attempt)
+        return "no initial model"
+
+    def give_up(self, number: int, error: str) -> str:
+        return "no node returned initial weights; check the nodes' logs"
+
+
+class EvalPlan(Plan):
+    """The final federated evaluation: every connected node scores the last global model."""
+
+    kind = pb.TASK_KIND_EVALUATE
+
+    def attempts(self) -> int:
+        return 1
+
+    def pool_size(self) -> int:
+        return 1
+
+    def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
+        return pool
+
+    def required(self, chosen: list[Node]) -> int:
+        return 1
+
+    def succeeded(self, rnd: RoundState) -> bool:
+        # Whatever arrived by the deadline is the evaluation; nothing to retry.
+        return True
+
+    def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
+               ok: bool) -> str:
+        return ""

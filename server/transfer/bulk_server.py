@@ -1,0 +1,236 @@
+"""The aggregator's bulk port: task payloads out and update payloads in over plain TCP (TLS or
+mutual TLS when the gRPC port has it), beside the gRPC control plane that hands out the
+tickets (fedgpu.core.bulk has the conversation, server/transfer/tickets.py the tickets).
+
+Blocking socket calls run on a thread pool of this port's own, bounded like its connections:
+a stalled bulk connection waits out its timeout on one of these threads and never holds up
+the threads the event loop gives decoding, validation and aggregation. Everything that
+touches the round engine runs on the event loop, as for gRPC calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from fedgpu.core import bulk
+from fedgpu.core.bulk import Direction, Status
+from fedgpu.core.constants import Transport
+from fedgpu.server.federation_service import STATUS_OF, FederationService
+from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.receive import ingest
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
+from fedgpu.server.transfer.uploads import Received
+
+log = logging.getLogger("fedgpu.server.bulk")
+
+MAX_CONNECTIONS = 64
+# From accepting a connection to holding its ticket (TLS handshake included).
+HANDSHAKE_S = 10.0
+
+T = TypeVar("T")
+
+
+def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
+    """What the client certificate vouches for: its CN and SANs, as gRPC's auth context has
+    them (server/auth.py binds node names to these)."""
+    der = sock.getpeercert(binary_form=True)
+    if not der:
+        return frozenset()
+    cert = x509.load_der_x509_certificate(der)
+    names = {str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)}
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names.update(str(v) for v in san.get_values_for_type(x509.DNSName))
+        names.update(str(v) for v in san.get_values_for_type(x509.IPAddress))
+    except x509.ExtensionNotFound:
+        pass
+    return frozenset(names)
+
+
+class BulkServer:
+    def __init__(self, service: FederationService, tickets: TicketBook, host: str, port: int,
+                 tls: ssl.SSLContext | None = None, mutual: bool = False,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.service = service
+        self.tickets = tickets
+        self.host, self.port = host, port
+        self.tls, self.mutual = tls, mutual
+        self.max_connections = max_connections
+        self.handshake_s = min(HANDSHAKE_S, service.uploads.idle_s)
+        self.downloads = 0
+        self.uploads = 0
+        self.bytes_sent = 0
+        self._pool = ThreadPoolExecutor(max_connections, thread_name_prefix="bulk")
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        # Open connections' sockets: shut down at close, so that a thread blocked reading one
+        # returns at once instead of at its timeout (and the process can exit).
+        self._socks: set[socket.socket] = set()
+
+    async def start(self) -> int:
+        """Listen; the port bound (the one asked for, or a free one for 0)."""
+        try:
+            sock = socket.create_server((self.host, self.port), backlog=128)
+        except OSError as exc:
+            raise OSError(f"cannot listen on the bulk port {self.host}:{self.port}: "
+                          f"{exc.strerror or exc}; is the port in use?") from None
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self._accepting = asyncio.create_task(self._accept())
+        return self.port
+
+    async def close(self) -> None:
+        for s in list(self._socks):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        for task in (self._accepting, *self._conns):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._accepting, *self._conns) if t),
+                             return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def stats(self) -> dict[str, Any]:
+        """The `bulk` object of `fedgpu status --json`."""
+        return {
+            "port": self.port,
+            "tls": "mutual" if self.mutual else "tls" if self.tls is not None else "none",
+            "connections": len(self._conns),
+            "downloads": self.downloads,
+            "uploads": self.uploads,
+            "bytes_sent": self.bytes_sent,
+            "tickets_outstanding": self.tickets.outstanding,
+            "refused": dict(self.tickets.refused),
+        }
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        while True:
+            conn, peer = await loop.sock_accept(self._sock)
+            if len(self._conns) >= self.max_connections:
+                self.tickets.refuse(TicketRefusal.BUSY, "too many bulk connections")
+                log.warning("refused a bulk connection from %s: %d already open", peer,
+                            len(self._conns))
+                conn.close()
+                continue
+            task = asyncio.create_task(self._serve(conn, f"{peer[0]}:{peer[1]}"))
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
+
+    def _handshake(self, conn: socket.socket) -> tuple[socket.socket, str, frozenset[str] | None]:
+        sock: socket.socket = conn
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(conn, server_side=True)
+        token = bulk.read_ticket(sock)
+        names = peer_names(sock) if self.mutual and isinstance(sock, ssl.SSLSocket) else None
+        return sock, token, names
+
+    async def _serve(self, conn: socket.socket, peer: str) -> None:
+        conn.setblocking(True)
+        conn.settimeout(self.handshake_s)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = conn
+        self._socks.add(conn)
+        try:
+            try:
+                sock, token, names = await self._blocking(self._handshake, conn)
+            except bulk.ClosedQuietly:
+                log.debug("bulk port probed from %s", peer)
+                return
+            except bulk.BulkProtocolError as exc:
+                self.tickets.refuse(TicketRefusal.MALFORMED, str(exc))
+                log.warning("refused a bulk connection from %s: %s", peer, exc)
+                return
+            except (OSError, ssl.SSLError) as exc:
+                # A failed TLS handshake, or nothing (no ticket) before the timeout.
+                self.tickets.refuse(TicketRefusal.HANDSHAKE, str(exc))
+                log.warning("dropped a bulk connection from %s: %s", peer,
+                            "no ticket in time" if isinstance(exc, TimeoutError) else exc)
+                return
+            try:
+                ticket = self.tickets.redeem(token, names)
+            except TicketRefused as exc:
+                log.warning("refused a bulk connection from %s: %s", peer, exc.message)
+                await self._blocking(bulk.write_status, sock, Status(
+                    False, "PERMISSION_DENIED", exc.reason, exc.message))
+                return
+            if ticket.direction is Direction.DOWNLOAD:
+                await self._download(sock, ticket)
+            else:
+                await self._upload(sock, ticket)
+        except OSError as exc:
+            log.info("bulk connection from %s broke off: %s", peer, exc)
+        finally:
+            self._socks.discard(conn)
+            sock.close()
+
+    async def _download(self, sock: socket.socket, ticket: Ticket) -> None:
+        node = self.service.registry.get(ticket.node_id)
+        task = self.service.orch.task_for(node) if node is not None else None
+        if (node is None or task is None or task.task_id != ticket.task_id
+                or task.payload is None or task.payload.size != ticket.size):
+            await self._blocking(bulk.write_status, sock, Status(
+                False, "FAILED_PRECONDITION", "stale",
+                "the task this ticket was issued for is no longer open: ask for work again"))
+            return
+        payload = task.payload
+        await self._blocking(bulk.write_status, sock, Status(True))
+        sock.settimeout(self.service.uploads.idle_s)
+        await self._blocking(payload.send, sock)
+        self.downloads += 1
+        self.bytes_sent += payload.size
+        node.transport = Transport.BULK
+
+    async def _upload(self, sock: socket.socket, ticket: Ticket) -> None:
+        svc = self.service
+        orch = svc.orch
+        header = ticket.header
+        assert header is not None
+        node = svc.registry.get(ticket.node_id)
+        if node is None:
+            exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "
+                                 "no longer registered")
+            orch.reject(None, header, exc)
+            await self._verdict(sock, exc)
+            return
+
+        @contextlib.asynccontextmanager
+        async def receive(rnd: RoundState) -> AsyncIterator[Received]:
+            async with svc.uploads.receive_socket(node.name, header, sock, rnd.deadline,
+                                                  self._blocking) as got:
+                yield got
+
+        try:
+            message = await ingest(orch, node, header, receive, Transport.BULK)
+        except UpdateRejected as exc:
+            await self._verdict(sock, exc)
+            return
+        self.uploads += 1
+        await self._blocking(bulk.write_status, sock, Status(True, "OK", "", message))
+
+    async def _verdict(self, sock: socket.socket, exc: UpdateRejected) -> None:
+        code = STATUS_OF.get(exc.reason)
+        with contextlib.suppress(OSError):
+            await self._blocking(bulk.write_status, sock, Status(
+                False, code.name if code is not None else "INVALID_ARGUMENT", exc.reason,
+                f"update rejected ({exc.reason}): {exc.message}"))

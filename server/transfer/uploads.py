@@ -1,0 +1,279 @@
+"""Receiving update payloads without letting slow or silent senders hold the aggregator.
+
+Every upload has an idle timeout (no chunk for `idle_s`) and an overall deadline (its round's
+deadline: after that the update would be late anyway). Memory is claimed against a global
+budget when the first payload bytes arrive, not when a header announces a size: a stream that
+sends a header and then nothing holds no memory and no slot, and the buffer itself only takes
+pages as bytes land in it (codec.Assembler). Who may upload at all (a node selected for the
+open round, one stream per node) is the round engine's slot claim, checked before this.
+
+Both paths come through here: gRPC chunks (`receive`) and the bulk port (`receive_socket`,
+whose node waits for a go-ahead sent once the memory is reserved, then streams the bytes
+straight into the buffer). Either yields the payload and `seconds`, first to last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedgpu.core import bulk, codec, digests
+from fedgpu.core.buffers import BufferPool
+from fedgpu.proto import pb
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected
+
+DEFAULT_IDLE_S = 60.0
+DEFAULT_BUDGET_BYTES = 4 << 30
+# An upload in flight that received nothing for this long shows as stalled in `status`.
+STALLED_AFTER_S = 5.0
+
+
+class ByteBudget:
+    """A first-come, first-served reservation of bytes. One reservation larger than the whole
+    budget is still granted when nothing else holds any, so no model is too big to upload."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _fits(self, size: int) -> bool:
+        return self.used == 0 or self.used + size <= self.total
+
+    async def acquire(self, size: int, timeout: float) -> None:
+        """Reserve `size` bytes; TimeoutError if they did not free up within `timeout`."""
+        if not self._waiters and self._fits(size):
+            self.used += size
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, fut)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=max(timeout, 0.0))
+        except BaseException:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif fut.done() and not fut.cancelled():
+                self.release(size)  # granted just as we gave up
+            self._wake()
+            raise
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            size, fut = self._waiters.popleft()
+            self.used += size
+            fut.set_result(None)
+
+
+@dataclass
+class _Upload:
+    node: str
+    started: float
+    last_byte: float
+    received: int = 0
+    waiting_for_memory: bool = False
+    # perf_counter() when receiving began, when the last byte came, and time spent waiting
+    # for upload memory (which is not transfer time).
+    began: float = field(default_factory=time.perf_counter)
+    last_perf: float = 0.0
+    waited: float = 0.0
+
+    def got(self, n: int) -> None:
+        self.received += n
+        self.last_byte = time.time()
+        self.last_perf = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        """Receiving time: from the header (gRPC) or the go-ahead (bulk) to the last byte,
+        less any wait for upload memory."""
+        end = self.last_perf or time.perf_counter()
+        return round(max(end - self.began - self.waited, 0.0), 6)
+
+
+@dataclass
+class Received:
+    payload: memoryview
+    seconds: float
+
+
+# Runs a blocking call (a socket read) on the bulk path's own threads.
+Blocking = Callable[..., Awaitable[Any]]
+
+
+@dataclass
+class Uploads:
+    max_update_bytes: int
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    idle_s: float = DEFAULT_IDLE_S
+    timed_out: int = 0
+    _active: dict[int, _Upload] = field(default_factory=dict)
+    _budget: ByteBudget | None = None
+    _pool: BufferPool = field(init=False)
+    # The bulk port's figures (server/transfer/bulk_server.py), shown beside these; None: no
+    # bulk port.
+    bulk: Callable[[], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        self._budget = ByteBudget(self.budget_bytes)
+        # Buffers of finished uploads, kept warm for the next update of the same model
+        # (fedgpu.core.buffers): within the budget, let go when unused for a while.
+        self._pool = BufferPool(self.budget_bytes)
+
+    async def next_message(self, stream: AsyncIterator[pb.UpdateChunk], deadline: float
+                           ) -> pb.UpdateChunk | None:
+        """The stream's next message, None at its end; UpdateRejected(timeout) when the sender
+        is silent for idle_s or the deadline passes."""
+        now = time.time()
+        wait = min(self.idle_s, deadline - now)
+        try:
+            return await asyncio.wait_for(anext(stream), timeout=max(wait, 0.0))
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            self.timed_out += 1
+            if deadline - now <= self.idle_s:
+                raise UpdateRejected(Reject.TIMEOUT, "the upload did not finish by the round's "
+                                     "deadline") from None
+            raise UpdateRejected(Reject.TIMEOUT, f"no data for {self.idle_s:g}s: the upload "
+                                 "stalled (--upload-idle-s)") from None
+
+    @contextlib.asynccontextmanager
+    async def _upload(self, node: str, header: pb.UpdateHeader
+                      ) -> AsyncIterator[tuple[_Upload, codec.Assembler, list[int]]]:
+        """One upload's bookkeeping on either path: listed in `stats` while it runs, its
+        buffer back to the pool and its reserved memory (the list's one entry, set by the
+        path once reserved) released when the caller's block is over."""
+        assert self._budget is not None
+        asm = self.assembler(header)
+        now = time.time()
+        up = _Upload(node, now, now)
+        self._active[id(up)] = up
+        reserved = [0]
+        try:
+            yield up, asm, reserved
+        finally:
+            self._active.pop(id(up), None)
+            # Nothing views the payload any more: the buffer goes back to the pool.
+            asm.release()
+            if reserved[0]:
+                self._budget.release(reserved[0])
+
+    def _received(self, up: _Upload, asm: codec.Assembler) -> Received:
+        """The checked payload; the upload is no longer listed as in flight (what follows,
+        decode and aggregation, is not receiving)."""
+        try:
+            payload = asm.finish()
+        except codec.CodecError as exc:
+            # The codec says which defect it was (too_large, digest, truncated, malformed).
+            raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+        self._active.pop(id(up), None)
+        return Received(payload, up.seconds)
+
+    @contextlib.asynccontextmanager
+    async def receive(self, node: str, header: pb.UpdateHeader,
+                      stream: AsyncIterator[pb.UpdateChunk], deadline: float
+                      ) -> AsyncIterator[Received]:
+        """The payload announced by `header`, checked against its size and digest; its memory
+        stays reserved until the block using it ends (decode, validation, aggregation)."""
+        async with self._upload(node, header) as (up, asm, reserved):
+            try:
+                while True:
+                    msg = await self.next_message(stream, deadline)
+                    if msg is None:
+                        break
+                    if msg.HasField("header"):
+                        raise UpdateRejected(Reject.MALFORMED,
+                                             "a second header inside the stream")
+                    if not reserved[0] and msg.data:
+                        reserved[0] = await self._reserve(up, asm.size, deadline)
+                    asm.add(msg.data)
+                    up.got(len(msg.data))
+            except codec.CodecError as exc:
+                raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+            yield self._received(up, asm)
+
+    @contextlib.asynccontextmanager
+    async def receive_socket(self, node: str, header: pb.UpdateHeader, sock: socket.socket,
+                             deadline: float, blocking: Blocking) -> AsyncIterator[Received]:
+        """The payload `header` announces, read from a bulk connection straight into its
+        buffer. The go-ahead goes out once the memory is reserved; then the same idle
+        timeout, deadline, size and digest checks as a gRPC stream. OSError: the connection
+        broke (not a verdict on the update)."""
+        async with self._upload(node, header) as (up, asm, reserved):
+            try:
+                reserved[0] = await self._reserve(up, asm.size, deadline)
+                await blocking(bulk.write_status, sock, bulk.Status(True))
+                await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got)
+            except TimeoutError:
+                self.timed_out += 1
+                if deadline - time.time() <= self.idle_s:
+                    raise UpdateRejected(Reject.TIMEOUT, "the upload did not finish by the "
+                                         "round's deadline") from None
+                raise UpdateRejected(Reject.TIMEOUT, f"no data for {self.idle_s:g}s: the "
+                                     "upload stalled (--upload-idle-s)") from None
+            except codec.CodecError as exc:
+                raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+            yield self._received(up, asm)
+
+    def assembler(self, header: pb.UpdateHeader) -> codec.Assembler:
+        """The buffer and digest for the payload `header` announces; UpdateRejected if it is
+        over the limit or names no digest this version knows."""
+        try:
+            algo, digest = digests.of_header(header)
+            return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo,
+                                   self._pool)
+        except digests.UnknownDigest as exc:
+            raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
+        except codec.CodecError as exc:
+            raise UpdateRejected(Reject(exc.reason), str(exc)) from None
+
+    async def _reserve(self, up: _Upload, size: int, deadline: float) -> int:
+        # Memory is claimed once bytes arrive: announcing a size costs nothing.
+        assert self._budget is not None
+        up.waiting_for_memory = True
+        t0 = time.perf_counter()
+        try:
+            await self._budget.acquire(size, deadline - time.time())
+        except TimeoutError:
+            self.timed_out += 1
+            raise UpdateRejected(
+                Reject.TIMEOUT, "the aggregator's upload memory was in use until the round's "
+                "deadline (--upload-memory-mib)") from None
+        finally:
+            up.waiting_for_memory = False
+            up.waited += time.perf_counter() - t0
+        up.last_byte = time.time()
+        return size
+
+    def stats(self) -> dict[str, Any]:
+        """The `uploads` object of `fedgpu status --json`."""
+        assert self._budget is not None
+        self._pool.trim()
+        now = time.time()
+        active = list(self._active.values())
+        return {
+            "in_flight": len(active),
+            "stalled": sum(1 for u in active if not u.waiting_for_memory
+                           and now - u.last_byte > STALLED_AFTER_S),
+            "waiting_for_memory": sum(1 for u in active if u.waiting_for_memory),
+            "timed_out": self.timed_out,
+            "memory_reserved_bytes": self._budget.used,
+            "memory_budget_bytes": self._budget.total,
+            "idle_timeout_s": self.idle_s,
+        }

@@ -1,1 +1,0 @@
-"""The dashboard's page, scripts and styles, shipped as package data (server/dashboard.py)."""

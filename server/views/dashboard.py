@@ -1,0 +1,263 @@
+"""The aggregator's web dashboard (`--ui-port`): one read-only page and the JSON it reads.
+
+`/api/status`, `/api/nodes`, `/api/rounds` and `/api/jobs` return the documents that
+`fedgpu status|nodes|rounds|job list --json` print, from the same producers; with parameters,
+`/api/nodes` and `/api/rounds` return the bounded views of server/views/dashboard_pages.py. Every
+path but the login form and the page's static assets needs the operator credential.
+
+HTTP is aiohttp's, not hand-written like server/views/metrics.py: this server parses what browsers
+send (a login form, cookies, query strings), and aiohttp's parser, size limits (request line,
+headers, body, form fields) and idle-connection close are long-tested where a hand-written
+parser would not be. It runs on the aggregator's event loop, so a document is read between two
+steps of the round engine, never half-way through one (as metrics.py argues), and it adds no
+thread. The assets are read once from the package into memory and served by exact name, so no
+request path ever reaches the file system.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from fedgpu.core.errors import FedgpuError
+from fedgpu.server.views.dashboard_auth import COOKIE, SESSION_TTL_S, Sessions, bearer
+from fedgpu.server.views.dashboard_pages import (
+    NodesQuery,
+    QueryError,
+    RoundsQuery,
+    nodes_page,
+    rounds_summary,
+)
+
+log = logging.getLogger("fedgpu.server.views.dashboard")
+
+Doc = Callable[[], Any]
+ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript",
+          "style.css": "text/css", "index.html": "text/html", "login.html": "text/html"}
+# The login form is the only body this server reads.
+MAX_BODY = 8 << 10
+MAX_FORM_FIELDS = 8
+BODY_TIMEOUT_S = 10.0
+# A connection that sends no complete request for this long is closed (aiohttp's keep-alive
+# timer runs from the connection's start), so slow or idle clients cannot pile up.
+IDLE_TIMEOUT_S = 15.0
+SECURITY_HEADERS = {
+    # Only our own scripts, styles and fetches: nothing inline, nothing from elsewhere.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+UNAUTHORISED = ("unauthorised: send 'Authorization: Bearer TOKEN' with the operator token, or "
+                "log in at /login")
+
+
+class NoDocument(Exception):
+    """The aggregator does not produce this document (yet): 404."""
+
+
+@dataclass(frozen=True)
+class DashboardSources:
+    """Where the documents come from. Each callable returns one document, as the matching
+    Admin RPC would; `jobs` is None on an aggregator without jobs (then /api/jobs is 404)."""
+
+    status: Doc
+    nodes: Doc
+    rounds: Doc
+    is_operator: Callable[[str], bool]
+    jobs: Doc | None = None
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(doc: Any) -> str:
+    """JSON a browser can parse: a diverged loss (NaN, inf) becomes null. The CLI prints the
+    same document with Python's NaN, which JSON.parse refuses."""
+    try:
+        return json.dumps(doc, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(doc), allow_nan=False)
+
+
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=to_json(doc), status=status, content_type="application/json",
+                        headers=headers)
+
+
+class DashboardServer:
+    def __init__(self, sources: DashboardSources, *, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 session_ttl_s: float = SESSION_TTL_S) -> None:
+        self.sources = sources
+        self.idle_timeout_s = idle_timeout_s
+        self.sessions = Sessions(session_ttl_s)
+        root = importlib.resources.files("fedgpu.server.views.ui")
+        self.assets = {name: root.joinpath(name).read_bytes() for name in ASSETS}
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, client_max_fields=MAX_FORM_FIELDS)
+        app.on_response_prepare.append(self._headers)
+        r = app.router
+        r.add_get("/", self._index)
+        r.add_get("/login", self._login_form)
+        r.add_post("/login", self._login)
+        r.add_post("/logout", self._logout)
+        r.add_get("/static/{name}", self._asset)
+        r.add_get("/api/status", self._status)
+        r.add_get("/api/nodes", self._nodes)
+        r.add_get("/api/rounds", self._rounds)
+        r.add_get("/api/jobs", self._jobs)
+        return app
+
+    async def start(self, host: str, port: int) -> None:
+        self.runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0,
+                                    keepalive_timeout=self.idle_timeout_s)
+        await self.runner.setup()
+        try:
+            await web.TCPSite(self.runner, host, port).start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            raise FedgpuError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror}; is "
+                              "the port in use? pick another --ui-port") from None
+        bound_host, bound_port = self.runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self.url = f"http://{shown}:{bound_port}/"
+        log.info("dashboard on %s (operator token required)", self.url)
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # ---- access ----------------------------------------------------------------------
+
+    def _allowed(self, request: web.Request) -> bool:
+        token = bearer(request.headers.get("Authorization", ""))
+        if token is None:
+            sid = request.cookies.get(COOKIE, "")
+            token = self.sessions.token(sid) if sid else None
+            # A session whose token no longer passes (the credential changed) is over.
+            if token is not None and not self.sources.is_operator(token):
+                self.sessions.drop(sid)
+                return False
+            return token is not None
+        if self.sources.is_operator(token):
+            return True
+        log.warning("dashboard: refused %s %s from %s: wrong operator token", request.method,
+                    request.path, request.remote)
+        return False
+
+    @staticmethod
+    async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+        for key, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+
+    def _page(self, name: str, status: int = 200, message: str = "") -> web.Response:
+        body = self.assets[name]
+        if message:
+            # Only fixed texts of ours go in; nothing from the request is echoed.
+            body = body.replace(b"<!--MESSAGE-->", message.encode())
+        return web.Response(body=body, status=status, content_type="text/html",
+                            charset="utf-8")
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        if not self._allowed(request):
+            raise web.HTTPSeeOther("/login")
+        return self._page("index.html")
+
+    async def _login_form(self, request: web.Request) -> web.StreamResponse:
+        if self._allowed(request):
+            raise web.HTTPSeeOther("/")
+        return self._page("login.html")
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                form = await request.post()
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(text="the login form took too long to arrive") from None
+        token = form.get("token")
+        if not isinstance(token, str) or not token or not self.sources.is_operator(token):
+            log.warning("dashboard: refused a login from %s: wrong operator token",
+                        request.remote)
+            return self._page("login.html", 401, "Wrong token: use the operator token.")
+        response = web.HTTPSeeOther("/")
+        # HttpOnly: page scripts never see it; SameSite=Strict: no other site's page can send
+        # it. Not Secure: the dashboard is plain HTTP on loopback (or an SSH tunnel to it).
+        response.set_cookie(COOKIE, self.sessions.create(token), httponly=True,
+                            samesite="Strict", path="/", max_age=int(self.sessions.ttl_s))
+        raise response
+
+    async def _logout(self, request: web.Request) -> web.StreamResponse:
+        self.sessions.drop(request.cookies.get(COOKIE, ""))
+        response = web.HTTPSeeOther("/login")
+        response.del_cookie(COOKIE, path="/")
+        raise response
+
+    async def _asset(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in ASSETS or name.endswith(".html"):
+            raise web.HTTPNotFound(text="no such asset")
+        return web.Response(body=self.assets[name], content_type=ASSETS[name], charset="utf-8")
+
+    # ---- data ------------------------------------------------------------------------
+
+    def _api(self, request: web.Request, produce: Callable[[dict[str, str]], Any]
+             ) -> web.Response:
+        if not self._allowed(request):
+            return _json({"error": UNAUTHORISED}, 401,
+                         {"WWW-Authenticate": 'Bearer realm="fedgpu dashboard"'})
+        try:
+            return _json(produce(dict(request.query)))
+        except QueryError as exc:
+            return _json({"error": str(exc)}, 400)
+        except NoDocument as exc:
+            return _json({"error": str(exc)}, 404)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return self._api(request, lambda _: self.sources.status())
+
+    async def _nodes(self, request: web.Request) -> web.Response:
+        def produce(params: dict[str, str]) -> Any:
+            query = NodesQuery.parse(params)
+            doc = self.sources.nodes()
+            if query is None:
+                return doc
+            return nodes_page(doc, self.sources.rounds().get("rounds") or [], query)
+
+        return self._api(request, produce)
+
+    async def _rounds(self, request: web.Request) -> web.Response:
+        def produce(params: dict[str, str]) -> Any:
+            query = RoundsQuery.parse(params)
+            doc = self.sources.rounds()
+            return doc if query is None else rounds_summary(doc, query)
+
+        return self._api(request, produce)
+
+    async def _jobs(self, request: web.Request) -> web.Response:
+        def produce(_: dict[str, str]) -> Any:
+            if self.sources.jobs is None:
+                raise NoDocument("this aggregator has no jobs")
+            return self.sources.jobs()
+
+        return self._api(request, produce)

@@ -1,0 +1,195 @@
+"""The documents the CLI's `--json` prints and the dashboard reads, made in one place:
+`fedgpu status|nodes|rounds` (of the current job, or any job by id) and `fedgpu job
+list|status`. The Admin service and the dashboard both call these."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import fedgpu
+from fedgpu.core.constants import JobState
+from fedgpu.server.jobs.queue import JobManager, job_from_row
+from fedgpu.server.jobs.store import JobRow
+from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.plans import KIND_NAMES
+from fedgpu.server.transfer.uploads import Uploads
+
+# `status --json` `state` when no job has ever been submitted.
+IDLE = "idle"
+
+
+def current_round(orch: Orchestrator) -> dict[str, Any] | None:
+    rnd = orch.current
+    if rnd is None:
+        return None
+    return {
+        "round": rnd.number,
+        "kind": KIND_NAMES.get(rnd.kind, "?"),
+        "attempt": rnd.attempt,
+        "participants": len(rnd.slots),
+        "accepted": rnd.accepted(),
+        "outstanding": rnd.outstanding(),
+        "deadline_in_s": round(max(0.0, rnd.deadline - time.time()), 1),
+    }
+
+
+def _bulk(uploads: Uploads | None) -> dict[str, Any] | None:
+    """The bulk port's figures (`status --json` `bulk`); None without a bulk port."""
+    return uploads.bulk() if uploads is not None and uploads.bulk is not None else None
+
+
+def _nodes_count(registry: Registry) -> dict[str, int]:
+    return {"registered": len(registry.all()), "alive": len(registry.alive())}
+
+
+def status_doc(orch: Orchestrator, registry: Registry, job_id: str | None = None,
+               uploads: Uploads | None = None) -> dict[str, Any]:
+    """A job's run as its engine sees it (the running job, or one ended in this process)."""
+    latest = orch.history.latest_eval()
+    return {
+        "run_id": orch.run_id,
+        "job_id": job_id,
+        "state": orch.state,
+        "error": orch.error,
+        "task": orch.job.task,
+        "mode": orch.job.mode,
+        "strategy": orch.job.strategy,
+        "round": orch.global_round,
+        "rounds": orch.job.rounds,
+        "current_round": current_round(orch),
+        "nodes": _nodes_count(registry),
+        "accuracy": None if latest is None else latest.accuracy,
+        "loss": None if latest is None else latest.loss,
+        "rejections": dict(orch.rejections),
+        # Update streams being received now: stalled ones, those timed out so far, memory.
+        "uploads": uploads.stats() if uploads is not None else None,
+        "bulk": _bulk(uploads),
+        "started_at": orch.started_at,
+        "finished_at": orch.finished_at,
+        "uptime_s": round(time.time() - orch.started_at, 1),
+        "job": orch.job.to_dict(),
+        "version": fedgpu.__version__,
+    }
+
+
+def _stored_status(jobs: JobManager, row: JobRow) -> dict[str, Any]:
+    """A job's status from the database: queued, or ended before this process started."""
+    state, _ = jobs.live_state(row)
+    started = row.started_at or row.submitted_at
+    return {
+        "run_id": row.run_id,
+        "job_id": row.job_id,
+        "state": str(state),
+        "error": row.error,
+        "task": row.task,
+        "mode": row.job.get("mode"),
+        "strategy": row.job.get("strategy"),
+        "round": row.rounds_done,
+        "rounds": row.rounds,
+        "current_round": None,
+        "nodes": _nodes_count(jobs.registry),
+        "accuracy": row.accuracy,
+        "loss": row.loss,
+        "rejections": jobs.store.rejections(row.job_id),
+        "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
+        "bulk": _bulk(jobs.uploads),
+        "started_at": started,
+        "finished_at": row.finished_at,
+        "uptime_s": round((row.finished_at or time.time()) - started, 1),
+        "job": row.job,
+        "version": fedgpu.__version__,
+    }
+
+
+def _engine(jobs: JobManager, job_id: str) -> Orchestrator | None:
+    for held in (jobs.active, jobs.last):
+        if held is not None and held.row.job_id == job_id:
+            return held.orch
+    return None
+
+
+def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
+    """`fedgpu status [--job ID] --json`: the given job, else the running one, else the
+    latest; `state` "idle" when there has never been a job."""
+    if not job_id:
+        held = jobs.active or jobs.last
+        if held is not None:
+            return status_doc(held.orch, jobs.registry, held.row.job_id, jobs.uploads)
+        rows = jobs.store.jobs(limit=1)
+        if not rows:
+            return {"run_id": None, "job_id": None, "state": IDLE, "error": None,
+                    "task": None, "mode": None, "strategy": None, "round": 0, "rounds": 0,
+                    "current_round": None, "nodes": _nodes_count(jobs.registry),
+                    "accuracy": None, "loss": None, "rejections": {},
+                    "uploads": jobs.uploads.stats() if jobs.uploads is not None else None,
+                    "bulk": _bulk(jobs.uploads),
+                    "started_at": None,
+                    "finished_at": None, "uptime_s": 0.0, "job": None,
+                    "version": fedgpu.__version__}
+        job_id = rows[0].job_id
+    engine = _engine(jobs, job_id)
+    if engine is not None:
+        return status_doc(engine, jobs.registry, job_id, jobs.uploads)
+    return _stored_status(jobs, jobs.get(job_id))
+
+
+def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
+    """`fedgpu rounds [--job ID] --json`."""
+    if not job_id:
+        held = jobs.active or jobs.last
+        if held is not None:
+            return {**held.orch.rounds_doc(), "job_id": held.row.job_id}
+        rows = jobs.store.jobs(limit=1)
+        if not rows:
+            return {"run_id": None, "job_id": None, "initial_eval": None, "rounds": []}
+        job_id = rows[0].job_id
+    engine = _engine(jobs, job_id)
+    if engine is not None:
+        return {**engine.rounds_doc(), "job_id": job_id}
+    row = jobs.get(job_id)
+    history, initial = jobs.store.history(job_id)
+    return {"run_id": row.run_id, "job_id": job_id, "initial_eval": initial,
+            "rounds": history}
+
+
+def nodes_doc(registry: Registry, only: frozenset[str] | None = None) -> dict[str, Any]:
+    """`fedgpu nodes --json`; `only`: the names a node's certificate may see (itself)."""
+    nodes = registry.snapshot()
+    if only is not None:
+        nodes = [n for n in nodes if n["name"] in only]
+    return {"nodes": nodes}
+
+
+def job_summary(jobs: JobManager, row: JobRow) -> dict[str, Any]:
+    """One `fedgpu job list --json` entry, with the state as it is now."""
+    doc = row.summary()
+    state, reason = jobs.live_state(row)
+    doc["state"], doc["reason"] = str(state), reason
+    engine = _engine(jobs, row.job_id)
+    if engine is not None and state in (JobState.RUNNING, JobState.WAITING):
+        doc["rounds_done"] = engine.global_round
+        latest = engine.history.latest_eval()
+        if latest is not None:
+            doc["accuracy"], doc["loss"] = latest.accuracy, latest.loss
+    return doc
+
+
+def jobs_doc(jobs: JobManager) -> list[dict[str, Any]]:
+    """`fedgpu job list --json`: every job, oldest first."""
+    return [job_summary(jobs, row) for row in jobs.store.jobs()]
+
+
+def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
+    """`fedgpu job status ID --json`: the list entry plus the open round, each node's part
+    (or why it has none), the run id and the parsed job."""
+    row = jobs.get(job_id)
+    doc = job_summary(jobs, row)
+    active = jobs.active
+    engine = active.orch if active is not None and active.row.job_id == job_id else None
+    doc["current_round"] = current_round(engine) if engine is not None else None
+    doc["run_id"] = engine.run_id if engine is not None else row.run_id
+    doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
+    doc["job"] = row.job
+    return doc

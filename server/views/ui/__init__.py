@@ -1,0 +1,1 @@
+"""The dashboard's page, scripts and styles, shipped as package data (server/views/dashboard.py)."""
