@@ -10,6 +10,8 @@ from typing import Any
 
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
+from fedgpu.core.hetero_config import HeteroWork, parse_hetero
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -75,9 +77,13 @@ class Job:
     # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
+    # local_work/round_train_s, update_codec/topk_fraction (fedgpu/core/hetero_config.py).
+    hetero: HeteroWork = field(default_factory=HeteroWork)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["hetero"]
+        return {**out, **self.hetero.to_dict()}
 
     @property
     def needs(self) -> Resources:
@@ -92,7 +98,7 @@ def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
 
 
 def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
-    known = set(Job.__dataclass_fields__)
+    known = set(Job.__dataclass_fields__) - {"hetero"} | HETERO_KEYS
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
@@ -200,6 +206,8 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         wire_dtype=wire_dtype,
         resources=resources,
         task_dir=task_dir,
+        hetero=parse_hetero(raw, source, mode=mode, strategy=strategy, deadline_s=deadline,
+                            wire_dtype=wire_dtype),
         **ring,
     )
 

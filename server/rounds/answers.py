@@ -30,6 +30,7 @@ from fedgpu.server.rounds.records import (
 )
 from fedgpu.server.rounds.states import Reject, SlotState
 from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.work import add_update
 from fedgpu.server.transfer.payload import ModelPayload, wire_spec
 from fedgpu.server.transfer.wire_limits import shown
 
@@ -198,7 +199,8 @@ class Intake:
                     raise UpdateRejected(Reject.LATE,
                                          f"round {rnd.number} closed before aggregation")
                 t0 = time.perf_counter()
-                await asyncio.to_thread(self.strategy.add, tensors, header.num_examples)
+                await asyncio.to_thread(add_update, self.strategy, tensors,
+                                        header.num_examples, dict(header.train_metrics))
                 rnd.aggregation_s += time.perf_counter() - t0
         rnd.bytes_received += payload_bytes
         resources = Resources.from_wire(header.resources)

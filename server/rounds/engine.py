@@ -31,6 +31,7 @@ from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, Train
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.rounds.validation import first_non_finite
+from fedgpu.server.rounds.work import configure, task_hyperparameters
 from fedgpu.server.strategies.aggregate import weighted_metric
 from fedgpu.server.transfer.payload import ModelPayload, to_wire
 
@@ -63,6 +64,7 @@ class Orchestrator(Intake):
         self.plan = plan if plan is not None else StarPlan(job)
         self.plan.bind(self)
         self.strategy = self.plan.strategy
+        configure(self.strategy, job)
         self.run_id = secrets.token_hex(6)
         self.state = RunState.WAITING
         self.error: str | None = None
@@ -247,7 +249,7 @@ class Orchestrator(Intake):
                 round=number,
                 kind=plan.kind,
                 task_name=self.job.task,
-                hyperparameters_json=json.dumps(self.job.hyperparameters),
+                hyperparameters_json=json.dumps(task_hyperparameters(self.job)),
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,

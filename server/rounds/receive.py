@@ -17,7 +17,8 @@ from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.work import decode_payload
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.uploads import Received
 from fedgpu.server.transfer.wire_limits import WireError
@@ -65,7 +66,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 rnd.upload_s[node.node_id] = got.seconds
                 rnd.transport[node.node_id] = transport
                 spec = orch.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                tensors = await asyncio.to_thread(decode_and_check, got.payload, spec)
+                tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
+                                                  got.payload, spec)
             await orch.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:

@@ -30,8 +30,6 @@ class FedNova(FedAvg):
         super().__init__(params)
         self.momentum = self.param("local_momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
         self.server_lr = self.param("server_lr", lambda v: v > 0, "a positive number")
-        # Set by the engine for jobs whose updates are deltas (an update codec).
-        self.deltas = False
         self._global: Mapping[str, np.ndarray] | None = None
         self._examples: list[float] = []
         self._norms: list[float] = []
@@ -57,18 +55,17 @@ class FedNova(FedAvg):
         g = self._global
         factor = fednova_factor(self._examples, self._norms) * self.server_lr
         self.last_factor = factor
-        mean = super().finish()
+        mean = super().finish()  # M (deltas: already added to the global model)
         out: Weights = {}
         with np.errstate(over="ignore", invalid="ignore"):
             for name, m in mean.items():
                 base = np.asarray(g[name])
                 if base.dtype.kind in "iub":
-                    out[name] = m if not self.deltas else cast_back(base + m, base.dtype)
+                    out[name] = m
                     continue
                 dt = acc_dtype(base.dtype)
                 x = base.astype(dt)
-                step = m.astype(dt) if self.deltas else m.astype(dt) - x
                 # Overflow shows as a non-finite model, which the engine refuses and retries.
-                out[name] = cast_back(x + factor * step, base.dtype)
+                out[name] = cast_back(x + factor * (m.astype(dt) - x), base.dtype)
         self._global = None
         return out
