@@ -30,6 +30,7 @@ from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.rounds import compress
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.switches import Switches, for_device, split_hparams
 from fedgpu.node.rounds.workfiles import (
@@ -170,7 +171,9 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
     streaming = isinstance(task, DatasetTask)
-    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    hparams = dict(spec.hyperparameters)
+    ask = compress.take(hparams)  # update_codec: the job wants a compressed delta back
+    switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
     if switches.cudnn_benchmark:
         # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
@@ -212,9 +215,14 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
                 f"lower 'lr' in the job's hyperparameters"
             )
         out = weights.state_arrays(model, wire_dtypes)
-        weights.write_weights(
-            workdir / WEIGHTS_OUT, out, {"task": spec.task_name, "round": str(spec.round)}
-        )
+        meta = {"task": spec.task_name, "round": str(spec.round)}
+        if ask is not None and spec.kind == "train":
+            encoded = compress.write_delta(
+                workdir / WEIGHTS_OUT, ask, weights.read_arrays(workdir / WEIGHTS_IN), out,
+                compress.residual_path(workdir, spec.data_dir), meta)
+            result.train_metrics["update_bytes"] = float(encoded.size)
+        else:
+            weights.write_weights(workdir / WEIGHTS_OUT, out, meta)
 
     if device.type == "cuda":
         result.torch_peak_allocated_mib = _ceil_mib(torch.cuda.max_memory_allocated(device))

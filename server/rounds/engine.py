@@ -249,7 +249,7 @@ class Orchestrator(Intake):
                 round=number,
                 kind=plan.kind,
                 task_name=self.job.task,
-                hyperparameters_json=json.dumps(task_hyperparameters(self.job)),
+                hyperparameters_json=json.dumps(task_hyperparameters(self.job, self.run_id)),
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,

@@ -20,12 +20,17 @@ from fedgpu.server.strategies.base import Strategy
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
 
-def task_hyperparameters(job: Job) -> dict[str, Any]:
-    """The hyperparameters every task header carries: the job's, plus the time budget of a
-    local_work = "time" job (the nodes' runner trains until it is spent)."""
+def task_hyperparameters(job: Job, run_id: str = "") -> dict[str, Any]:
+    """The hyperparameters every task header carries: the job's, plus the runner's own for
+    unlike sites (node/rounds/runner.py takes them out before the task sees the rest): the
+    time budget of a local_work = "time" job, the codec of an update_codec job (and the run
+    its error-feedback residual belongs to)."""
     out: dict[str, Any] = dict(job.hyperparameters)
     if job.hetero.local_work is LocalWork.TIME:
         out[BUDGET_HPARAM] = job.hetero.round_train_s
+    if job.hetero.update_codec is not UpdateCodec.NONE:
+        out.update(update_codec=job.hetero.update_codec.value,
+                   topk_fraction=job.hetero.topk_fraction, update_codec_run=run_id)
     return out
 
 

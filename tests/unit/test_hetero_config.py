@@ -27,7 +27,9 @@ def test_keys_parse_and_round_trip_through_to_dict() -> None:
     assert j.hetero.update_codec is UpdateCodec.TOPK and j.hetero.topk_fraction == 0.05
     again = parse_job(j.to_dict())
     assert again == j
-    assert task_hyperparameters(j) == {"lr": 0.1, "round_train_s": 12.0}
+    assert task_hyperparameters(j, "run1") == {
+        "lr": 0.1, "round_train_s": 12.0, "update_codec": "topk", "topk_fraction": 0.05,
+        "update_codec_run": "run1"}
     # A job without them: no new keys in its documents, no budget sent.
     plain = job()
     assert not {"local_work", "update_codec", "hetero"} & set(plain.to_dict())
