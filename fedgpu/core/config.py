@@ -182,7 +182,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise _fail(source, "wire_dtype", f"one of {', '.join(WIRE_DTYPES)} (or absent: full "
                     "precision)", wire_dtype)
-    if wire_dtype is not None and mode != "star":
+    if wire_dtype is not None and mode == "ring":
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
     return Job(
@@ -207,7 +207,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         resources=resources,
         task_dir=task_dir,
         hetero=parse_hetero(raw, source, mode=mode, strategy=strategy, deadline_s=deadline,
-                            wire_dtype=wire_dtype),
+                            wire_dtype=wire_dtype, min_nodes=min_nodes),
         **ring,
     )
 

@@ -49,6 +49,8 @@ class Mode(StrEnum):
 
     STAR = "star"
     RING = "ring"
+    # FedBuff: nodes train on the model they have; each buffer of updates is one step.
+    ASYNC = "async"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

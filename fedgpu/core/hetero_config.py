@@ -6,6 +6,9 @@ updates (docs/how-to/heterogeneous-sites.md). Parsed here, stored on `Job.hetero
                             "fednova" the aggregator corrects for the unequal steps
     update_codec = "int8"   nodes send their delta 8-bit block-quantised ("topk": only the
     topk_fraction = 0.01    largest topk_fraction of each tensor's values), with error feedback
+    mode = "async"          FedBuff: a step as soon as buffer_size updates arrived, each
+    buffer_size = 2         weighted by staleness_weighting of its staleness, refused past
+    max_staleness = 4       max_staleness model versions
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ class LocalWork(StrEnum):
     TIME = "time"
 
 
+class StalenessWeighting(StrEnum):
+    """How much an update trained on an older model counts (server/strategies/hetero_math.py)."""
+
+    SQRT = "sqrt"  # 1 / sqrt(1 + s): FedBuff's
+    POLY = "poly"  # 1 / (1 + s): FedAsync's polynomial family, exponent 1
+    CONSTANT = "constant"  # 1: no discount (the bound alone guards against stale updates)
+
+
 # The hyperparameter that carries the budget to the nodes' runner (node/rounds/runner.py).
 BUDGET_HPARAM = "round_train_s"
 # Strategies that need every update dense in memory (they spill and sort): no codec there.
@@ -39,6 +50,10 @@ class HeteroWork:
     round_train_s: float | None = None
     update_codec: UpdateCodec = UpdateCodec.NONE
     topk_fraction: float = 0.01
+    # mode = "async" only (FedBuff).
+    buffer_size: int = 0
+    max_staleness: int = 4
+    staleness_weighting: StalenessWeighting = StalenessWeighting.SQRT
 
     def to_dict(self) -> dict[str, Any]:
         """Only what differs from the defaults, as job-file keys (a job without them reads
@@ -51,14 +66,19 @@ class HeteroWork:
             out["update_codec"] = self.update_codec.value
             if self.update_codec is UpdateCodec.TOPK:
                 out["topk_fraction"] = self.topk_fraction
+        if self.buffer_size:
+            out.update(buffer_size=self.buffer_size, max_staleness=self.max_staleness,
+                       staleness_weighting=self.staleness_weighting.value)
         return out
 
 
-KEYS = frozenset(("local_work", "round_train_s", "update_codec", "topk_fraction"))
+_ASYNC_KEYS = ("buffer_size", "max_staleness", "staleness_weighting")
+KEYS = frozenset(("local_work", "round_train_s", "update_codec", "topk_fraction",
+                  *_ASYNC_KEYS))
 
 
 def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: str,
-                 deadline_s: float, wire_dtype: str | None) -> HeteroWork:
+                 deadline_s: float, wire_dtype: str | None, min_nodes: int = 1) -> HeteroWork:
     def fail(key: str, expected: str) -> ConfigError:
         return ConfigError(f"{source}: '{key}' must be {expected}, got {raw.get(key)!r}")
 
@@ -77,8 +97,8 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
                        f"{deadline_s:g}) with local_work = \"time\" (the deadline leaves time "
                        "to upload)")
         if mode == "ring":
-            raise ConfigError(f"{source}: local_work = \"time\" is for star jobs: ring mode "
-                              "steps every node in lockstep ('iterations')")
+            raise ConfigError(f"{source}: local_work = \"time\" is not for ring jobs: ring "
+                              "mode steps every node in lockstep ('iterations')")
         budget = float(budget)
     elif budget is not None:
         raise ConfigError(f"{source}: 'round_train_s' needs local_work = \"time\"")
@@ -97,13 +117,41 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
             0 < fraction <= 1):
         raise fail("topk_fraction", "a number in (0, 1]")
     if kind is not UpdateCodec.NONE:
-        if mode != "star":
-            raise ConfigError(f"{source}: update_codec = \"{kind}\" is for star jobs: in ring "
-                              "mode nodes average among themselves")
+        if mode == "ring":
+            raise ConfigError(f"{source}: update_codec = \"{kind}\" is not for ring jobs: in "
+                              "ring mode nodes average among themselves")
         if strategy in _DENSE_ONLY:
             raise ConfigError(f"{source}: update_codec = \"{kind}\" does not go with strategy "
                               f"{strategy!r}, which needs every update dense")
         if wire_dtype is not None:
             raise ConfigError(f"{source}: choose update_codec or wire_dtype, not both (the "
                               "codec already decides how updates travel)")
-    return HeteroWork(work, budget, kind, float(fraction))
+    buffered = _parse_async(raw, source, mode, strategy, min_nodes, fail)
+    return HeteroWork(work, budget, kind, float(fraction), *buffered)
+
+
+def _parse_async(raw: Mapping[str, Any], source: str, mode: str, strategy: str, min_nodes: int,
+                 fail: Any) -> tuple[int, int, StalenessWeighting]:
+    if mode != "async":
+        given = [k for k in _ASYNC_KEYS if k in raw]
+        if given:
+            raise ConfigError(f"{source}: {', '.join(given)} need mode = \"async\"")
+        return 0, 4, StalenessWeighting.SQRT
+    if strategy != "fedavg":
+        why = ("needs every update of a synchronised round"
+               if strategy in _DENSE_ONLY else "is not supported in async mode yet")
+        raise ConfigError(f"{source}: mode = \"async\" runs FedBuff, whose step is the "
+                          f"staleness-weighted FedAvg of a buffer: strategy {strategy!r} {why}; "
+                          "use strategy = \"fedavg\"")
+    size = raw.get("buffer_size", min_nodes)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise fail("buffer_size", "a positive integer (updates per step)")
+    bound = raw.get("max_staleness", 4)
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+        raise fail("max_staleness", "a non-negative integer (model versions)")
+    try:
+        weighting = StalenessWeighting(raw.get("staleness_weighting", "sqrt"))
+    except ValueError:
+        raise fail("staleness_weighting", "one of " + ", ".join(
+            w.value for w in StalenessWeighting)) from None
+    return size, bound, weighting

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from enum import StrEnum
+
+from fedgpu.core.hetero_config import StalenessWeighting
 
 
 def local_steps_norm(steps: float, momentum: float = 0.0) -> float:
@@ -70,16 +71,8 @@ def fednova_factor(num_examples: Sequence[float], norms: Sequence[float]) -> flo
     return tau_eff * inv
 
 
-class StalenessWeighting(StrEnum):
-    """How much an update trained on an older model counts (job key `staleness_weighting`)."""
-
-    SQRT = "sqrt"  # 1 / sqrt(1 + s): FedBuff's
-    POLY = "poly"  # (1 + s)^-exponent: FedAsync's polynomial family
-    CONSTANT = "constant"  # 1: no discount (the bound alone guards against stale updates)
-
-
 def staleness_weight(staleness: int, kind: StalenessWeighting = StalenessWeighting.SQRT,
-                     exponent: float = 0.5) -> float:
+                     exponent: float = 1.0) -> float:
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
     if kind is StalenessWeighting.SQRT:
