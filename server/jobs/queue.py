@@ -36,6 +36,7 @@ from fedgpu.server.jobs.bundles import BundleStore, offers_of
 from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights
 from fedgpu.server.jobs.store import JobRow, JobStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.buffered import AsyncPlan
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
@@ -329,7 +330,8 @@ class JobManager:
             resume.check(job, saved[0], saved[1], initial, directory)
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
                             checkpointer=checkpointer, initial_weights=initial,
-                            plan=RingPlan(job) if job.mode == Mode.RING else None,
+                            plan=(RingPlan(job) if job.mode == Mode.RING
+                                  else AsyncPlan(job) if job.mode == Mode.ASYNC else None),
                             bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)

@@ -195,6 +195,8 @@ class Orchestrator(Intake):
         """The round's new global model; None (and rnd.error) when it is not finite, so that
         a poisoned model is never committed, checkpointed or sent to the nodes."""
         async with self._agg_lock:
+            # From here on an update that arrives is late: the strategy is being finished.
+            rnd.closed = True
             t0 = time.perf_counter()
             new = await asyncio.to_thread(self.strategy.finish)
             bad = await asyncio.to_thread(first_non_finite, new)
@@ -263,6 +265,7 @@ class Orchestrator(Intake):
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
+        plan.opened(rnd)
         self.current, self.current_plan = rnd, plan
         log.info("%s", plan.describe(rnd, chosen))
         return rnd
@@ -283,6 +286,9 @@ class Orchestrator(Intake):
         rnd.closed = True
         for node_id, state in rnd.slots.items():
             node = self.registry.get(node_id)
+            if (state in (SlotState.ASSIGNED, SlotState.UPLOADING)
+                    and self.current_plan.carries(rnd, node_id)):
+                continue  # async: still training (or sending), its update joins a later step
             if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)

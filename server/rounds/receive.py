@@ -16,7 +16,9 @@ from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.states import Reject
 from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.rounds.work import decode_payload
 from fedgpu.server.transfer import wire_limits
@@ -45,6 +47,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     rnd: RoundState | None = None
     claimed = False
     try:
+        # Async (FedBuff): an update that lands between two steps joins the next one.
+        await next_step(orch, header.task_id, orch.job.round_deadline_s)
         rnd = check_header(orch, node, header)
         if header.ineligible:
             orch.record_ineligible(node, header, rnd)
@@ -68,7 +72,16 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 spec = orch.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
                                                   got.payload, spec)
-            await orch.accept(node, header, rnd, tensors, header.payload_size)
+            try:
+                await orch.accept(node, header, rnd, tensors, header.payload_size)
+            except UpdateRejected as exc:
+                # Async: the step closed while this update streamed; it joins the next one.
+                if exc.reason != Reject.LATE or not await next_step(
+                        orch, header.task_id, orch.job.round_deadline_s):
+                    raise
+                rnd = check_header(orch, node, header)
+                orch.claim(node, rnd)
+                await orch.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
         orch.reject(node, header, exc, rnd, claimed=claimed)

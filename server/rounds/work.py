@@ -58,8 +58,12 @@ def decode_payload(job: Job, kind: int, payload: bytes | bytearray | memoryview,
 
 
 def add_update(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int,
-               train_metrics: Mapping[str, float]) -> None:
-    """strategy.add, with the update's local steps where the strategy normalises by them."""
+               train_metrics: Mapping[str, float], staleness: int = 0) -> None:
+    """strategy.add, with the update's local steps where the strategy normalises by them, or
+    its staleness (model versions since its task) where the strategy weighs by it."""
+    if getattr(strategy, "needs_staleness", False):
+        strategy.add(tensors, num_examples, staleness=staleness)  # type: ignore[call-arg]
+        return
     if not getattr(strategy, "needs_local_steps", False):
         strategy.add(tensors, num_examples)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.fixtures.federation import Federation, free_port, write_job
@@ -69,3 +70,51 @@ def test_compressed_updates_travel_and_the_model_learns(
         assert r["bytes_received"] == sent, r
     assert rounds[-1]["eval"]["accuracy"] >= 0.8, rounds[-1]
     assert federation.query("GetStatus")["rejections"] == {}
+
+
+def slowed_copy(data: Path, out: Path, times: int) -> Path:
+    """A site `times` slower per epoch: the same examples, `times` over (honest extra work)."""
+    from fedgpu.core import codec
+
+    out.mkdir(parents=True)
+    for f in data.iterdir():
+        if f.name.startswith("train"):
+            tensors = codec.read_file(f)
+            big = {k: np.concatenate([v] * times) for k, v in tensors.items()}
+            (out / f.name).write_bytes(codec.encode(big).to_bytes())
+        else:
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_async_steps_do_not_wait_for_the_slow_site(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    job = write_job(tmp_path / "job.toml", rounds=10, min_nodes=2, round_deadline_s=120,
+                    mode="async", buffer_size=1, max_staleness=6,
+                    hyperparameters={"lr": 0.05, "local_epochs": 2})
+    federation.start_server(job)
+    federation.start_node("fast", digits_split[0])
+    federation.start_node("slow", slowed_copy(digits_split[1], tmp_path / "slow", 3))
+    federation.wait_state(("finished",))
+    rounds = federation.query("ListRounds")["rounds"]
+    steps = [r for r in rounds if r["status"] == "finished"]
+    assert len(steps) == 10
+    by_node = [u["node"] for r in steps for u in r["updates"]]
+    # One update per step; the fast site does not wait for the slow one.
+    assert all(len(r["updates"]) == 1 for r in steps), steps
+    assert by_node.count("fast") > by_node.count("slow"), by_node
+    stale = [u["staleness"] for r in steps for u in r["updates"]]
+    assert all(0 <= s <= 6 for s in stale) and stale[0] == 0, stale
+    refused = [x for r in rounds for x in r["rejected"]]
+    print("refusals:", [(x["round"], x["reason"], x["message"]) for x in refused])
+    for x in refused:
+        # A slow update past the bound is refused with the reason; one that lands after the
+        # last step (the final evaluation is running) is late.
+        assert (x["reason"] == "stale_round" and "max_staleness is 6" in x["message"]
+                or x["reason"] == "late" and "already closed" in x["message"]), x
+    print("async steps:", [(u["node"], u["staleness"]) for r in steps for u in r["updates"]],
+          "refused:", len(refused), "accuracy:", steps[-1]["eval"]["accuracy"])
+    # The slow site's work was used, stale (weighted down), or refused with the reason.
+    assert [s for n, s in zip(by_node, stale, strict=True) if n == "slow" and s > 0] or refused
+    assert steps[-1]["eval"]["accuracy"] >= 0.6, steps[-1]
