@@ -45,8 +45,8 @@ def main() -> None:
                 acc.add(d, float(w))
             return acc.mean()
     elif a.impl == "fedgpu_stream_normed":
-        from fedgpu.server.strategies.aggregate import WeightedSum
         from fedgpu.server.rounds.validation import check_finite
+        from fedgpu.server.strategies.aggregate import WeightedSum
 
         # As the aggregator gets them: validation's finite check (one dot per chunk, run on
         # every update before it is aggregated, not timed here) measured each tensor's norm,
