@@ -118,3 +118,42 @@ def test_async_steps_do_not_wait_for_the_slow_site(
     # The slow site's work was used, stale (weighted down), or refused with the reason.
     assert [s for n, s in zip(by_node, stale, strict=True) if n == "slow" and s > 0] or refused
     assert steps[-1]["eval"]["accuracy"] >= 0.6, steps[-1]
+
+
+@pytest.mark.timeout(300)
+def test_an_async_job_resumes_after_sigkill(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    import json
+    import time
+
+    state = tmp_path / "state"
+    job = write_job(tmp_path / "job.toml", rounds=6, min_nodes=2, round_deadline_s=60,
+                    mode="async", buffer_size=1, max_staleness=4,
+                    hyperparameters={"lr": 0.05, "local_epochs": 2})
+    port = free_port()
+    args = ("--heartbeat-s", "1", "--state-dir", str(state))
+    first = federation.start_server(job, *args, port=port)
+    federation.start_node("fast", digits_split[0])
+    federation.start_node("slow", slowed_copy(digits_split[1], tmp_path / "slow", 3))
+    end = time.monotonic() + 120
+    while (federation.query("GetStatus").get("current_round") or {}).get("round", 0) < 3:
+        assert time.monotonic() < end, "step 3 never opened"
+        time.sleep(0.2)
+    status = federation.query("GetStatus")
+    run_id = status["run_id"]
+    saved = json.loads((state / "jobs" / status["job_id"] / "state.json").read_text())
+    assert saved["global_round"] >= 2
+    first.popen.kill()  # SIGKILL
+    first.popen.wait()
+    federation.procs.remove(first)
+    second = federation.spawn("aggregator-2", ["server", "start", "--job", str(job), "--host",
+                                               "127.0.0.1", "--port", str(port), *args])
+    federation.wait_healthy(second)
+    assert f"resumed run {run_id} after round {saved['global_round']} of 6" in second.text()
+    status = federation.wait_state(("finished", "failed"), timeout=180)
+    assert status["state"] == "finished" and status["run_id"] == run_id, status
+    steps = [r for r in federation.query("ListRounds")["rounds"] if r["status"] == "finished"]
+    # Every step once, before or after the crash, each with its buffer of one update.
+    assert [r["round"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(len(r["updates"]) == 1 and "staleness" in r["updates"][0] for r in steps)
+    assert steps[-1]["eval"]["accuracy"] >= 0.6
