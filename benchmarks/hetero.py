@@ -201,7 +201,17 @@ def main() -> None:
             f"{'missed' if tt is None or base_t is None else f'{tt / base_t:.2f}x'} | "
             f"{res['bytes_per_update']:.0f} | {dense / max(res['bytes_per_update'], 1):.2f}x | "
             f"{u['fast']}/{u['slow-1']}/{u['slow-2']} |")
-    lines += ["", "Curves (seconds since the first round began, accuracy after the round):", ""]
+    lines += ["", "Read with care (measured, not assumed):", "",
+              "- A round's accuracy is the example-weighted evaluation by the sites that "
+              "reported with the next round. In async mode a step's evaluation comes from the "
+              "one or two sites that answered in the next step (mostly the fast one), so "
+              "async's curve is not comparable point by point with the synchronous runs; only "
+              "its last point (the final evaluation by every site) is.",
+              "- The first synchronous round includes the slow sites' cold start (the worker "
+              "factory importing torch under a 20% quota).",
+              "- The machine is 2 vCPUs shared with other work: wall times move with its load "
+              "(given above); bytes and accuracies do not.",
+              "", "Curves (seconds since the first round began, accuracy after the round):", ""]
     for res in results:
         pts = ", ".join(f"{t:.0f}s {acc:.3f}" for t, acc, _ in res["curve"] if acc is not None)
         lines.append(f"- {res['run']}: {pts}")
