@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV := .venv-checkov
 PROTO_SRC := $(wildcard fedgpu/proto/fedgpu/v1/*.proto)
 
-.PHONY: venv demo test lint proto bench clean images up down e2e checkov-venv
+.PHONY: venv demo test lint proto bench clean images up down e2e checkov-venv docs
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ lint: venv
 	$(BIN)/ruff check fedgpu node server tests benchmarks tools
 	$(BIN)/python tools/lint_layers.py
 	$(BIN)/hadolint images/*.Dockerfile
+
+# The documentation site (MkDocs + Material, pinned in docs/requirements.txt and the dev extra)
+# into site/; --strict: a broken link, anchor or generated page fails the build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 proto: venv
 	$(BIN)/python -m fedgpu.proto.generate
@@ -83,4 +88,4 @@ e2e: venv ## real Docker: builds images, runs compose federations (E2E_BUILD=off
 	FEDGPU_E2E_BUILD=$(E2E_BUILD) $(BIN)/python -m pytest -q -m e2e tests/e2e
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) runs site .pytest_cache

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.fake_nvml", "tests.fixtures.federation"]
+pytest_plugins = ["tests.fixtures.fake_nvml", "tests.fixtures.federation", "tests.fixtures.lm"]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedgpu.cli.launcher import LocalRun, LocalRunConfig
+from fedgpu.cli.run.launcher import LocalRun, LocalRunConfig
 
 
 def smi_used_mib(index: int = 0) -> int | None:
@@ -77,7 +77,7 @@ class PresplitRun(LocalRun):
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         dirs = sorted(self.presplit.glob("node-*"))[: self.cfg.nodes]
         job = self.run_dir / "job.toml"
-        from fedgpu.cli.launcher import _job_toml
+        from fedgpu.cli.run.launcher import _job_toml
 
         job.write_text(_job_toml(self.cfg))
         return job, dirs

@@ -15,7 +15,8 @@ loop), time to first step, and on a GPU the NVML memory before / peak / after ea
     python -m benchmarks.gpu_throughput                # preset for the device torch sees
     python -m benchmarks.gpu_throughput --device cpu   # the small CPU version (make bench)
     python -m benchmarks.gpu_throughput --out DIR      # also keep the JSON and every log
-The GPU preset is the one docs/gpu-throughput.md gives: ResNet-18, batch 256, bf16 autocast,
+The GPU preset is the one docs/measurements/gpu-throughput.md gives: ResNet-18, batch 256, bf16
+autocast,
 channels_last, cuDNN autotuning, 60 s of training per round, 50,000 training images.
 """
 

@@ -398,7 +398,7 @@ def _throughput(r: dict[str, Any]) -> list[str]:
         "host it takes one of many cores while the GPU trains). The GPU version (ResNet-18, "
         "batch 256, bf16, channels_last, 60 s rounds; targets: through-the-agent images/s "
         ">= 97% of the plain loop, overhead <= 2 s, 0 MiB left after the round) is run with "
-        "the command in docs/gpu-throughput.md.",
+        "the command in docs/measurements/gpu-throughput.md.",
         "",
     ]
     return out

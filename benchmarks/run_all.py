@@ -92,7 +92,7 @@ def run_sections(r: dict[str, Any], only: set[str]) -> None:
     if "bigmodel" in only:
         _bigmodel(r)
     if "throughput" in only:
-        log("throughput (CPU version; the GPU one: docs/gpu-throughput.md)")
+        log("throughput (CPU version; the GPU one: docs/measurements/gpu-throughput.md)")
         r["tput"] = run_case("benchmarks.gpu_throughput", ["--device", "cpu"], timeout=1800)
         r["tput_machine"] = machine()
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import MIB, emit, free_port, spawn, start_aggregator, stop, write_job
+from fedgpu.cli.report import load_state_dir
 
 
 def _certs(tmp: Path) -> tuple[list[str], list[str], object]:
@@ -74,8 +75,7 @@ def main() -> None:
         # The aggregator's side of each training update, from the job's checkpointed history:
         # first to last byte received, and the accumulate step (decode and validation, a few
         # ms, fall between the two and are counted in neither).
-        (state,) = (tmp / "state").glob("jobs/*/state.json")
-        history = json.loads(state.read_text())["history"]
+        history = load_state_dir(tmp / "state").rounds  # the job database's copy
         ingest = [(u["upload_s"], h["aggregation_s"]) for h in history
                   if h["round"] >= 1 and h["status"] == "finished"
                   for u in h["updates"] if u.get("upload_s")]

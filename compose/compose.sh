@@ -63,6 +63,20 @@ check_gpu_host() {
       "(FEDGPU_SKIP_GPU_CHECK=1 skips this check)"
 }
 
+# The aggregator as the default saved connection "compose": `fedgpu status` then needs no
+# --address or TLS options. The deployment is up either way; a CLI that cannot save it says why.
+save_connection() {
+  local fedgpu
+  if [ -x "$ROOT/.venv/bin/fedgpu" ]; then fedgpu="$ROOT/.venv/bin/fedgpu"
+  elif command -v fedgpu >/dev/null 2>&1; then fedgpu=fedgpu
+  else
+    echo "note: no fedgpu CLI here (make venv): connection 'compose' not saved" >&2
+    return 0
+  fi
+  "$fedgpu" connection save-compose --compose-file "$ROOT/compose/compose.yaml" >&2 \
+    || echo "warning: connection 'compose' not saved (see above); the deployment is up" >&2
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -73,7 +87,11 @@ case "$cmd" in
     check_engine
     check_gpu_host "$profile"
     check_images "$profile"
-    exec docker compose "${files[@]}" --profile "$profile" up -d --no-build "$@"
+    # The certs service hands the operator's key pair to this user, so the CLI here reads it.
+    export FEDGPU_OPERATOR_UID FEDGPU_OPERATOR_GID
+    FEDGPU_OPERATOR_UID=$(id -u) FEDGPU_OPERATOR_GID=$(id -g)
+    docker compose "${files[@]}" --profile "$profile" up -d --no-build "$@"
+    save_connection
     ;;
   down)
     check_engine

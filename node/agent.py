@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from pathlib import Path
@@ -20,20 +19,18 @@ from typing import Any
 
 import grpc
 
-import fedgpu
-from fedgpu.core import tls
 from fedgpu.core.admission_wire import resources_from_wire
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
-from fedgpu.node import data, messages, nvml, policy, ring
+from fedgpu.node import identity, messages, nvml, policy, registration, ring, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness
-from fedgpu.node.retry import GaveUp, RetryPolicy, Stopped, retry
+from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
 from fedgpu.node.rounds import workfiles
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
@@ -59,6 +56,9 @@ class Agent:
     def __init__(self, cfg: AgentConfig, factory: FactoryClient | None = None) -> None:
         """`factory`: a client shared with other agents of this process (node/fleet.py)."""
         self.cfg = cfg
+        state_dir = cfg.state_dir or default_state_dir()
+        self.identity = identity.claim_or_anonymous(state_dir, cfg.name)
+        cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
         self.heartbeat_s = 5
@@ -67,6 +67,7 @@ class Agent:
         self.decision: policy.Decision | None = None
         self._stop = threading.Event()
         self._reregister = threading.Event()
+        self._registrations = Repeats()
         self._sampler = MemorySampler()
         self._factory = factory if cfg.prestart else None
         self._owns_factory = False
@@ -74,7 +75,7 @@ class Agent:
         # Heartbeats: the task in hand and the GPUs' free memory out, "abandon it" back.
         self.liveness = Liveness(self.client, cfg.gpu)
         self.bundles = BundleKeeper(
-            cfg.task_approval, cfg.state_dir or default_state_dir(),
+            cfg.task_approval, state_dir,
             lambda sha: self.client.fetch_bundle(self.node_id or "", sha, MAX_BUNDLE_BYTES))
         # The bundles the aggregator last offered; every heartbeat answers about them.
         self._offers: list[pb.TaskBundle] = []
@@ -95,63 +96,20 @@ class Agent:
                         SIMULATED_GPUS_ENV)
         return self.decision
 
-    def _register_request(self) -> pb.RegisterRequest:
-        from fedgpu.node.tasks import available_tasks
-
-        assert self.decision is not None
-        return pb.RegisterRequest(
-            node_name=self.cfg.name,
-            version=fedgpu.__version__,
-            devices=messages.inventory(self.snapshot),
-            decision=messages.decision(self.decision),
-            labels={"hostname": socket.gethostname()},
-            tasks=available_tasks(),
-            ring_host=self.cfg.ring_host,
-            ring_port=self.cfg.ring_port,
-            num_examples=data.train_examples(self.cfg.data_dir),
-            capacity=self.liveness.capacity(self.snapshot),
-            task_approval=str(self.bundles.mode),
-        )
-
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
         return RetryPolicy(self.cfg.retry_base_s, self.cfg.retry_cap_s, deadline_s)
-
-    def _register_once(self) -> pb.RegisterReply:
-        """One Register call; errors that another try cannot fix become a FedgpuError."""
-        try:
-            return self.client.register(self._register_request())
-        except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
-                              grpc.StatusCode.PERMISSION_DENIED,
-                              grpc.StatusCode.FAILED_PRECONDITION):
-                raise FedgpuError(f"aggregator at {self.cfg.aggregator} refused us: "
-                                  f"{exc.details()}") from None
-            # A refused certificate reads as "Socket closed", like an outage; retrying
-            # would only hide the cause, so look at the handshake and stop if it is that.
-            why = (tls.diagnose(self.cfg.aggregator, self.cfg.tls)
-                   if tls.looks_like_tls_failure(exc) else None)
-            if why is not None:
-                raise FedgpuError(why) from None
-            if not is_unreachable(exc):
-                raise FedgpuError(f"registration failed: {exc.details()}") from None
-            raise
 
     def register(self, deadline_s: float | None) -> None:
         """Register, retrying an unreachable aggregator for `deadline_s` (None: until stopped).
 
         Raises Stopped when the agent is stopped meanwhile.
         """
-        def waiting(exc: BaseException, delay: float) -> None:
-            log.info("aggregator %s unreachable; retrying in %.1fs", self.cfg.aggregator, delay)
-
-        try:
-            reply = retry(self._register_once, what="register", policy=self._policy(deadline_s),
-                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
-        except GaveUp:
-            raise FedgpuError(
-                f"cannot reach aggregator at {self.cfg.aggregator} — is it running and "
-                "is the address right? try 'fedgpu status --address "
-                f"{self.cfg.aggregator}'") from None
+        assert self.decision is not None
+        request = registration.request(
+            self.cfg, self.identity.secret, self.snapshot, self.decision,
+            self.liveness.capacity(self.snapshot), str(self.bundles.mode))
+        reply = registration.register(self.client, self.cfg, request, self._registrations,
+                                      self._policy(deadline_s), self._stop)
         self.node_id = reply.node_id
         self.heartbeat_s = max(1, reply.heartbeat_interval_s)
         self.max_task_bytes = min(self.cfg.max_payload_bytes,
@@ -192,6 +150,7 @@ class Agent:
                 self._factory.close()
             self._sampler.__exit__(None, None, None)
             self.client.close()
+            self.identity.release()
 
     def stop(self) -> None:
         self._stop.set()
@@ -281,8 +240,14 @@ class Agent:
         outcome: RoundOutcome | None = None
         cancel = self.liveness.working_on(header.task_id)
         try:
+            hparams_json = header.hyperparameters_json
             try:
-                decision = policy.decide_for_job(snap, self.cfg.gpu, resources_from_wire(header))
+                # A built-in task may refine the job's needs for this site (causal-lm: its base
+                # model must be here; GPU memory estimated from its size when not given).
+                need, hparams_json = task_needs.for_site(
+                    header.task_name, hparams_json, self.cfg.data_dir,
+                    resources_from_wire(header), bundled=header.HasField("bundle"))
+                decision = policy.decide_for_job(snap, self.cfg.gpu, need)
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
@@ -295,7 +260,7 @@ class Agent:
                 log.info("round %d %s: %s", header.round, kind,
                          policy.log_line(decision))
                 try:
-                    hparams = json.loads(header.hyperparameters_json or "{}")
+                    hparams = json.loads(hparams_json or "{}")
                 except json.JSONDecodeError:
                     hparams = None
                 args = ring.task_args(header, self.cfg.name, self.cfg.work_root, decision)

@@ -15,7 +15,8 @@ from fedgpu.node import policy
 class AgentConfig:
     aggregator: str
     data_dir: Path
-    name: str
+    # None: the first free default identity of the state directory (node/identity.py).
+    name: str | None
     token: str | None
     gpu: policy.GpuFlags
     connect_timeout_s: float = 60.0
@@ -42,7 +43,7 @@ class AgentConfig:
     retry_cap_s: float = 15.0
     # An update the aggregator cannot be reached for is useless once its round has closed.
     report_timeout_s: float = 120.0
-    # Code from the wire (README: Your own task): which bundles this site runs, and where its
+    # Code from the wire (docs: tutorials/own-task.md): which bundles this site runs, and where its
     # allow-list and bundle cache live (None: node/approvals.py default_state_dir()).
     task_approval: TaskApproval = TaskApproval.INSTALLED
     state_dir: Path | None = None

@@ -10,6 +10,7 @@ anew, since that may be a different aggregator.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -89,7 +90,8 @@ class BulkPath:
             raise
         self._broken = 0
 
-    def upload(self, ticket: str, port: int, payload: Path, idle_s: float = 60.0) -> str:
+    def upload(self, ticket: str, port: int, payload: Path | Sequence[memoryview],
+               idle_s: float = 60.0) -> str:
         """Send an update's payload; the aggregator's message. BulkRpcError: its refusal, or
         UNAVAILABLE when the connection broke (send again); BulkUnreachable: fall back."""
         try:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedgpu.core.bundles import Bundle, BundleError, check_sha256, open_archive, unmet_requirements
+from fedgpu.core.bundle_requires import unmet_requirements
+from fedgpu.core.bundles import Bundle, BundleError, check_sha256, open_archive
 from fedgpu.core.constants import BundleState, TaskApproval
 from fedgpu.node.approvals import SiteTasks
 from fedgpu.proto import pb

@@ -1,178 +1,128 @@
-"""The node's side of the wire: register, long-poll, stream updates, heartbeat.
+"""The node agent's blocking view of the wire client (node/wire_client.py).
 
-Weights move over the aggregator's bulk port when it has one (node/bulk_client.py) and over
-gRPC streaming otherwise, or when that port cannot be reached."""
+The agent is written as threads (its loop, its heartbeats, several agents in one process:
+node/fleet.py); the wire client is asyncio. Every client of a process shares one event loop on
+a daemon thread of its own, and each call here waits for its coroutine there, so the protocol
+lives once, in the wire client, for the agent and `fedgpu sim` alike.
+"""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import codec
 from fedgpu.core.tls import TlsFiles
-from fedgpu.core.transport import channel, token_metadata
 from fedgpu.node.bulk_client import BulkPath
-from fedgpu.proto import pb, pb_grpc
+from fedgpu.node.wire_client import (
+    PayloadError,
+    PayloadTooLarge,
+    WireClient,
+    is_unreachable,
+)
+from fedgpu.proto import pb
+
+__all__ = ["AggregatorClient", "ClientClosed", "PayloadError", "PayloadTooLarge",
+           "is_unreachable"]
+
+T = TypeVar("T")
 
 
-class PayloadError(Exception):
-    """A task payload the node cannot use. `header` is the task's, when it arrived: then the
-    node reports the task as failed (asking again would bring the same payload); without one
-    the stream broke before saying what it carried, and the node asks again."""
+class ClientClosed(grpc.RpcError):
+    """A call ended because the client was closed under it (the agent is stopping); shaped as
+    the CANCELLED gRPC error the same call gets from a closed channel."""
 
-    def __init__(self, message: str, header: pb.TaskHeader | None = None) -> None:
-        super().__init__(message)
-        self.header = header
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return "the node's client was closed"
 
 
-class PayloadTooLarge(PayloadError):
-    """The task announced more bytes than this node takes; nothing of it was read."""
+class _Loop:
+    """The process's event loop for wire clients, started on first use."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None or cls._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="fedgpu-wire",
+                                 daemon=True).start()
+                cls._loop = loop
+            return cls._loop
 
 
 class AggregatorClient:
-    def __init__(self, address: str, token: str | None, chunk_size: int = codec.DEFAULT_CHUNK_SIZE,
-                 tls: TlsFiles | None = None):
-        self.address = address
-        self.chunk_size = chunk_size
-        self._metadata = token_metadata(token)
-        self._channel = channel(address, tls)
-        self._stub = pb_grpc.FederationStub(self._channel)
-        self.bulk = BulkPath(address, tls)
+    def __init__(self, address: str, token: str | None,
+                 chunk_size: int = codec.DEFAULT_CHUNK_SIZE, tls: TlsFiles | None = None):
+        self._loop = _Loop.get()
+        self._closed = False
+
+        async def make() -> WireClient:
+            # grpc.aio binds a channel to the loop it is made on.
+            return WireClient(address, token, tls, chunk_size)
+
+        self._wire = self._wait(make())
+
+    @property
+    def address(self) -> str:
+        return self._wire.address
+
+    @property
+    def bulk(self) -> BulkPath:
+        return self._wire.bulk
+
+    @property
+    def chunk_size(self) -> int:
+        return self._wire.chunk_size
+
+    @chunk_size.setter
+    def chunk_size(self, value: int) -> None:
+        self._wire.chunk_size = value
+
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except (concurrent.futures.CancelledError, asyncio.CancelledError):
+            raise ClientClosed() from None
+        except grpc.RpcError as exc:
+            if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
+                raise ClientClosed() from None
+            raise
 
     def close(self) -> None:
-        self._channel.close()
+        """Ends every call in flight (from any thread): a long poll returns at once."""
+        if self._closed:
+            return
+        self._closed = True
+        asyncio.run_coroutine_threadsafe(self._wire.close(), self._loop).result(timeout=10)
 
     def register(self, request: pb.RegisterRequest, timeout: float = 10) -> pb.RegisterReply:
-        reply = self._stub.Register(request, metadata=self._metadata, timeout=timeout)
-        self.bulk.reset(reply.bulk_port)
-        return reply
+        return self._wait(self._wire.register(request, timeout))
 
     def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10) -> pb.HeartbeatReply:
-        return self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
+        return self._wait(self._wire.heartbeat(request, timeout))
 
     def pull(self, node_id: str, wait_s: int, max_bytes: int
              ) -> tuple[pb.TaskHeader, memoryview | None]:
-        use_bulk = self.bulk.usable
-        header, payload = self._pull(node_id, wait_s, max_bytes, use_bulk)
-        if not header.HasField("bulk"):
-            return header, payload
-        asm = _assembler(header, max_bytes)
-        try:
-            self.bulk.download(header.bulk.ticket, header.bulk.port, asm)
-            return header, asm.finish()
-        except bulk.BulkUnreachable:
-            # The same task again, its payload over gRPC this time (already in the log).
-            return self._pull(node_id, 0, max_bytes, False)
-        except codec.CodecError as exc:
-            raise PayloadError(str(exc), header) from None
-        except (OSError, bulk.BulkProtocolError, bulk.RefusedError) as exc:
-            # Broken off, or the ticket went stale: ask again (the agent retries this).
-            raise PayloadError(f"bulk download failed: {exc}") from None
-
-    def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool
-              ) -> tuple[pb.TaskHeader, memoryview | None]:
-        stream = self._stub.PullTask(
-            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
-                               bulk_error=self.bulk.error or ""),
-            metadata=self._metadata,
-            # The server holds the poll up to wait_s, then the payload may take a while.
-            timeout=wait_s + 600,
-        )
-        header: pb.TaskHeader | None = None
-        asm: codec.Assembler | None = None
-        try:
-            for msg in stream:
-                if msg.HasField("header"):
-                    header = msg.header
-                    if header.payload_size > max_bytes:
-                        # Checked here, before anything is allocated, and told apart from
-                        # damage: the same task would come back just as large.
-                        stream.cancel()
-                        raise PayloadTooLarge(
-                            f"{header.payload_size} bytes exceed this node's limit of "
-                            f"{max_bytes} bytes", header)
-                    if header.payload_size and not header.HasField("bulk"):
-                        asm = _assembler(header, max_bytes)
-                elif asm is not None:
-                    asm.add(msg.data)
-                else:
-                    raise PayloadError("weight chunk before the task header")
-            if header is None:
-                raise PayloadError("task stream ended without a header")
-            return header, asm.finish() if asm is not None else None
-        except codec.CodecError as exc:
-            stream.cancel()
-            raise PayloadError(str(exc), header) from None
+        pulled = self._wait(self._wire.pull(node_id, wait_s, max_bytes))
+        return pulled.header, pulled.payload
 
     def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int, timeout: float = 120
                      ) -> bytes:
-        """A task bundle's bytes, whole and matching `sha256`; PayloadError otherwise."""
-        stream = self._stub.FetchBundle(pb.FetchBundleRequest(node_id=node_id, sha256=sha256),
-                                        metadata=self._metadata, timeout=timeout)
-        header: pb.TaskBundle | None = None
-        data = bytearray()
-        try:
-            for msg in stream:
-                if msg.HasField("header"):
-                    header = msg.header
-                    if header.sha256 != sha256 or not 0 < header.size <= max_bytes:
-                        raise PayloadError(f"bundle header for {header.sha256[:12]} of "
-                                           f"{header.size} bytes: not the bundle asked for, "
-                                           f"or over this node's limit of {max_bytes} bytes")
-                elif header is None:
-                    raise PayloadError("bundle bytes before the bundle header")
-                else:
-                    data += msg.data
-                    if len(data) > header.size:
-                        raise PayloadError(f"bundle {sha256[:12]}: more bytes than the "
-                                           f"{header.size} announced")
-        except PayloadError:
-            stream.cancel()
-            raise
-        if header is None or len(data) != header.size:
-            raise PayloadError(f"bundle {sha256[:12]}: the stream ended early")
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise PayloadError(f"bundle {sha256[:12]} arrived damaged (digest mismatch)")
-        return bytes(data)
+        return self._wait(self._wire.fetch_bundle(node_id, sha256, max_bytes, timeout))
 
     def push(self, header: pb.UpdateHeader, payload: Path | None) -> pb.PushReply:
-        if payload is not None:
-            digests.stamp(header, codec.WIRE_DIGEST, codec.digest_file(payload, codec.WIRE_DIGEST))
-            header.payload_size = payload.stat().st_size
-            if self.bulk.usable and header.payload_size:
-                ticket = self._stub.OpenUpload(header, metadata=self._metadata, timeout=60)
-                try:
-                    message = self.bulk.upload(ticket.ticket, ticket.port, payload)
-                    return pb.PushReply(accepted=True, message=message)
-                except bulk.BulkUnreachable:
-                    pass  # over gRPC below, from now on (the log says so once)
-        return self._stub.PushUpdate(
-            self._update_stream(header, payload), metadata=self._metadata, timeout=3600
-        )
-
-    def _update_stream(self, header: pb.UpdateHeader, payload: Path | None
-                       ) -> Iterator[pb.UpdateChunk]:
-        yield pb.UpdateChunk(header=header)
-        if payload is None:
-            return
-        # Read from disk chunk by chunk: the node never holds a second copy of the model.
-        with open(payload, "rb") as fh:
-            while chunk := fh.read(self.chunk_size):
-                yield pb.UpdateChunk(data=chunk)
-
-
-def _assembler(header: pb.TaskHeader, max_bytes: int) -> codec.Assembler:
-    try:
-        algo, digest = digests.of_header(header)
-    except digests.UnknownDigest as exc:
-        raise codec.CodecError(str(exc)) from None
-    return codec.Assembler(header.payload_size, digest, max_bytes, algo)
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """An RPC error that another try may not have: the aggregator is down or unreachable."""
-    return isinstance(exc, grpc.RpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        reply, _ = self._wait(self._wire.push(header, payload))
+        return reply

@@ -19,6 +19,8 @@ from fedgpu.core.datasets import DATA_FILES, NODE_DIR_PREFIX, TRAIN_FILE
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.imagefolders import SPLIT_DIRS
 
+# A language-model site's text: one of these (or train/ and test/ folders of them).
+TEXT_TRAIN_FILES = ("train.jsonl", "train.txt")
 _HOW_TO_MAKE = "make per-node partitions with 'fedgpu data split --out DIR --nodes N'"
 
 
@@ -45,6 +47,8 @@ def check_data_dir(path: Path, required: Sequence[str] = DATA_FILES) -> None:
     missing = [name for name in required if not (path / name).is_file()]
     if missing and all((path / d).is_dir() for d in SPLIT_DIRS):
         return
+    if missing and any((path / n).is_file() for n in TEXT_TRAIN_FILES):
+        return  # causal-lm's text (node/tasks/causal_lm/corpus.py checks it per round)
     if not missing:
         for name in required:
             if name.endswith(".safetensors"):
@@ -61,7 +65,8 @@ def check_data_dir(path: Path, required: Sequence[str] = DATA_FILES) -> None:
         f"data directory {path} has no {', '.join(missing)}: {_HOW_TO_MAKE} "
         f"(e.g. 'fedgpu data split --out ./data --nodes 3') and use ./data/node-1; an image "
         f"task needs {'/ and '.join(SPLIT_DIRS)}/ folders instead ('fedgpu data synth-images' "
-        f"or 'split-folder')"
+        f"or 'split-folder'); a language-model task reads train.jsonl or train.txt "
+        f"('fedgpu data synth-lm')"
     )
 
 

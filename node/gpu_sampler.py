@@ -1,7 +1,8 @@
 """GPU memory sampling while a round's training subprocess runs (before, peak, after).
 
-NVML stays initialised for the sampler's lifetime and handles are cached, so one sample is one
-driver call; the agent never imports torch, so this is how it measures a round.
+The sampler holds NVML through node/nvml.py (its one owner) for its lifetime and caches
+handles, so one sample is one driver call; the agent never imports torch, so this is how it
+measures a round.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ import threading
 from types import ModuleType, TracebackType
 from typing import Any
 
+from fedgpu.node import nvml
 from fedgpu.node.gpu_records import MIB
-from fedgpu.node.nvml import NO_PYNVML, code_name, import_pynvml, init_failure, memory_info
+from fedgpu.node.nvml import code_name, memory_info
 
 
 class MemorySampler:
     """Polls one GPU's used memory while a training subprocess runs.
 
-    NVML is initialised once for the sampler's lifetime and handles are cached, so a
-    sample is one driver call. Nothing raises: a lost GPU or missing NVML reads as None.
+    NVML is held (node/nvml.py's `acquire`) for the sampler's lifetime and handles are
+    cached, so a sample is one driver call. Nothing raises: a lost GPU or missing NVML
+    reads as None.
     """
 
     def __init__(self) -> None:
@@ -28,20 +31,7 @@ class MemorySampler:
         self.reason = "not started"
 
     def __enter__(self) -> MemorySampler:
-        pynvml = import_pynvml()
-        if pynvml is None:
-            self.reason = NO_PYNVML
-            return self
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as err:
-            self.reason = init_failure(pynvml, err)
-            return self
-        except OSError as err:
-            self.reason = f"NVML could not be loaded: {err}"
-            return self
-        self._pynvml = pynvml
-        self.reason = "ok"
+        self._pynvml, self.reason = nvml.acquire()
         return self
 
     def __exit__(
@@ -50,13 +40,11 @@ class MemorySampler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        pynvml, self._pynvml = self._pynvml, None
-        self._handles.clear()
-        if pynvml is not None:
-            try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
+        with self._lock:
+            held, self._pynvml = self._pynvml, None
+            self._handles.clear()
+        if held is not None:
+            nvml.release()
 
     @property
     def active(self) -> bool:

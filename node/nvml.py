@@ -1,6 +1,9 @@
 """The node's only door to NVML: the driver calls, turned into typed, frozen records
-(node/gpu_records.py) instead of driver exceptions. The round's memory sampler
-(node/gpu_sampler.py) uses the same helpers.
+(node/gpu_records.py) instead of driver exceptions, and the one owner of NVML's lifecycle in
+the process (as nvitop's libnvml): `acquire`/`release` (or `session()`) initialise NVML for
+the first user and shut it down after the last. The round's memory sampler
+(node/gpu_sampler.py) holds it for the agent's life, so its samples cost one driver call
+each, and snapshots taken meanwhile reuse it instead of initialising NVML again.
 
 Everything here runs in the agent process, which must never initialise CUDA, so it
 uses NVML (through nvidia-ml-py's ``pynvml``) and nothing from torch. ``pynvml`` is
@@ -11,7 +14,9 @@ imported lazily: the aggregator image installs this package without it, and
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -30,7 +35,7 @@ from fedgpu.node.gpu_visible import resolve_visible, visible_filter, visible_not
 __all__ = [
     "MIB", "GpuRecord", "NvmlSnapshot", "ProcessRecord", "from_dict", "to_dict",
     "visible_filter", "visible_notes", "snapshot", "import_pynvml", "init_failure",
-    "memory_info", "code_name", "NO_PYNVML",
+    "memory_info", "code_name", "NO_PYNVML", "acquire", "release", "session",
 ]
 _T = TypeVar("_T")
 
@@ -86,6 +91,80 @@ def init_failure(pynvml: ModuleType, err: BaseException) -> str:
             "inject the host's library"
         )
     return f"NVML initialisation failed: {err} ({code_name(pynvml, err)})"
+
+
+class _Owner:
+    """Who initialised NVML in this process, and how many users hold it now."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pynvml: ModuleType | None = None
+        self.users = 0
+
+    def acquire(self) -> tuple[ModuleType | None, str]:
+        with self.lock:
+            if self.pynvml is not None:
+                self.users += 1
+                return self.pynvml, "ok"
+            pynvml = import_pynvml()
+            if pynvml is None:
+                return None, NO_PYNVML
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as err:
+                return None, init_failure(pynvml, err)
+            except OSError as err:
+                return None, f"NVML could not be loaded: {err}"
+            self.pynvml, self.users = pynvml, 1
+            return pynvml, "ok"
+
+    def release(self) -> None:
+        with self.lock:
+            if self.pynvml is None:
+                return
+            self.users -= 1
+            if self.users > 0:
+                return
+            pynvml, self.pynvml = self.pynvml, None
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+
+
+_OWNER = _Owner()
+
+
+def _forked() -> None:
+    # A forked child (a round's worker) shares none of its parent's NVML session: it starts
+    # with no users, and a fresh lock (the parent's may have been held by another thread).
+    global _OWNER
+    _OWNER = _Owner()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def acquire() -> tuple[ModuleType | None, str]:
+    """NVML, initialised (by this call if no one holds it), and "ok"; or None and the reason
+    it cannot be used. Each success is paired with one `release()`. Never raises."""
+    return _OWNER.acquire()
+
+
+def release() -> None:
+    """One user is done; the last one shuts NVML down."""
+    _OWNER.release()
+
+
+@contextmanager
+def session() -> Iterator[tuple[ModuleType | None, str]]:
+    """`acquire()` for the duration of a `with` block."""
+    pynvml, reason = acquire()
+    try:
+        yield pynvml, reason
+    finally:
+        if pynvml is not None:
+            release()
 
 
 _LOST_HINT = "; the GPU fell off the bus (see dmesg for Xid 79): reset it (nvidia-smi -r) or reboot"
@@ -207,24 +286,13 @@ def snapshot(env: Mapping[str, str] | None = None) -> NvmlSnapshot:
     ``env`` supplies ``CUDA_VISIBLE_DEVICES`` (default: this process's environment);
     pass ``{}`` for every GPU on the host.
     """
-    pynvml = import_pynvml()
-    if pynvml is None:
-        return _unavailable(NO_PYNVML)
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as err:
-        return _unavailable(init_failure(pynvml, err))
-    except OSError as err:
-        return _unavailable(f"NVML could not be loaded: {err}")
-    try:
-        return _read_host(pynvml, os.environ if env is None else env)
-    except Exception as err:  # a driver surprise must not kill the agent
-        return _unavailable(f"NVML query failed: {err!r}")
-    finally:
+    with session() as (pynvml, reason):
+        if pynvml is None:
+            return _unavailable(reason)
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+            return _read_host(pynvml, os.environ if env is None else env)
+        except Exception as err:  # a driver surprise must not kill the agent
+            return _unavailable(f"NVML query failed: {err!r}")
 
 
 def _read_host(pynvml: ModuleType, env: Mapping[str, str]) -> NvmlSnapshot:

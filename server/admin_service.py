@@ -13,12 +13,14 @@ from typing import Any
 import grpc
 
 from fedgpu.core import jsondoc
-from fedgpu.core.bundles import MAX_BUNDLE_BYTES, Bundle, BundleError, check_sha256, open_archive
+from fedgpu.core.bundles import BundleError
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
-from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
+from fedgpu.server.admin_guard import bounded, guarded, status_of
 from fedgpu.server.auth import Auth, Caller
+from fedgpu.server.jobs import submission
 from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
 from fedgpu.server.views import paging
 
@@ -55,12 +57,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.auth = auth
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
-        code = (grpc.StatusCode.NOT_FOUND if isinstance(exc, JobError)
-                else grpc.StatusCode.INVALID_ARGUMENT)
-        await context.abort(code, str(exc))
+        await context.abort(*status_of(exc))
 
     # ---- the federation and its runs -----------------------------------------------
 
+    @guarded
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
@@ -70,6 +71,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await self._fail(context, exc)
             raise
 
+    @guarded
     async def ListRounds(self, request: admin_pb2.ListRoundsRequest,
                          context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
@@ -83,6 +85,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return admin_pb2.JsonReply(json=paging.page(head, "rounds", doc["rounds"],
                                                     request.offset))
 
+    @guarded
     async def ListNodes(self, request: admin_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         caller = await self.auth.operator(context, nodes_may_ask=True)
@@ -93,6 +96,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     # ---- jobs ----------------------------------------------------------------------------
 
+    @guarded
     async def SubmitJob(self, request_iterator: AsyncIterator[admin_pb2.SubmitJobChunk],
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         caller = await self.auth.operator(context)
@@ -105,24 +109,37 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if len(head.job_toml.encode()) > MAX_JOB_FILE_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes")
+        jobs = self.jobs
+        jobs.check_room()  # before a byte more is read
         try:
-            bundle = await _receive_bundle(head, request_iterator)
+            got = await submission.receive(head, request_iterator, jobs.state_dir,
+                                           jobs.max_initial_bytes)
         except BundleError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task bundle refused: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                bounded(f"task bundle refused: {exc}"))
             raise
         filename = (head.filename or "job.toml")[:256]
+        weights = got.weights
         try:
-            row = self.jobs.submit(head.job_toml, filename, _who(caller), bundle=bundle)
-        except ConfigError as exc:
-            await self._fail(context, exc)
+            # Parsing (and a ring's mixing matrix) and copying weights run off the loop.
+            job = await asyncio.to_thread(jobs.prepare, head.job_toml, filename, got.bundle)
+            if weights is None and job.initial_weights is not None:
+                weights = await asyncio.to_thread(jobs.weights_from_dir, job)
+            row = jobs.enqueue(job, head.job_toml, filename, _who(caller), bundle=got.bundle,
+                               weights=weights)
+        except BaseException:
+            if weights is not None:
+                weights.unlink(missing_ok=True)
             raise
-        return _reply(docs.job_summary(self.jobs, row))
+        return _reply(docs.job_summary(jobs, row))
 
+    @guarded
     async def ListJobs(self, request: admin_pb2.ListJobsRequest,
                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
         return _reply(docs.jobs_doc(self.jobs))
 
+    @guarded
     async def GetJob(self, request: admin_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
@@ -132,6 +149,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await self._fail(context, exc)
             raise
 
+    @guarded
     async def StopJob(self, request: admin_pb2.StopJobRequest,
                       context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
@@ -142,6 +160,22 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             raise
         return _reply(docs.job_summary(self.jobs, row))
 
+    @guarded
+    async def ForgetNode(self, request: admin_pb2.ForgetNodeRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        await self.auth.operator(context)
+        name = request.name.strip()
+        try:
+            node = self.jobs.registry.forget(name, force=request.force)
+        except NotForgotten as exc:
+            code = (grpc.StatusCode.FAILED_PRECONDITION if "alive" in str(exc)
+                    else grpc.StatusCode.NOT_FOUND)
+            # The name as asked, cut: an operator's typo is echoed, not a megabyte of it.
+            await context.abort(code, str(exc)[:500])
+            raise
+        return _reply({"forgotten": node.name, "node_id": node.node_id})
+
+    @guarded
     async def JobLogs(self, request: admin_pb2.JobLogsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JsonReply]:
         await self.auth.operator(context)
@@ -161,6 +195,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
 
+    @guarded
     async def DownloadModel(self, request: admin_pb2.DownloadModelRequest,
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[admin_pb2.ModelChunk]:
@@ -180,29 +215,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             fh.seek(0)
             while chunk := await asyncio.to_thread(fh.read, MODEL_CHUNK):
                 yield admin_pb2.ModelChunk(data=chunk)
-
-
-async def _receive_bundle(head: admin_pb2.SubmitJobHeader,
-                          stream: AsyncIterator[admin_pb2.SubmitJobChunk]) -> Bundle | None:
-    """The bundle announced in the header, received whole (within MAX_BUNDLE_BYTES) and
-    checked like a node checks it; None when none was announced. BundleError otherwise."""
-    if not head.bundle_size:
-        async for _ in stream:
-            raise BundleError("bytes after a job without a bundle")
-        return None
-    if not 0 < head.bundle_size <= MAX_BUNDLE_BYTES:
-        raise BundleError(f"{head.bundle_size} bytes announced; the limit is "
-                          f"{MAX_BUNDLE_BYTES} bytes")
-    sha = check_sha256(head.bundle_sha256, "bundle_sha256")
-    data = bytearray()
-    async for msg in stream:
-        data += msg.data
-        if len(data) > head.bundle_size:
-            raise BundleError(f"more bytes than the {head.bundle_size} announced")
-    if len(data) != head.bundle_size:
-        raise BundleError(f"{len(data)} of the {head.bundle_size} bytes announced arrived")
-    # Parsing, the canonical-form check and the entry's syntax tree are CPU work.
-    return await asyncio.to_thread(open_archive, bytes(data), sha)
 
 
 def _model_round(fh: Any) -> int:

@@ -27,6 +27,7 @@ from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import Auth
 from fedgpu.server.federation_service import FederationService
 from fedgpu.server.jobs.events import JobLogHandler
+from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED
 from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
@@ -79,6 +80,10 @@ class ServerConfig:
     # The bulk data path (server/transfer/bulk_server.py) on host:bulk_port, TLS as the gRPC port;
     # 0 = off: weights move over gRPC only.
     bulk_port: int = 0
+    # Jobs waiting their turn (server/jobs/intake.py); a submission past it is refused.
+    max_queued_jobs: int = DEFAULT_MAX_QUEUED
+    # Where a submitted job's `initial_weights` may name a file; None: only uploaded weights.
+    initial_weights_dir: Path | None = None
 
 
 def _check(cfg: ServerConfig) -> bool:
@@ -129,7 +134,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
 async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCredentials | None,
                  store: JobStore, state_dir: Path, ready: asyncio.Event | None) -> int:
     registry = Registry(cfg.heartbeat_interval_s, max_nodes=cfg.max_nodes)
-    jobs = JobManager(store, registry, state_dir, cfg.chunk_size)
+    jobs = JobManager(store, registry, state_dir, cfg.chunk_size, cfg.max_queued_jobs,
+                      cfg.initial_weights_dir, cfg.max_update_bytes)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
                                      cfg.upload_idle_s)
     events = JobLogHandler(jobs)

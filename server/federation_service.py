@@ -25,7 +25,7 @@ from fedgpu.core.constants import TaskApproval, Transport
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs.queue import JobError, JobManager
-from fedgpu.server.registry import Node, Registry, RegistryFull
+from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import check_header, ingest
@@ -136,9 +136,13 @@ class FederationService(pb_grpc.FederationServicer):
                 decision=_as_dict(request.decision),
                 labels=dict(request.labels),
                 tasks=list(request.tasks),
+                identity=request.identity,
             )
         except RegistryFull as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except NameTaken as exc:
+            log.warning("refused registration from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
         node.capacity = capacity

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -54,6 +55,9 @@ class Node:
     # its latest answer about each offered bundle: sha256 -> (BundleState, reason).
     task_approval: str = ""
     bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # sha256 of the identity secret it registered with ("" from nodes that send none): who
+    # may take this name over while the node is alive.
+    identity: str = ""
 
 
 DEFAULT_MAX_NODES = 10_000
@@ -61,6 +65,19 @@ DEFAULT_MAX_NODES = 10_000
 
 class RegistryFull(Exception):
     """No room for another node: every one registered is alive."""
+
+
+class NameTaken(Exception):
+    """A live node holds the name and the newcomer cannot prove it is that node."""
+
+
+class NotForgotten(Exception):
+    """`fedgpu nodes forget` of a node that is not known, or alive without force."""
+
+
+def identity_digest(secret: str) -> str:
+    # Kept as a digest: the registry (and anything that dumps it) never holds the secret.
+    return hashlib.sha256(secret.encode()).hexdigest() if secret else ""
 
 
 class Registry:
@@ -85,8 +102,21 @@ class Registry:
         decision: dict[str, Any],
         labels: dict[str, str],
         tasks: list[str],
+        identity: str = "",
     ) -> Node:
         now = self._clock()
+        digest = identity_digest(identity)
+        # A second agent started under a live node's name would evict it, and the evicted
+        # one, re-registering, would evict the newcomer in turn, forever: only the same node
+        # (the same identity from its state directory) may take a live name over.
+        for old in self._nodes.values():
+            if (old.name == name and self.is_alive(old, now) and old.identity and digest
+                    and old.identity != digest):
+                raise NameTaken(
+                    f"node name {name!r} is held by a live node (from {old.peer}, last seen "
+                    f"{now - old.last_seen:.0f}s ago) with another identity: give this node "
+                    f"its own --name, or stop the other one; a node gone for good is removed "
+                    f"with 'fedgpu nodes forget {name}'")
         # A node that comes back under its name (restart, reconnect) replaces its old self:
         # the old id can no longer push or pull, and its record goes (a name re-registered
         # in a loop must not grow the registry).
@@ -108,8 +138,26 @@ class Registry:
             decision=decision,
             labels=labels,
             tasks=tasks,
+            identity=digest,
         )
         self._nodes[node_id] = node
+        self._notify()
+        return node
+
+    def forget(self, name: str, force: bool = False) -> Node:
+        """Remove the record of the node called `name`; a live one only with `force` (it then
+        hears that it is unknown, and registers again)."""
+        found = [n for n in self._nodes.values() if n.name == name and not n.gone]
+        if not found:
+            raise NotForgotten(f"no node called {name!r} is registered")
+        node = found[0]
+        if self.is_alive(node) and not force:
+            raise NotForgotten(f"node {name!r} is alive (last seen "
+                               f"{self._clock() - node.last_seen:.0f}s ago): stop it first, or "
+                               "pass --force")
+        node.gone = True
+        node.wakeup.set()
+        del self._nodes[node.node_id]
         self._notify()
         return node
 

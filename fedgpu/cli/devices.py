@@ -73,7 +73,8 @@ def _render(snap: nvml.NvmlSnapshot, decision: Decision | None) -> None:
 def devices(
     as_json: Annotated[
         bool,
-        typer.Option("--json", help="Print one JSON document (schema: docs/devices-json.md)."),
+        typer.Option("--json", help="Print one JSON document (schema: "
+                     "docs/reference/devices-json.md)."),
     ] = False,
     gpu: Annotated[
         str,
@@ -96,7 +97,10 @@ def devices(
         typer.Option("--use-gpu/--no-use-gpu", help="Whether the job asks for a GPU."),
     ] = True,
 ) -> None:
-    """Show this host's GPUs as NVML sees them and which device the node policy picks."""
+    """Show this host's GPUs as NVML sees them and which device the node policy picks.
+
+    Example: fedgpu devices --gpu offer --json
+    """
     from fedgpu.node import nvml
     from fedgpu.node.policy import EnforceError, PolicyError, decide, parse_gpu_flags
 
@@ -123,7 +127,3 @@ def devices(
     if error is not None:
         # The app prints it as one line on stderr and exits 1, after the JSON or table.
         raise FedgpuError(error)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("devices")(devices)

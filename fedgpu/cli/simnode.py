@@ -5,7 +5,8 @@ and answers them exactly as a real agent does (same stubs, same payloads with th
 digest, over the aggregator's bulk port when it has one and gRPC chunks otherwise), but its
 "training" is a cheap synthetic update of the global model's shapes. All nodes of a process
 share one asyncio loop on grpc.aio, so a thousand of them cost a few hundred MB and no thread
-each (a bulk transfer runs on a thread while it lasts).
+each (a bulk transfer runs on a thread while it lasts). The wire is the node layer's own client
+(node/wire_client.py), the one the agent uses: the simulation measures the real client.
 
 With `update_file`, every node's update is that safetensors file, sent from disk, and the
 models it downloads are checked against their digest and dropped: big-model benchmarks (six
@@ -19,11 +20,9 @@ import functools
 import json
 import logging
 import math
-import mmap
 import signal
 import time
 import zlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,10 @@ import numpy as np
 import fedgpu
 from fedgpu.core import bulk, codec, digests
 from fedgpu.core.buffers import BufferPool
-from fedgpu.core.tls import TlsFiles, channel_credentials
-from fedgpu.core.transport import CHANNEL_OPTIONS, token_metadata
-from fedgpu.proto import pb, pb_grpc
+from fedgpu.core.tls import TlsFiles
+from fedgpu.core.transport import aio_channel
+from fedgpu.node.wire_client import PayloadError, WireClient, is_unreachable
+from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.sim")
 
@@ -132,23 +132,21 @@ DOWNLOADS = BufferPool(1 << 30)
 
 
 class SimNode:
+    """A simulated site: node/wire_client.py's WireClient, as the agent uses it, with a cheap
+    synthetic update instead of training."""
+
     def __init__(self, index: int, cfg: SimConfig, channel: grpc.aio.Channel, stats: SimStats,
                  noise: _Noise) -> None:
         self.index = index
         self.name = f"{cfg.prefix}-{index:05d}"
         self.cfg = cfg
-        self.stub = pb_grpc.FederationStub(channel)
-        self.metadata = token_metadata(cfg.token)
+        self.wire = WireClient(cfg.aggregator, cfg.token, cfg.tls, channel=channel)
         self.stats = stats
         self.noise = noise
         self.node_id = ""
         self.heartbeat_s = 5
-        self.chunk_size = codec.DEFAULT_CHUNK_SIZE
         self.max_bytes = 4 << 30
         self.state = "idle"
-        self.bulk_host = bulk.host_of(cfg.aggregator)
-        self.bulk_port = 0
-        self.bulk_error = ""
 
     async def register(self, deadline: float) -> None:
         req = pb.RegisterRequest(
@@ -161,36 +159,29 @@ class SimNode:
         delay = 0.2
         while True:
             try:
-                reply = await self.stub.Register(req, metadata=self.metadata, timeout=30)
+                reply = await self.wire.register(req, timeout=30)
                 break
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                      grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                if time.monotonic() > deadline:
+                if not is_unreachable(exc) or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5)
         self.node_id = reply.node_id
         self.heartbeat_s = max(1, reply.heartbeat_interval_s)
-        self.chunk_size = reply.chunk_size or self.chunk_size
         self.max_bytes = reply.max_update_bytes or self.max_bytes
-        self.bulk_port, self.bulk_error = reply.bulk_port, ""
 
-    def _fall_back(self, why: str) -> None:
-        if not self.bulk_error:
-            log.warning("%s: bulk port unusable (%s); moving weights over gRPC", self.name, why)
-            self.stats.bulk_errors.append(why)
-        self.bulk_error = why
+    def _note_fallback(self) -> None:
+        if self.wire.bulk.error:
+            self.stats.bulk_errors.append(self.wire.bulk.error)
 
     async def heartbeats(self) -> None:
         # Spread over the interval so a thousand nodes don't beat in the same millisecond.
         await asyncio.sleep((self.index % 97) / 97 * self.heartbeat_s)
         while True:
             try:
-                await self.stub.Heartbeat(
+                await self.wire.heartbeat(
                     pb.HeartbeatRequest(node_id=self.node_id, state=self.state),
-                    metadata=self.metadata, timeout=max(2, self.heartbeat_s))
+                    timeout=max(2, self.heartbeat_s))
             except grpc.aio.AioRpcError:
                 pass
             await asyncio.sleep(self.heartbeat_s)
@@ -198,13 +189,21 @@ class SimNode:
     async def serve(self) -> None:
         while True:
             try:
-                header, payload, pull, asm = await self._pull()
+                pulled = await self.wire.pull(self.node_id, self.cfg.poll_s, self.max_bytes,
+                                              self._receiver)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     return  # the aggregator is gone: the run is over for a simulation
                 self.stats.errors.append(f"{self.name} pull: {exc.code().name} {exc.details()}")
                 await asyncio.sleep(1)
                 continue
+            except PayloadError as exc:
+                self.stats.errors.append(f"{self.name} pull: {exc}")
+                await asyncio.sleep(1)
+                continue
+            finally:
+                self._note_fallback()
+            header = pulled.header
             if header.kind == pb.TASK_KIND_NONE:
                 continue
             if header.kind == pb.TASK_KIND_SHUTDOWN:
@@ -213,57 +212,21 @@ class SimNode:
                     pb.TASK_KIND_EVALUATE: "evaluate"}.get(header.kind, "unknown")
             self.stats.tasks[kind] = self.stats.tasks.get(kind, 0) + 1
             if header.payload_size:
-                self.stats.pulls.append(pull)
+                self.stats.pulls.append({"bytes": float(header.payload_size),
+                                         "seconds": round(pulled.seconds, 6),
+                                         "transport": pulled.transport})
             try:
-                await self._answer(header, payload)
+                await self._answer(header, pulled.payload)
             finally:
-                del payload
-                if isinstance(asm, codec.Assembler):
-                    asm.release()
+                pulled.payload = None
+                if isinstance(pulled.receiver, codec.Assembler):
+                    pulled.receiver.release()
 
     def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | bulk.DigestSink:
         algo, digest = digests.of_header(header)
         if self.cfg.update_file is not None:
-            if header.payload_size > self.max_bytes:
-                raise codec.PayloadTooLarge(f"{header.payload_size} bytes")
             return bulk.DigestSink(header.payload_size, digest, algo)
         return codec.Assembler(header.payload_size, digest, self.max_bytes, algo, DOWNLOADS)
-
-    async def _pull(self, wait_s: int | None = None
-                    ) -> tuple[pb.TaskHeader, memoryview | None, dict[str, float],
-                               codec.Assembler | bulk.DigestSink | None]:
-        started = time.perf_counter()
-        header: pb.TaskHeader | None = None
-        asm: codec.Assembler | bulk.DigestSink | None = None
-        use_bulk = bool(self.bulk_port and not self.bulk_error)
-        call = self.stub.PullTask(pb.PullTaskRequest(
-            node_id=self.node_id, wait_s=self.cfg.poll_s if wait_s is None else wait_s,
-            bulk=use_bulk, bulk_error=self.bulk_error), metadata=self.metadata,
-            timeout=self.cfg.poll_s + 600)
-        first_byte = 0.0
-        async for msg in call:
-            if msg.HasField("header"):
-                header = msg.header
-                first_byte = time.perf_counter()
-                if header.payload_size:
-                    asm = self._receiver(header)
-            elif asm is not None:
-                asm.add(msg.data)
-        assert header is not None, "task stream without a header"
-        transport = "grpc"
-        if header.HasField("bulk") and asm is not None:
-            try:
-                await asyncio.to_thread(bulk.download, self.bulk_host, header.bulk.port,
-                                        self.cfg.tls, header.bulk.ticket, asm)
-                transport = "bulk"
-            except bulk.BulkUnreachable as exc:
-                self._fall_back(str(exc))
-                return await self._pull(wait_s=0)
-        payload = asm.finish() if asm is not None else None
-        done = time.perf_counter()
-        return header, payload or None, {"bytes": float(header.payload_size),
-                                         "seconds": round(done - (first_byte or started), 6),
-                                         "transport": transport}, asm
 
     def _update(self, header: pb.TaskHeader, payload: memoryview | None
                 ) -> dict[str, np.ndarray] | None:
@@ -306,29 +269,21 @@ class SimNode:
             if self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
                                                                     pb.TASK_KIND_TRAIN):
                 size, digest = await asyncio.to_thread(file_payload, self.cfg.update_file)
-                update.payload_size = size
                 digests.stamp(update, codec.WIRE_DIGEST, digest)
                 source = self.cfg.update_file
             elif weights is not None:
-                enc = await asyncio.to_thread(codec.encode, weights)
-                update.payload_size = enc.size
-                assert enc.algorithm is not None
-                digests.stamp(update, enc.algorithm, enc.digest)
-                source = enc
+                source = await asyncio.to_thread(codec.encode, weights)
             started = time.perf_counter()
-            transport = "grpc"
             try:
-                if source is not None and self.bulk_port and not self.bulk_error:
-                    transport = await self._push_bulk(update, source)
-                if transport == "grpc":
-                    await self.stub.PushUpdate(self._chunks(update, source),
-                                               metadata=self.metadata, timeout=3600)
-            except grpc.aio.AioRpcError as exc:
+                reply, transport = await self.wire.push(update, source)
+            except grpc.RpcError as exc:
                 self.stats.errors.append(f"{self.name} push: {exc.code().name} {exc.details()}")
                 return
             except (bulk.RefusedError, OSError, bulk.BulkProtocolError) as exc:
                 self.stats.errors.append(f"{self.name} bulk push: {exc}")
                 return
+            finally:
+                self._note_fallback()
             if source is not None:
                 self.stats.pushes.append({"bytes": float(update.payload_size),
                                           "seconds": round(time.perf_counter() - started, 6),
@@ -336,44 +291,11 @@ class SimNode:
         finally:
             self.state = "idle"
 
-    async def _push_bulk(self, update: pb.UpdateHeader, source: codec.Encoded | Path) -> str:
-        """Send the update over the bulk port; "grpc" when that port cannot be reached (then
-        the caller sends it over gRPC, as a real node does)."""
-        ticket = await self.stub.OpenUpload(update, metadata=self.metadata, timeout=60)
-        data = source if isinstance(source, Path) else source.segments
-        try:
-            status = await asyncio.to_thread(bulk.upload, self.bulk_host, ticket.port,
-                                             self.cfg.tls, ticket.ticket, data)
-        except bulk.BulkUnreachable as exc:
-            self._fall_back(str(exc))
-            return "grpc"
-        if not status.ok:
-            raise bulk.RefusedError(status)
-        return "bulk"
-
-    async def _chunks(self, header: pb.UpdateHeader, source: codec.Encoded | Path | None
-                      ) -> AsyncIterator[pb.UpdateChunk]:
-        yield pb.UpdateChunk(header=header)
-        if isinstance(source, codec.Encoded):
-            for chunk in codec.iter_chunks(source, self.chunk_size):
-                yield pb.UpdateChunk(data=chunk)
-        elif source is not None:
-            with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
-                                                     access=mmap.ACCESS_READ) as mm:
-                for pos in range(0, len(mm), self.chunk_size):
-                    yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
-
 
 async def run_sim(cfg: SimConfig) -> SimStats:
     stats = SimStats()
     noise = _Noise()
-    def open_channel() -> grpc.aio.Channel:
-        if cfg.tls is None:
-            return grpc.aio.insecure_channel(cfg.aggregator, options=CHANNEL_OPTIONS)
-        return grpc.aio.secure_channel(cfg.aggregator, channel_credentials(cfg.tls),
-                                       options=CHANNEL_OPTIONS)
-
-    channels = [open_channel()
+    channels = [aio_channel(cfg.aggregator, cfg.tls)
                 for _ in range(math.ceil(cfg.nodes / max(1, cfg.nodes_per_channel)))]
     nodes = [SimNode(cfg.start_index + i, cfg, channels[i // max(1, cfg.nodes_per_channel)],
                      stats, noise) for i in range(cfg.nodes)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ _REQUESTS = {
     "ListJobs": admin_pb2.ListJobsRequest,
     "GetJob": admin_pb2.GetJobRequest,
     "StopJob": admin_pb2.StopJobRequest,
+    "ForgetNode": admin_pb2.ForgetNodeRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20
@@ -39,8 +41,9 @@ def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> F
             return FedgpuError(why)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FedgpuError(
-            f"cannot reach aggregator at {address} — is it running? "
-            f"try 'fedgpu status --address HOST:PORT' with the right address")
+            f"cannot reach aggregator at {address} — is it running? Give its address "
+            "(--address HOST:PORT) or a saved connection (--connection NAME; 'fedgpu "
+            "connection list' shows them)")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
@@ -83,18 +86,30 @@ def query(address: str, token: str | None, method: str, timeout: float = 10,
 
 def submit_job(address: str, token: str | None, job_toml: str, filename: str,
                bundle: bytes | None = None, timeout: float = 120,
-               tls: TlsFiles | None = None) -> dict[str, Any]:
-    """Queue a job (and its packed task bundle); the reply names the job id."""
+               tls: TlsFiles | None = None, weights: Path | None = None) -> dict[str, Any]:
+    """Queue a job (and its packed task bundle, and its initial weights file: the aggregator
+    reads no path a job names); the reply names the job id."""
     header = admin_pb2.SubmitJobHeader(job_toml=job_toml, filename=filename)
     if bundle is not None:
         header.bundle_size = len(bundle)
         header.bundle_sha256 = hashlib.sha256(bundle).hexdigest()
+    if weights is not None:
+        header.initial_weights_size, header.initial_weights_sha256 = _file_digest(weights)
+        # A whole model may take long to send: the deadline grows with it (>= 10 MB/s).
+        timeout += header.initial_weights_size / 10e6
 
     def messages() -> Iterator[admin_pb2.SubmitJobChunk]:
         yield admin_pb2.SubmitJobChunk(header=header)
         view = memoryview(bundle or b"")
         for start in range(0, len(view), SUBMIT_CHUNK):
             yield admin_pb2.SubmitJobChunk(data=bytes(view[start:start + SUBMIT_CHUNK]))
+        if weights is not None:
+            sent = 0
+            with open(weights, "rb") as fh:
+                while sent < header.initial_weights_size and (
+                        block := fh.read(min(SUBMIT_CHUNK, header.initial_weights_size - sent))):
+                    sent += len(block)
+                    yield admin_pb2.SubmitJobChunk(data=block)
 
     with channel(address, tls) as ch:
         stub = admin_pb2_grpc.AdminStub(ch)
@@ -103,6 +118,22 @@ def submit_job(address: str, token: str | None, job_toml: str, filename: str,
         except grpc.RpcError as exc:
             raise _explain(address, exc, tls) from None
     return json.loads(reply.json)
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a regular file; FedgpuError naming it otherwise."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise FedgpuError(f"initial_weights {path} is not a regular file")
+            while block := fh.read(SUBMIT_CHUNK):
+                digest.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise FedgpuError(f"cannot read initial_weights {path}: {exc.strerror}") from None
+    return size, digest.hexdigest()
 
 
 def job_logs(address: str, token: str | None, job_id: str, follow: bool = False,

@@ -44,6 +44,10 @@ RECV_BLOCK = 8 << 20
 # How often a receiver reports progress (the upload's last byte time in `fedgpu status`).
 PROGRESS_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
+# A transfer slower than this on average (after the grace period) is cut off: a sender or
+# reader that trickles a byte now and then would hold a slot of the bulk port for hours.
+MIN_RATE_BPS = 32 << 10
+RATE_GRACE_S = 10.0
 # After the last byte of an upload the aggregator validates and aggregates before it answers
 # (seconds for a multi-GB model, and it may wait for another update's aggregation).
 VERDICT_TIMEOUT_S = 3600.0
@@ -64,6 +68,10 @@ class Status:
     def frame(self) -> bytes:
         body = json.dumps(asdict(self)).encode()[:MAX_STATUS]
         return struct.pack(">I", len(body)) + body
+
+
+class TooSlow(TimeoutError):
+    """A transfer that fell below its minimum rate."""
 
 
 class BulkUnreachable(OSError):
@@ -208,12 +216,17 @@ class DigestSink:
 
 def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s: float,
                  deadline: float | None = None,
-                 on_bytes: Callable[[int], None] | None = None) -> None:
+                 on_bytes: Callable[[int], None] | None = None,
+                 min_rate: float | None = None, grace_s: float = RATE_GRACE_S) -> None:
     """Read the rest of `asm`'s payload straight into its buffer, hashing as it lands.
 
     TimeoutError when nothing arrives for `idle_s` or `deadline` (epoch seconds) passes;
-    codec.Truncated when the sender closes early (asm.finish() then checks the digest).
+    TooSlow (a TimeoutError) when, past `grace_s`, fewer than `min_rate` bytes a second came
+    on average; codec.Truncated when the sender closes early (asm.finish() then checks the
+    digest).
     """
+    started = time.monotonic()
+    first = asm.received
     # The inner loop is the hot path: a TLS read returns one 16 KiB record, so a 256 MiB
     # payload takes 16,384 reads, and per-read Python work (a timeout set, a view made, the
     # assembler told) costs as much as the decryption. Each block is filled read after read
@@ -238,6 +251,10 @@ def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s:
                 if n == 0:
                     break
                 got += n
+                if min_rate is not None:
+                    late = time.monotonic() - started - grace_s
+                    if late > 0 and asm.received - first + got < late * min_rate:
+                        raise TooSlow(f"the transfer fell below {min_rate:g} bytes/s")
                 if on_bytes is not None and got - reported >= PROGRESS_BYTES:
                     on_bytes(got - reported)
                     reported = got

@@ -1,6 +1,6 @@
 """Task bundles: a task's sources packed so that the same sources always give the same sha256.
 
-The contract (README: Your own task), shared by the CLI that packs, the aggregator that stores
+The contract (docs: tutorials/own-task.md), shared by the CLI that packs, the aggregator that stores
 and the node that checks and unpacks:
 
 - A bundle directory holds `fedgpu-task.toml` (`name`, `entry = "module:Attribute"`, optional
@@ -13,15 +13,15 @@ and the node that checks and unpacks:
   (directory entries, other metadata, another order) is refused as not canonical, so a hash
   always means "exactly these files".
 - Opening an archive (from the wire or a cache) checks everything before a byte is written:
-  size, file count, absolute paths, `..`, links, devices, names, the manifest and that its
-  entry module exists and defines the attribute (read with `ast`, never executed).
+  size, file count, absolute paths, `..`, links, devices, sparse and extended headers, the
+  bytes each member claims, names, the manifest and that its entry module exists and defines
+  the attribute (read from its tokens, bounded: never parsed into a tree, never executed).
 
 Pure: no torch, nothing imported from a bundle, no file written except by `unpack`.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import io
 import os
@@ -29,10 +29,11 @@ import re
 import stat
 import tarfile
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedgpu.core.bundle_guard import GuardError, check_member, top_level_names
 from fedgpu.core.errors import FedgpuError
 
 MANIFEST = "fedgpu-task.toml"
@@ -125,6 +126,10 @@ def parse_manifest(text: str, source: str = MANIFEST) -> Manifest:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BundleError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise BundleError(f"{source}: not valid TOML: nested too deep") from None
+    except ValueError as exc:  # int()'s own refusal (4,300+ digits) gets through tomllib
+        raise BundleError(f"{source}: not valid TOML: {str(exc)[:200]}") from None
     unknown = sorted(set(raw) - set(_MANIFEST_KEYS))
     if unknown:
         raise BundleError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed: "
@@ -170,28 +175,13 @@ def _check_entry(manifest: Manifest, files: Mapping[str, bytes]) -> None:
                           f"{manifest.module!r}, but the bundle has neither {base}.py nor "
                           f"{base}/__init__.py")
     try:
-        tree = ast.parse(files[path], filename=path)
-    except (SyntaxError, ValueError) as exc:
-        raise BundleError(f"{path}: not valid Python: {exc}") from None
-    if not _defines(tree, manifest.attribute):
+        # Bounded: tokens, not a syntax tree (fedgpu/core/bundle_guard.py says why).
+        names = top_level_names(files[path], path)
+    except GuardError as exc:
+        raise BundleError(str(exc)) from None
+    if manifest.attribute not in names and "*" not in names:
         raise BundleError(f"{MANIFEST}: entry {manifest.entry!r}: {path} defines no top-level "
                           f"{manifest.attribute!r}")
-
-
-def _defines(tree: ast.Module, name: str) -> bool:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            if node.name == name:
-                return True
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                return True
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            for alias in node.names:
-                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name:
-                    return True
-    return False
 
 
 # ---- packing --------------------------------------------------------------------------------
@@ -333,6 +323,7 @@ def _read_members(data: bytes) -> dict[str, bytes]:
     except tarfile.TarError as exc:
         raise BundleError(f"not an uncompressed tar archive: {exc}") from None
     files: dict[str, bytes] = {}
+    read = 0
     with tar:
         while True:
             try:
@@ -356,9 +347,17 @@ def _read_members(data: bytes) -> dict[str, bytes]:
                 raise BundleError(f"{info.name!r} appears twice in the bundle")
             if len(files) >= MAX_BUNDLE_FILES:
                 raise BundleError(f"bundle holds more than {MAX_BUNDLE_FILES} files")
-            member = tar.extractfile(info)
-            assert member is not None  # a regular file
-            files[info.name] = member.read()
+            try:
+                # From the header alone, before a byte is read (sparse members, sizes).
+                check_member(info, len(data), read, MAX_BUNDLE_BYTES)
+                member = tar.extractfile(info)
+                assert member is not None  # a regular file
+                files[info.name] = member.read(info.size)
+            except GuardError as exc:
+                raise BundleError(str(exc)) from None
+            except tarfile.TarError as exc:
+                raise BundleError(f"damaged tar archive: {exc}") from None
+            read += len(files[info.name])
 
 
 def _member_kind(info: tarfile.TarInfo) -> str:
@@ -381,31 +380,3 @@ def unpack(bundle: Bundle, dest: Path) -> Path:
         with os.fdopen(fd, "wb") as fh:
             fh.write(content)
     return dest
-
-
-# ---- requirements ---------------------------------------------------------------------------
-
-
-def unmet_requirements(requires: Iterable[str]) -> list[str]:
-    """Each requirement this Python environment does not satisfy, as one line saying why.
-
-    Reads installed distributions' metadata only (importlib.metadata); nothing is imported
-    from them and nothing is installed.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.requirements import Requirement
-
-    problems = []
-    for spec in requires:
-        req = Requirement(spec)
-        if req.marker is not None and not req.marker.evaluate():
-            continue
-        try:
-            have = version(req.name)
-        except PackageNotFoundError:
-            problems.append(f"{spec}: {req.name} is not installed")
-            continue
-        if req.specifier and not req.specifier.contains(have, prereleases=True):
-            problems.append(f"{spec}: {req.name} {have} is installed")
-    return problems

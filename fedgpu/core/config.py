@@ -12,6 +12,7 @@ from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, Gpu
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
 from fedgpu.core.hetero_config import HeteroWork, parse_hetero
+from fedgpu.core.job_bounds import check_bounds
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -74,7 +75,7 @@ class Job:
     # `use_gpu` is the short form: false is `[resources] gpu = "none"`. parse_job keeps the two
     # in step; `needs` reads them together for a Job built in code.
     resources: Resources = field(default_factory=Resources)
-    # A task bundle directory (README: Your own task), relative to the job file: `fedgpu job
+    # A task bundle directory (docs: tutorials/own-task.md), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
     # local_work/round_train_s, update_codec/topk_fraction (fedgpu/core/hetero_config.py).
@@ -104,6 +105,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         raise ConfigError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
         )
+    check_bounds(raw, source)  # every number fits where it goes (wire, SQLite, memory)
     task_dir = raw.get("task_dir")
     if task_dir is not None and not (isinstance(task_dir, str) and task_dir.strip()):
         raise _fail(source, "task_dir", "a directory (relative to the job file)", task_dir)
@@ -273,11 +275,19 @@ def _ring_fields(raw: dict[str, Any], source: str, mode: str, rounds: int, min_n
     out["ring_timeout_s"] = float(timeout)
     mixing = raw.get("mixing", "uniform")
     try:
-        # Checked whatever the mode, so a matrix never sits unnoticed in a star job.
-        w = mx.resolve(mixing, min_nodes, source)
+        # A matrix given is checked whatever the mode, so it never sits unnoticed in a star
+        # job (its size is bounded by the job file's); the uniform ring's min_nodes^2 matrix
+        # is built for ring jobs only (check_bounds keeps their min_nodes small).
+        if isinstance(mixing, str) and mode != "ring":
+            if mixing != "uniform":
+                raise mx.MixingError(f"{source}: 'mixing' must be \"uniform\" or an array of "
+                                     f"{min_nodes} rows, got {mixing[:80]!r}")
+            w = None
+        else:
+            w = mx.resolve(mixing, min_nodes, source)
     except mx.MixingError as exc:
         raise ConfigError(str(exc)) from None
-    out["mixing"] = mixing if isinstance(mixing, str) else w.tolist()
+    out["mixing"] = mixing if isinstance(mixing, str) or w is None else w.tolist()
     if mode == "ring":
         if out["iterations"] < rounds:
             raise _fail(source, "iterations", f"at least rounds ({rounds}): each round is a "
@@ -315,8 +325,18 @@ def load_job(path: Path) -> Job:
         raise ConfigError(f"job file {path} does not exist (see examples/job.toml)") from None
     except OSError as exc:
         raise ConfigError(f"cannot read job file {path}: {exc.strerror}") from None
+    return parse_job(loads_toml(text, str(path)), str(path))
+
+
+def loads_toml(text: str, source: str = "job") -> dict[str, Any]:
+    """A job file's TOML, or ConfigError: nesting too deep for the parser (tomllib recurses)
+    is a refusal like any syntax error, never a crash of the caller."""
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_job(raw, str(path))
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid TOML: tables or arrays nested too deep") \
+            from None
+    except ValueError as exc:  # tomllib lets int()'s own refusals through (4,300+ digits)
+        raise ConfigError(f"{source}: not valid TOML: {str(exc)[:200]}") from None

@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job_bounds import INT32_MAX, MAX_JOB_NODES
 from fedgpu.core.update_codecs import UpdateCodec
 
 
@@ -144,11 +145,12 @@ def _parse_async(raw: Mapping[str, Any], source: str, mode: str, strategy: str, 
                           f"staleness-weighted FedAvg of a buffer: strategy {strategy!r} {why}; "
                           "use strategy = \"fedavg\"")
     size = raw.get("buffer_size", min_nodes)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise fail("buffer_size", "a positive integer (updates per step)")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_JOB_NODES:
+        raise fail("buffer_size", f"an integer from 1 to {MAX_JOB_NODES} (updates per step)")
     bound = raw.get("max_staleness", 4)
-    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
-        raise fail("max_staleness", "a non-negative integer (model versions)")
+    if isinstance(bound, bool) or not isinstance(bound, int) or not 0 <= bound <= INT32_MAX:
+        raise fail("max_staleness", f"an integer from 0 to {INT32_MAX} (model versions; "
+                   "round numbers are int32 on the wire)")
     try:
         weighting = StalenessWeighting(raw.get("staleness_weighting", "sqrt"))
     except ValueError:

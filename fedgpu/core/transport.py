@@ -50,6 +50,13 @@ def channel(address: str, tls: TlsFiles | None = None) -> grpc.Channel:
     return grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
 
 
+def aio_channel(address: str, tls: TlsFiles | None = None) -> grpc.aio.Channel:
+    """The same channel for asyncio callers (node/wire_client.py): same options, same TLS."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
+
+
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((TOKEN_HEADER, token),) if token else ()
 

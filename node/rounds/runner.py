@@ -246,6 +246,9 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
     # Evaluating first scores the model every node just received: the global model of the
     # previous round, on each node's own held-out split, where training runs.
     result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)
+    derived = getattr(task, "eval_metrics", None)
+    if callable(derived):  # optional: metrics computed from the loop's (causal-lm: perplexity)
+        result.eval_metrics.update(derived(result.eval_metrics))
     if spec.kind == "train":
         out = loop.train(sets.train, spec.seed, started)
         result.num_examples, result.train_metrics = out.num_examples, out.metrics

@@ -103,6 +103,12 @@ def _warm_up(hint: dict | None) -> None:
 
         task = load_task(str(hint["task_name"]))
         given = hint.get("hyperparameters") or {}
+        custom = getattr(task, "warm_up", None)
+        if callable(custom):
+            # The task knows a cheaper warm-up than a step of its model (causal-lm: a base
+            # model of billions of parameters must not be loaded on the CPU to warm imports).
+            custom(given)
+            return
         if isinstance(task, DatasetTask):
             _warm_up_streaming(task, given, hint.get("data_dir"))
             return

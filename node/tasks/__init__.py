@@ -29,6 +29,7 @@ ENTRY_POINT_GROUP = "fedgpu.tasks"
 _BUILTIN = {
     "digits": "fedgpu.node.tasks.digits:DigitsTask",
     "images": "fedgpu.node.tasks.images:ImagesTask",
+    "causal-lm": "fedgpu.node.tasks.causal_lm.task:CausalLmTask",
 }
 
 

@@ -15,6 +15,11 @@ loads the global weights onto it; task code never calls `.cuda()` or `.to()` on 
   precision, channels_last, torch.compile). A task whose batches are not tensors, tuples, lists
   or dicts of tensors defines `move_batch(batch, device, non_blocking)` and does the move there:
   the one place task code may call `.to()`.
+
+Optional: `eval_metrics(metrics) -> metrics` (Dataset tasks) adds figures derived from the
+evaluation's (causal-lm: perplexity from the loss), and `warm_up(hparams)` replaces the worker
+factory's throw-away step on the task's model with something cheaper (causal-lm: imports and the
+tokenizer, never a CPU copy of a multi-gigabyte base model).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedgpu.core.bundles import BundleError, check_sha256, open_archive, unmet_requirements, unpack
+from fedgpu.core.bundle_requires import unmet_requirements
+from fedgpu.core.bundles import BundleError, check_sha256, open_archive, unpack
 from fedgpu.node.tasks import DatasetTask, Task, TaskLoadError
 
 # Under the round's work directory, removed with it.

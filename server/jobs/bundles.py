@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fedgpu.core.bundles import Bundle, BundleError, check_sha256, digest
 from fedgpu.proto import pb
-from fedgpu.server.jobs.store import JobRow
+from fedgpu.server.jobs.state import JobRow
 
 BUNDLES_DIR = "bundles"
 # Bundles offered to nodes at once (those of the oldest jobs not yet ended): what a heartbeat

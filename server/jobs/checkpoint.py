@@ -1,4 +1,6 @@
-"""Checkpoints of finished rounds: global weights (safetensors) and run state (JSON).
+"""Checkpoints of finished rounds: global weights (safetensors) and the engine's state (JSON:
+run id, round, strategy and optimiser state; a job's round history is in the state store,
+server/jobs/job_checkpoint.py splits the two).
 
 Every file is written to a temporary name, fsynced and renamed, so a crash at any moment
 leaves either the previous checkpoint or the new one, never a torn file. state.json is the

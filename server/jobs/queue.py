@@ -2,10 +2,11 @@
 
 The federation (who is connected: the registry) outlives its jobs; each job is an object of
 its own with its round engine (an orchestrator), strategy and checkpoints, in
-`<state dir>/jobs/<job id>/`. The job list, states, events and round history are in SQLite
-(fedgpu.server.jobs.store), so a restarted aggregator finds its queue again: queued jobs stay
-queued, the job that was running resumes from its last finished round, finished jobs stay
-listed with their models downloadable.
+`<state dir>/jobs/<job id>/`. The job list, states, events and round history are in the state
+store (fedgpu.server.jobs.state; SQLite on a server), so a restarted aggregator finds its queue
+again: queued jobs stay queued, the job that was running resumes from its last finished round
+(its weights from the checkpoint, its history from the store), finished jobs stay listed with
+their models downloadable.
 
 Running several jobs at once would be a change of policy here (`_next`), not of the jobs.
 """
@@ -13,10 +14,7 @@ Running several jobs at once would be a change of policy here (`_next`), not of 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
-import secrets
 import time
 import tomllib
 from dataclasses import dataclass
@@ -25,25 +23,30 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec
-from fedgpu.core.bundles import Bundle, BundleRef, pack_dir
-from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, parse_job, with_bundle_task
+from fedgpu.core.bundles import BundleRef
+from fedgpu.core.config import Job, parse_job, with_bundle_task
 from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.proto import pb
+from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
-from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights
-from fedgpu.server.jobs.store import JobRow, JobStore
+from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, JobIntake
+from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.buffered import AsyncPlan
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
+from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs.queue")
 
-JOBS_DIR = "jobs"
+# Ids are 12 hex characters; longer ones are not looked up, and errors echo this many at most.
+MAX_JOB_ID = 64
+# A failed job's reason, as stored and shown.
+MAX_REASON = 2000
 # How often a waiting job re-reads who is connected, and a follower polls for events.
 _POLL_S = 0.5
 
@@ -61,28 +64,6 @@ class ActiveJob:
     stop_requested: bool = False
 
 
-class StoreCheckpointer(Checkpointer):
-    """Checkpoints a job's round as before (weights + state.json, atomically), then copies its
-    history and progress into the job database, so listings never need the checkpoint."""
-
-    def __init__(self, directory: Path, store: JobStore, job_id: str) -> None:
-        super().__init__(directory)
-        self.store = store
-        self.job_id = job_id
-
-    def save(self, weights: Any, state: Any, tensors: Any = None,
-             same_as: SavedWeights | None = None) -> SavedWeights:
-        saved = super().save(weights, state, tensors, same_as)
-        history = list(state.get("history") or [])
-        self.store.save_history(self.job_id, history, state.get("initial_eval"),
-                                state.get("rejections"))
-        latest = next((h["eval"] for h in reversed(history) if h.get("eval")), None) or {}
-        self.store.update(self.job_id, rounds_done=int(state.get("global_round", 0)),
-                          accuracy=latest.get("accuracy"), loss=latest.get("loss"),
-                          run_id=str(state.get("run_id")))
-        return saved
-
-
 def job_from_row(row: JobRow) -> Job:
     # The file as submitted, parsed by this version; a job adopted from an old state
     # directory has no file, only the job as that version parsed it.
@@ -91,10 +72,17 @@ def job_from_row(row: JobRow) -> Job:
     return with_bundle_task(job, row.bundle_name or row.task) if row.bundle_sha256 else job
 
 
-class JobManager:
-    def __init__(self, store: JobStore, registry: Registry, state_dir: Path,
-                 chunk_size: int) -> None:
+class JobManager(JobIntake):
+    def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
+                 chunk_size: int, max_queued: int = DEFAULT_MAX_QUEUED,
+                 initial_weights_dir: Path | None = None,
+                 max_initial_bytes: int = 4 << 30) -> None:
         self.store = store
+        self.max_queued = max_queued
+        self.initial_weights_dir = initial_weights_dir
+        # Initial weights are a model like any update: bounded by the update limit.
+        self.max_initial_bytes = max_initial_bytes
+        iw.clear_incoming(state_dir)
         self.registry = registry
         self.state_dir = state_dir
         self.chunk_size = chunk_size
@@ -126,116 +114,6 @@ class JobManager:
                                              chunk_size=self.chunk_size)
         return self._idle_engine
 
-    # ---- submitting ------------------------------------------------------------------
-
-    def submit(self, job_toml: str, filename: str, submitted_by: str,
-               source: str = "submit", bundle: Bundle | None = None) -> JobRow:
-        """Validate and queue a job file (with the task bundle it came with, checked by the
-        caller); ConfigError (naming the key) queues nothing."""
-        if len(job_toml.encode()) > MAX_JOB_FILE_BYTES:
-            raise ConfigError(f"{filename}: the job file is larger than {MAX_JOB_FILE_BYTES} "
-                              "bytes")
-        try:
-            raw = tomllib.loads(job_toml)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{filename}: not valid TOML: {exc}") from None
-        job = parse_job(raw, filename)
-        if bundle is not None:
-            job = with_bundle_task(job, bundle.manifest.name, filename)
-        elif job.task_dir is not None:
-            raise ConfigError(f"{filename}: 'task_dir' names a task bundle directory, but no "
-                              "bundle came with the job: submit it with 'fedgpu job submit' "
-                              "(which packs the directory and sends it)")
-        from fedgpu.server.strategies import make_strategy
-
-        make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now
-        ref = None
-        if bundle is not None:
-            self.bundles.put(bundle)
-            ref = bundle.ref()
-        job_id = secrets.token_hex(6)
-        row = self.store.add_job(
-            job_id=job_id, name=job.name or job.task, task=job.task, job_toml=job_toml,
-            job=job.to_dict(), source=source,
-            source_sha256=hashlib.sha256(job_toml.encode()).hexdigest(),
-            submitted_by=submitted_by, rounds=job.rounds, state_dir=f"{JOBS_DIR}/{job_id}",
-            bundle=ref)
-        carried = (f" (bundle {ref.sha256}, {ref.size} bytes, entry {ref.entry})"
-                   if ref is not None else "")
-        self.store.add_event(job_id, f"submitted by {submitted_by} from {filename}: task "
-                             f"{job.task}{carried}, {job.rounds} rounds, {job.strategy}")
-        log.info("job %s queued (%s, task %s%s)", job_id, row.name, job.task, carried)
-        self._offers = None
-        self._wake.set()
-        return row
-
-    def adopt_legacy(self, start_file: Path | None) -> JobRow | None:
-        """A state directory from before jobs (one run: state.json and its weights at the
-        top) becomes this aggregator's first job, moved into its own job directory, so an
-        upgraded aggregator resumes the run it was in. When `server start --job` names a file
-        for the same model, the job is that file's (and that file is not queued again)."""
-        legacy = self.state_dir / "state.json"
-        if not legacy.exists() or self.store.jobs(limit=1):
-            return None
-        saved = Checkpointer(self.state_dir).load()
-        assert saved is not None
-        weights, state = saved
-        job = parse_job(dict(state.get("job") or {}), f"{legacy}")
-        text, source, digest = "", "migrated", ""
-        if start_file is not None:
-            candidate = start_file.read_text()
-            wanted = parse_job(tomllib.loads(candidate), str(start_file))
-            if all(getattr(wanted, k) == getattr(job, k) for k in resume.MUST_MATCH):
-                text, source, job = candidate, "server-start", wanted
-                digest = hashlib.sha256(candidate.encode()).hexdigest()
-        job_id = secrets.token_hex(6)
-        directory = self.state_dir / JOBS_DIR / job_id
-        directory.mkdir(parents=True)
-        moved = [self.state_dir / str(state.get("weights_file") or "global.safetensors"),
-                 self.state_dir / "strategy.safetensors", legacy]
-        for path in moved:  # state.json last: it is the commit point of the checkpoint
-            if path.exists():
-                os.replace(path, directory / path.name)
-        for leftover in self.state_dir.glob("global*.safetensors"):
-            leftover.unlink()
-        # The stable name of the latest model, as the checkpointer keeps it.
-        os.link(directory / moved[0].name, directory / "global.safetensors")
-        self.store.add_job(
-            job_id=job_id, name=job.name or job.task, task=job.task, job_toml=text,
-            job=job.to_dict(), source=source, source_sha256=digest,
-            submitted_by="the state directory of an earlier version", rounds=job.rounds,
-            state_dir=f"{JOBS_DIR}/{job_id}")
-        self.store.update(job_id, run_id=str(state.get("run_id")),
-                          rounds_done=int(state.get("global_round", 0)))
-        if state.get("completed"):
-            self.store.update(job_id, state=JobState.FINISHED, finished_at=time.time())
-        self.store.save_history(job_id, list(state.get("history") or []),
-                                state.get("initial_eval"), state.get("rejections"))
-        self.store.add_event(job_id, f"adopted run {state.get('run_id')} (round "
-                             f"{state.get('global_round')}) from {legacy}")
-        log.info("state directory %s held run %s from before jobs: it is job %s now",
-                 self.state_dir, state.get("run_id"), job_id)
-        del weights  # loaded only to check the checkpoint is whole before moving it
-        return self.store.get(job_id)
-
-    def submit_at_start(self, path: Path) -> JobRow:
-        """`server start --job FILE`: queue it, unless this very file was queued by an earlier
-        start on this state directory (a restarted container must not queue it again)."""
-        text = path.read_text()
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        earlier = self.store.find_source("server-start", digest)
-        if earlier is not None:
-            log.info("job file %s was queued before as job %s (%s); not queued again",
-                     path, earlier.job_id, earlier.state)
-            return earlier
-        bundle = None
-        task_dir = parse_job(tomllib.loads(text), str(path)).task_dir
-        if task_dir is not None:
-            # Relative to the job file, as `fedgpu job submit` reads it.
-            bundle = pack_dir(path.parent / task_dir)
-        return self.submit(text, str(path), "server start --job", source="server-start",
-                           bundle=bundle)
-
     # ---- stopping --------------------------------------------------------------------
 
     def stop(self, job_id: str) -> JobRow:
@@ -255,10 +133,11 @@ class JobManager:
         return self.get(job_id)
 
     def get(self, job_id: str) -> JobRow:
-        row = self.store.get(job_id)
+        # Echoed bounded: an id of megabytes must not come back whole in the error.
+        row = self.store.get(job_id) if len(job_id) <= MAX_JOB_ID else None
         if row is None:
-            raise JobError(f"no job {job_id!r} on this aggregator; 'fedgpu job list' shows "
-                           "the jobs")
+            raise JobError(f"no job {shown(job_id, MAX_JOB_ID)} on this aggregator; 'fedgpu "
+                           "job list' shows the jobs")
         return row
 
     # ---- running -----------------------------------------------------------------------
@@ -282,9 +161,11 @@ class JobManager:
     async def _run(self, row: JobRow) -> None:
         try:
             job = job_from_row(row)
-            orch = self._orchestrator(row, job)
-        except FedgpuError as exc:
-            self._end(row.job_id, JobState.FAILED, str(exc))
+            # Reading (and checking) the weights may take seconds for a large model.
+            initial = await asyncio.to_thread(self._initial_weights, row, job)
+            orch = self._orchestrator(row, job, initial)
+        except Exception as exc:  # noqa: BLE001 - whatever it is ends this job, not the queue
+            self._fail(row.job_id, exc)
             return
         task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
         self.active = ActiveJob(row, job, orch, task)
@@ -292,6 +173,7 @@ class JobManager:
             self.store.update(row.job_id, started_at=time.time())
         self.store.update(row.job_id, state=JobState.RUNNING, run_id=orch.run_id)
         self.store.add_event(row.job_id, f"started (run {orch.run_id})")
+        crash: Exception | None = None
         try:
             await task
         except asyncio.CancelledError:
@@ -302,6 +184,8 @@ class JobManager:
                 await asyncio.gather(task, return_exceptions=True)
                 self.active = None
                 raise
+        except Exception as exc:  # noqa: BLE001 - a bug in a job ends the job, not the queue
+            crash = exc
         active, self.active = self.active, None
         self.last = active
         for node in self.registry.all():
@@ -311,7 +195,19 @@ class JobManager:
             orch.state, JobState.STOPPED)
         if active.stop_requested:
             state = JobState.STOPPED
+        if crash is not None and not active.stop_requested:
+            self._fail(row.job_id, crash)
+            return
         self._end(row.job_id, state, orch.error)
+
+    def _fail(self, job_id: str, exc: Exception) -> None:
+        if isinstance(exc, FedgpuError):
+            self._end(job_id, JobState.FAILED, str(exc)[:MAX_REASON])
+            return
+        # Not a refusal we wrote: the traceback goes to the aggregator's log only.
+        log.error("job %s failed on an unexpected error", job_id, exc_info=exc)
+        self._end(job_id, JobState.FAILED, f"internal error ({type(exc).__name__}: "
+                  f"{str(exc)[:MAX_REASON]}); the aggregator's log has the details")
 
     def _end(self, job_id: str, state: JobState, error: str | None) -> None:
         self.store.update(job_id, state=state, error=error, reason=None,
@@ -321,10 +217,24 @@ class JobManager:
                              level="error" if state is JobState.FAILED else "info")
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
 
-    def _orchestrator(self, row: JobRow, job: Job) -> Any:
+    def _initial_weights(self, row: JobRow, job: Job) -> dict[str, np.ndarray] | None:
         directory = self.state_dir / row.state_dir
-        checkpointer = StoreCheckpointer(directory, self.store, row.job_id)
-        initial = _initial_weights(job)
+        initial = iw.load(directory)
+        if initial is None and job.initial_weights is not None:
+            if (directory / "state.json").exists():
+                # Started by an earlier version, which kept a path: the checkpoint holds the
+                # model now, and the path is not read (only a resume check would use it).
+                log.info("job %s: initial_weights were a path on this host; resuming from "
+                         "its checkpoint without them", row.job_id)
+                return None
+            raise ConfigError("initial_weights were not stored with this job (it was queued "
+                              "by an earlier version, which kept a path): submit it again")
+        return initial
+
+    def _orchestrator(self, row: JobRow, job: Job,
+                      initial: dict[str, np.ndarray] | None) -> Any:
+        directory = self.state_dir / row.state_dir
+        checkpointer = JobCheckpoint(directory, self.store, row.job_id)
         saved = checkpointer.load()
         if saved is not None:
             resume.check(job, saved[0], saved[1], initial, directory)
@@ -405,15 +315,3 @@ class JobManager:
                            "checkpoint is written once a node built the initial model")
         return path
 
-
-def _initial_weights(job: Job) -> dict[str, np.ndarray] | None:
-    if job.initial_weights is None:
-        return None
-    path = Path(job.initial_weights)
-    try:
-        tensors, _ = codec.decode(path.read_bytes())
-    except FileNotFoundError:
-        raise ConfigError(f"initial_weights {path} does not exist on the aggregator") from None
-    except codec.CodecError as exc:
-        raise ConfigError(f"initial_weights {path} is not a safetensors file: {exc}") from None
-    return dict(tensors)

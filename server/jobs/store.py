@@ -1,10 +1,12 @@
-"""The aggregator's durable state: jobs, their events and round history, in SQLite.
+"""The aggregator's state store in SQLite (the `StateStore` of server/jobs/state.py): jobs,
+their events and their round history, the only copy of it.
 
 One database file in the state directory (`fedgpu.db`), WAL mode so readers (admin queries,
 the dashboard) never wait for the writer. `synchronous=NORMAL`: a committed change survives
 the aggregator being killed at any moment (SIGKILL, OOM); after a power cut the last few
-events may be lost, never the database. A round's weights are fsynced by the checkpointer,
-whose state.json stays the commit point the job resumes from. Migrations are the numbered files in
+events may be lost, never the database. A round's history is written with
+`synchronous=FULL`, before the checkpoint of its weights (server/jobs/job_checkpoint.py), so
+a checkpoint never names a round the history lacks. Migrations are the numbered files in
 migrations/ applied in order; `PRAGMA user_version` records the last one applied, so an older
 aggregator refuses a database a newer one has changed.
 
@@ -20,93 +22,28 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import ENDED_JOB_STATES, JobState
-from fedgpu.core.errors import FedgpuError
+from fedgpu.server.jobs.state import (
+    MAX_EVENT_CHARS,
+    MAX_EVENTS_PER_JOB,
+    Event,
+    JobRow,
+    SavedHistory,
+    StateStore,
+    StoreError,
+    checked_update,
+    cut,
+)
+
+# The records of the interface, importable from here as before.
+__all__ = ["DB_FILE", "Event", "JobRow", "JobStore", "StoreError", "read_history"]
 
 DB_FILE = "fedgpu.db"
-# Bounds on what one job may leave in the database, so a chatty or hostile node cannot grow
-# it without limit: older events are dropped first, long messages cut with a marker.
-MAX_EVENTS_PER_JOB = 20_000
-MAX_EVENT_CHARS = 4_000
-
-
-class StoreError(FedgpuError):
-    exit_code = 2
-
-
-@dataclass(frozen=True)
-class JobRow:
-    job_id: str
-    seq: int
-    name: str
-    task: str
-    state: JobState
-    reason: str | None
-    error: str | None
-    job_toml: str
-    job: dict[str, Any]
-    source: str
-    source_sha256: str
-    submitted_by: str
-    submitted_at: float
-    started_at: float | None
-    finished_at: float | None
-    rounds: int
-    rounds_done: int
-    accuracy: float | None
-    loss: float | None
-    run_id: str | None
-    state_dir: str
-    # The task bundle the job came with (None: an installed task); its archive is
-    # <state dir>/bundles/<bundle_sha256>.tar.
-    bundle_sha256: str | None = None
-    bundle_size: int | None = None
-    bundle_name: str | None = None
-    bundle_entry: str | None = None
-
-    @property
-    def bundle(self) -> BundleRef | None:
-        if self.bundle_sha256 is None:
-            return None
-        return BundleRef(self.bundle_sha256, int(self.bundle_size or 0),
-                         self.bundle_name or self.task, self.bundle_entry or "")
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED_JOB_STATES
-
-    def summary(self) -> dict[str, Any]:
-        """The `fedgpu job list --json` entry (README: Jobs)."""
-        return {
-            "job_id": self.job_id, "name": self.name, "task": self.task,
-            "state": str(self.state), "reason": self.reason,
-            "submitted_at": self.submitted_at, "started_at": self.started_at,
-            "finished_at": self.finished_at, "rounds": self.rounds,
-            "rounds_done": self.rounds_done, "accuracy": self.accuracy, "loss": self.loss,
-            "error": self.error,
-            "bundle_sha256": self.bundle_sha256, "bundle_size": self.bundle_size,
-            "bundle_name": self.bundle_name,
-        }
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    time: float
-    level: str
-    source: str
-    node: str | None
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "time": self.time, "level": self.level,
-                "source": self.source, "node": self.node, "message": self.message}
 
 
 def _migrations() -> list[tuple[int, str]]:
@@ -118,13 +55,9 @@ def _migrations() -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f" ...[{len(text) - limit} more characters cut]"
+class JobStore(StateStore):
+    """The state store in SQLite: what the aggregator runs on."""
 
-
-class JobStore:
     def __init__(self, directory: Path, max_events_per_job: int = MAX_EVENTS_PER_JOB) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.max_events_per_job = max_events_per_job
@@ -236,15 +169,9 @@ class JobStore:
         return None if r is None else self._row(r)
 
     def update(self, job_id: str, **fields: Any) -> None:
-        allowed = {"state", "reason", "error", "started_at", "finished_at", "rounds_done",
-                   "accuracy", "loss", "run_id"}
-        bad = set(fields) - allowed
-        if bad:
-            raise ValueError(f"not updatable: {', '.join(sorted(bad))}")
+        fields = checked_update(fields)
         if not fields:
             return
-        if "state" in fields:
-            fields["state"] = JobState(fields["state"]).value
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._tx() as db:
             db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*fields.values(), job_id))
@@ -260,7 +187,7 @@ class JobStore:
                                  "job_id = ?", (job_id,)).fetchone()[0]
                 db.execute("INSERT INTO job_events VALUES (?, ?, ?, ?, ?, ?, ?)",
                            (job_id, seq, time.time(), level, source, node,
-                            _cut(message, MAX_EVENT_CHARS)))
+                            cut(message, MAX_EVENT_CHARS)))
                 if seq > self.max_events_per_job:
                     db.execute("DELETE FROM job_events WHERE job_id = ? AND seq <= ?",
                                (job_id, seq - self.max_events_per_job))
@@ -279,36 +206,64 @@ class JobStore:
 
     # ---- round history ---------------------------------------------------------------
 
-    def save_history(self, job_id: str, history: Sequence[dict[str, Any]],
-                     initial_eval: dict[str, Any] | None,
-                     rejections: dict[str, int] | None = None) -> None:
-        """Replace the job's round history (late evaluations change older records)."""
+    def save_history(self, job_id: str, history: SavedHistory) -> None:
         rows = [(job_id, i, int(rec["round"]), str(rec["status"]), json.dumps(rec))
-                for i, rec in enumerate(history)]
+                for i, rec in enumerate(history.records)]
         with self._tx() as db:
+            # Durable on return even across a power cut: the checkpoint written next relies
+            # on it (WAL + FULL syncs the log at commit).
+            db.execute("PRAGMA synchronous=FULL")
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute("DELETE FROM job_rounds WHERE job_id = ?", (job_id,))
                 db.executemany("INSERT INTO job_rounds VALUES (?, ?, ?, ?, ?)", rows)
-                db.execute("INSERT INTO job_meta (job_id, initial_eval, rejections) VALUES "
-                           "(?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET initial_eval = "
-                           "excluded.initial_eval, rejections = excluded.rejections",
-                           (job_id, json.dumps(initial_eval), json.dumps(rejections or {})))
+                db.execute("INSERT INTO job_meta (job_id, initial_eval, rejections, "
+                           "history_round) VALUES (?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE "
+                           "SET initial_eval = excluded.initial_eval, rejections = "
+                           "excluded.rejections, history_round = excluded.history_round",
+                           (job_id, json.dumps(history.initial_eval),
+                            json.dumps(history.rejections), history.global_round))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            finally:
+                db.execute("PRAGMA synchronous=NORMAL")
 
-    def history(self, job_id: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    def history(self, job_id: str) -> SavedHistory | None:
         with self._tx() as db:
-            rows = db.execute("SELECT record_json FROM job_rounds WHERE job_id = ? ORDER BY "
-                              "idx", (job_id,)).fetchall()
-            meta = db.execute("SELECT initial_eval FROM job_meta WHERE job_id = ?",
-                              (job_id,)).fetchone()
-        return [json.loads(r[0]) for r in rows], (json.loads(meta[0]) if meta else None)
+            return _history(db, job_id)
 
-    def rejections(self, job_id: str) -> dict[str, int]:
-        with self._tx() as db:
-            meta = db.execute("SELECT rejections FROM job_meta WHERE job_id = ?",
-                              (job_id,)).fetchone()
-        return json.loads(meta[0]) if meta and meta[0] else {}
+
+def _history(db: sqlite3.Connection, job_id: str) -> SavedHistory | None:
+    rows = db.execute("SELECT record_json FROM job_rounds WHERE job_id = ? ORDER BY idx",
+                      (job_id,)).fetchall()
+    try:
+        meta = db.execute("SELECT initial_eval, rejections, history_round FROM job_meta "
+                          "WHERE job_id = ?", (job_id,)).fetchone()
+    except sqlite3.OperationalError:
+        # A database from before migration 0003, read without migrating it (`read_history`).
+        meta = db.execute("SELECT initial_eval, rejections, NULL FROM job_meta WHERE "
+                          "job_id = ?", (job_id,)).fetchone()
+    if meta is None and not rows:
+        return None
+    initial, rejections, round_ = meta if meta is not None else (None, None, None)
+    return SavedHistory([json.loads(r[0]) for r in rows],
+                        json.loads(initial) if initial else None,
+                        json.loads(rejections) if rejections else {}, round_)
+
+
+def read_history(state_dir: Path, job_id: str) -> SavedHistory | None:
+    """A job's history from the database of `state_dir`, opened read-only (`fedgpu report`
+    reads it beside a running aggregator, and must never migrate or lock it)."""
+    path = state_dir / DB_FILE
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            return _history(db, job_id)
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot read the job database {path}: {exc}") from None

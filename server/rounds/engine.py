@@ -322,24 +322,28 @@ class Orchestrator(Intake):
         return record
 
     async def commit(self, weights: dict[str, np.ndarray], number: int) -> None:
-        """Make `weights` the global model of round `number` and checkpoint the run."""
-        self.global_weights = weights
-        self.global_round = number
-        self._payload = None
+        """Checkpoint the run with `weights` as the global model of round `number`, then make
+        them the global model: the round count moves up only once its file is committed, so
+        `job model` never serves an older model than the status announces."""
+        saved = None
         if self.checkpointer is not None:
             # The write (encode, fsync: seconds for a multi-GB model) runs in a thread so
             # heartbeats and long polls go on. The state is copied here, on the loop, because
             # late evaluations keep landing in the history meanwhile; the weights and the
             # optimiser arrays change only in the next round's finish, after this returns.
             # Strict JSON: state.json is read by `fedgpu report` and other tools.
-            state = json.loads(jsondoc.dumps(self.checkpoint_state()))
+            state = json.loads(jsondoc.dumps({**self.checkpoint_state(),
+                                               "global_round": number}))
             # The model adopted from its file and unchanged (the last commit of a run, with
             # its final evaluation): that file stays, nothing is encoded or written again.
             same = (self._saved[0] if self._saved is not None and self._saved[1] is weights
                     else None)
             saved = await asyncio.to_thread(self.checkpointer.save, weights, state,
                                             tensors=self.strategy.tensor_state(), same_as=same)
-            self._adopt(saved)
+        self.global_weights = weights
+        self.global_round = number
+        self._payload = None
+        self._adopt(saved)
 
     def _adopt(self, saved: SavedWeights | None) -> None:
         """Serve and hold the global model from its checkpoint file: downloads read the file,
@@ -354,6 +358,8 @@ class Orchestrator(Intake):
         self._saved = (saved, self.global_weights)
 
     def checkpoint_state(self) -> dict[str, Any]:
+        # The history keys go to the job's state store, the rest to state.json
+        # (server/jobs/job_checkpoint.py).
         history = self.history.state()
         return {
             "run_id": self.run_id,

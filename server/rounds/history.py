@@ -1,5 +1,6 @@
 """A run's history: closed round attempts, the evaluations that land on them later, and the
-refusal counters. Checkpointed in state.json; `fedgpu rounds --json` is `doc()`."""
+refusal counters. Stored in the state store (server/jobs/state.py) with every checkpoint;
+`fedgpu rounds --json` is `doc()`."""
 
 from __future__ import annotations
 
@@ -68,12 +69,12 @@ class History:
         return None if self.initial_eval is None else self.initial_eval.to_dict()
 
     def state(self) -> dict[str, Any]:
-        """The history's part of state.json."""
+        """The history's part of the engine's state (the state store keeps it)."""
         return {"history": self.dicts(), "initial_eval": self._initial(),
                 "rejections": dict(self.rejections)}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        """Back from state.json, as written by this version or an older one."""
+        """Back from the state store, or a state.json of an older version."""
         self.records = [RoundRecord.from_dict(r) for r in state.get("history") or []]
         self.initial_eval = EvalSummary.from_dict(state.get("initial_eval"))
         self.rejections = Counter(state.get("rejections") or {})

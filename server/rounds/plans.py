@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 from fedgpu.core.config import Job
+from fedgpu.core.job_bounds import derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState
@@ -79,7 +80,7 @@ class Plan(ABC):
     def task_fields(self, number: int, attempt: int, chosen: list[Node]
                     ) -> list[dict[str, Any]]:
         """Per participant (in `chosen` order), the TaskHeader fields of this mode."""
-        seed = self.job.seed * 1_000_003 + number * 1009 + attempt
+        seed = derived_seed(self.job.seed, number, attempt)  # within the wire's int64
         return [{"seed": seed} for _ in chosen]
 
     def describe(self, rnd: RoundState, chosen: list[Node]) -> str:

@@ -1,10 +1,11 @@
 """The round history as records: what admin, metrics, the checkpoint and (through
 `fedgpu rounds --json`) the report, watch and the launcher read.
 
-Each record's `to_dict()` is the JSON document README.md documents, key for key and in the
-same order; `from_dict()` reads it back from a checkpoint's state.json, with defaults for keys
-an older state.json lacks. Keys a round or update record does not know (a state.json from
-another version) are kept in `extra` and written back unchanged after the known ones.
+Each record's `to_dict()` is the JSON document docs/reference/json.md shows, key for key and in the
+same order; `from_dict()` reads it back from the state store (or an older version's
+state.json, which held the history), with defaults for keys older records lack. Keys a round or
+update record does not know (written by another version) are kept in `extra` and written back
+unchanged after the known ones.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class SlotState(StrEnum):
 
 class Reject(StrEnum):
     """Why an update was refused: the counter keys of `status --json` `rejections` and the
-    `reason` of `rounds --json` `rejected` entries (README lists them)."""
+    `reason` of `rounds --json` `rejected` entries (docs/reference/json.md lists them)."""
 
     UNKNOWN_NODE = "unknown_node"
     STALE_ROUND = "stale_round"

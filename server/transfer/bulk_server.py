@@ -30,13 +30,15 @@ from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.receive import ingest
 from fedgpu.server.rounds.states import Reject
 from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.transfer.bulk_gate import PreTicketGate, Watchdog
 from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
 from fedgpu.server.transfer.uploads import Received
 
 log = logging.getLogger("fedgpu.server.bulk")
 
 MAX_CONNECTIONS = 64
-# From accepting a connection to holding its ticket (TLS handshake included).
+# From accepting a connection to holding its ticket (TLS handshake included): a deadline,
+# not a per-read timeout (server/transfer/bulk_gate.py).
 HANDSHAKE_S = 10.0
 
 T = TypeVar("T")
@@ -62,7 +64,8 @@ def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
 class BulkServer:
     def __init__(self, service: FederationService, tickets: TicketBook, host: str, port: int,
                  tls: ssl.SSLContext | None = None, mutual: bool = False,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 gate: PreTicketGate | None = None) -> None:
         self.service = service
         self.tickets = tickets
         self.host, self.port = host, port
@@ -73,6 +76,11 @@ class BulkServer:
         self.uploads = 0
         self.bytes_sent = 0
         self._pool = ThreadPoolExecutor(max_connections, thread_name_prefix="bulk")
+        # Connections before their ticket: limited per address, on threads of their own, so
+        # strangers never hold the transfer slots or their threads.
+        self.gate = gate or PreTicketGate()
+        self._handshakes = ThreadPoolExecutor(self.gate.total, thread_name_prefix="bulk-hs")
+        self.transfers = 0
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -105,6 +113,7 @@ class BulkServer:
         if self._sock is not None:
             self._sock.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._handshakes.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, Any]:
         """The `bulk` object of `fedgpu status --json`."""
@@ -112,6 +121,7 @@ class BulkServer:
             "port": self.port,
             "tls": "mutual" if self.mutual else "tls" if self.tls is not None else "none",
             "connections": len(self._conns),
+            "unticketed": self.gate.pending,
             "downloads": self.downloads,
             "uploads": self.uploads,
             "bytes_sent": self.bytes_sent,
@@ -127,13 +137,14 @@ class BulkServer:
         assert self._sock is not None
         while True:
             conn, peer = await loop.sock_accept(self._sock)
-            if len(self._conns) >= self.max_connections:
-                self.tickets.refuse(TicketRefusal.BUSY, "too many bulk connections")
-                log.warning("refused a bulk connection from %s: %d already open", peer,
-                            len(self._conns))
+            refusal = self.gate.admit(peer[0])
+            if refusal is not None:
+                self.tickets.refuse(TicketRefusal.BUSY, refusal)
+                # Debug only: a flood must not flood the log too (the counter shows it).
+                log.debug("refused a bulk connection from %s: %s", peer, refusal)
                 conn.close()
                 continue
-            task = asyncio.create_task(self._serve(conn, f"{peer[0]}:{peer[1]}"))
+            task = asyncio.create_task(self._serve(conn, peer[0], f"{peer[0]}:{peer[1]}"))
             self._conns.add(task)
             task.add_done_callback(self._conns.discard)
 
@@ -145,46 +156,84 @@ class BulkServer:
         names = peer_names(sock) if self.mutual and isinstance(sock, ssl.SSLSocket) else None
         return sock, token, names
 
-    async def _serve(self, conn: socket.socket, peer: str) -> None:
+    async def _serve(self, conn: socket.socket, address: str, peer: str) -> None:
         conn.setblocking(True)
         conn.settimeout(self.handshake_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = conn
-        self._socks.add(conn)
+        # A second descriptor of the same socket: TLS takes `conn` over, and the watchdogs
+        # and close() must still be able to shut it down.
+        shadow = socket.fromfd(conn.fileno(), conn.family, conn.type)
+        self._socks.add(shadow)
         try:
+            got = await self._pre_ticket(conn, shadow, address, peer)
+            if got is None:
+                return
+            sock, token, names = got
+            if self.transfers >= self.max_connections:
+                self.tickets.refuse(TicketRefusal.BUSY, "too many bulk transfers")
+                log.warning("refused a bulk connection from %s: %d transfers already run",
+                            peer, self.transfers)
+                return
+            self.transfers += 1
             try:
-                sock, token, names = await self._blocking(self._handshake, conn)
-            except bulk.ClosedQuietly:
-                log.debug("bulk port probed from %s", peer)
-                return
-            except bulk.BulkProtocolError as exc:
-                self.tickets.refuse(TicketRefusal.MALFORMED, str(exc))
-                log.warning("refused a bulk connection from %s: %s", peer, exc)
-                return
-            except (OSError, ssl.SSLError) as exc:
-                # A failed TLS handshake, or nothing (no ticket) before the timeout.
-                self.tickets.refuse(TicketRefusal.HANDSHAKE, str(exc))
-                log.warning("dropped a bulk connection from %s: %s", peer,
-                            "no ticket in time" if isinstance(exc, TimeoutError) else exc)
-                return
-            try:
-                ticket = self.tickets.redeem(token, names)
-            except TicketRefused as exc:
-                log.warning("refused a bulk connection from %s: %s", peer, exc.message)
-                await self._blocking(bulk.write_status, sock, Status(
-                    False, "PERMISSION_DENIED", exc.reason, exc.message))
-                return
-            if ticket.direction is Direction.DOWNLOAD:
-                await self._download(sock, ticket)
-            else:
-                await self._upload(sock, ticket)
+                await self._transfer(sock, shadow, token, names, peer)
+            finally:
+                self.transfers -= 1
         except OSError as exc:
             log.info("bulk connection from %s broke off: %s", peer, exc)
         finally:
-            self._socks.discard(conn)
+            self._socks.discard(shadow)
+            shadow.close()
             sock.close()
 
-    async def _download(self, sock: socket.socket, ticket: Ticket) -> None:
+    async def _pre_ticket(self, conn: socket.socket, shadow: socket.socket, address: str,
+                          peer: str) -> tuple[socket.socket, str, frozenset[str] | None] | None:
+        """The TLS handshake and the ticket, by the deadline; None when refused."""
+        dog = Watchdog(shadow, self.handshake_s)
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(
+                self._handshakes, self._handshake, conn)
+        except (bulk.BulkProtocolError, OSError, ssl.SSLError) as exc:
+            if dog.expired or isinstance(exc, TimeoutError):
+                self.tickets.refuse(TicketRefusal.HANDSHAKE, "no ticket in time")
+                log.warning("dropped a bulk connection from %s: no ticket within %gs of "
+                            "connecting", peer, self.handshake_s)
+            elif isinstance(exc, bulk.ClosedQuietly):
+                log.debug("bulk port probed from %s", peer)
+            elif isinstance(exc, bulk.BulkProtocolError):
+                self.tickets.refuse(TicketRefusal.MALFORMED, str(exc))
+                log.warning("refused a bulk connection from %s: %s", peer, exc)
+            else:
+                # A failed TLS handshake.
+                self.tickets.refuse(TicketRefusal.HANDSHAKE, str(exc))
+                log.warning("dropped a bulk connection from %s: %s", peer, exc)
+            return None
+        finally:
+            dog.cancel()
+            self.gate.release(address)
+        if dog.expired:  # the ticket came as the deadline passed: the socket is shut
+            self.tickets.refuse(TicketRefusal.HANDSHAKE, "no ticket in time")
+            got[0].close()
+            return None
+        return got
+
+    async def _transfer(self, sock: socket.socket, shadow: socket.socket, token: str,
+                        names: frozenset[str] | None, peer: str) -> None:
+        try:
+            ticket = self.tickets.redeem(token, names)
+        except TicketRefused as exc:
+            log.warning("refused a bulk connection from %s: %s", peer, exc.message)
+            await self._blocking(bulk.write_status, sock, Status(
+                False, "PERMISSION_DENIED", exc.reason, exc.message))
+            return
+        if ticket.direction is Direction.DOWNLOAD:
+            await self._download(sock, shadow, ticket)
+        else:
+            await self._upload(sock, ticket)
+
+    async def _download(self, sock: socket.socket, shadow: socket.socket,
+                        ticket: Ticket) -> None:
         node = self.service.registry.get(ticket.node_id)
         task = self.service.orch.task_for(node) if node is not None else None
         if (node is None or task is None or task.task_id != ticket.task_id
@@ -196,7 +245,17 @@ class BulkServer:
         payload = task.payload
         await self._blocking(bulk.write_status, sock, Status(True))
         sock.settimeout(self.service.uploads.idle_s)
-        await self._blocking(payload.send, sock)
+        # A reader slower than the minimum rate is cut off: it would hold a slot for hours.
+        dog = Watchdog(shadow, bulk.RATE_GRACE_S + payload.size / bulk.MIN_RATE_BPS)
+        try:
+            await self._blocking(payload.send, sock)
+        except OSError:
+            if dog.expired:
+                raise OSError(f"the download fell below {bulk.MIN_RATE_BPS} bytes/s") \
+                    from None
+            raise
+        finally:
+            dog.cancel()
         self.downloads += 1
         self.bytes_sent += payload.size
         node.transport = Transport.BULK

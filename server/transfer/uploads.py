@@ -219,7 +219,11 @@ class Uploads:
             try:
                 reserved[0] = await self._reserve(up, asm.size, deadline)
                 await blocking(bulk.write_status, sock, bulk.Status(True))
-                await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got)
+                await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got,
+                               bulk.MIN_RATE_BPS)
+            except bulk.TooSlow as exc:
+                self.timed_out += 1
+                raise UpdateRejected(Reject.TIMEOUT, f"{exc}: the upload trickled") from None
             except TimeoutError:
                 self.timed_out += 1
                 if deadline - time.time() <= self.idle_s:

@@ -28,7 +28,13 @@ from typing import Any
 from aiohttp import web
 
 from fedgpu.core.errors import FedgpuError
-from fedgpu.server.views.dashboard_auth import COOKIE, SESSION_TTL_S, Sessions, bearer
+from fedgpu.server.views.dashboard_auth import (
+    COOKIE,
+    SESSION_TTL_S,
+    FailureThrottle,
+    Sessions,
+    bearer,
+)
 from fedgpu.server.views.dashboard_pages import (
     NodesQuery,
     QueryError,
@@ -109,6 +115,8 @@ class DashboardServer:
         self.sources = sources
         self.idle_timeout_s = idle_timeout_s
         self.sessions = Sessions(session_ttl_s)
+        # Wrong tokens per address, slowed down (a login form is a guessing oracle).
+        self.throttle = FailureThrottle()
         root = importlib.resources.files("fedgpu.server.views.ui")
         self.assets = {name: root.joinpath(name).read_bytes() for name in ASSETS}
         self.runner: web.AppRunner | None = None
@@ -150,6 +158,21 @@ class DashboardServer:
 
     # ---- access ----------------------------------------------------------------------
 
+    def _check_token(self, request: web.Request, token: str) -> bool:
+        """Whether `token` is the operator's; HTTP 429 without checking it while its address
+        is locked out for earlier wrong ones."""
+        address = request.remote or "?"
+        wait = self.throttle.wait_s(address)
+        if wait > 0:
+            raise web.HTTPTooManyRequests(
+                text=f"too many wrong tokens from this address: try again in "
+                f"{math.ceil(wait)}s", headers={"Retry-After": str(math.ceil(wait))})
+        if self.sources.is_operator(token):
+            self.throttle.succeeded(address)
+            return True
+        self.throttle.failed(address)
+        return False
+
     def _allowed(self, request: web.Request) -> bool:
         token = bearer(request.headers.get("Authorization", ""))
         if token is None:
@@ -160,7 +183,7 @@ class DashboardServer:
                 self.sessions.drop(sid)
                 return False
             return token is not None
-        if self.sources.is_operator(token):
+        if self._check_token(request, token):
             return True
         log.warning("dashboard: refused %s %s from %s: wrong operator token", request.method,
                     request.path, request.remote)
@@ -196,7 +219,7 @@ class DashboardServer:
         except TimeoutError:
             raise web.HTTPRequestTimeout(text="the login form took too long to arrive") from None
         token = form.get("token")
-        if not isinstance(token, str) or not token or not self.sources.is_operator(token):
+        if not isinstance(token, str) or not token or not self._check_token(request, token):
             log.warning("dashboard: refused a login from %s: wrong operator token",
                         request.remote)
             return self._page("login.html", 401, "Wrong token: use the operator token.")

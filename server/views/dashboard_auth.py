@@ -79,3 +79,54 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+@dataclass
+class _Failures:
+    count: int
+    last: float
+    blocked_until: float = 0.0
+
+
+class FailureThrottle:
+    """Slows repeated wrong tokens per address: the first `free` failures cost nothing (a
+    typo, a stale bookmark), each one after that locks the address out for twice as long as
+    the last, up to `max_s`; a success or `forget_s` without failures starts it over.
+
+    Bounded: at most `limit` addresses are remembered, the least recently failing dropped
+    first, so a flood from many addresses cannot grow it (it can only age out its own
+    entries)."""
+
+    def __init__(self, free: int = 10, base_s: float = 1.0, max_s: float = 60.0,
+                 forget_s: float = 600.0, limit: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.free, self.base_s, self.max_s = free, base_s, max_s
+        self.forget_s, self.limit = forget_s, limit
+        self._clock = clock
+        self._by_address: OrderedDict[str, _Failures] = OrderedDict()
+
+    def wait_s(self, address: str) -> float:
+        """Seconds before `address` may present a token again (0: now)."""
+        entry = self._by_address.get(address)
+        return 0.0 if entry is None else max(0.0, entry.blocked_until - self._clock())
+
+    def failed(self, address: str) -> None:
+        now = self._clock()
+        entry = self._by_address.pop(address, None)
+        if entry is None or now - entry.last > self.forget_s:
+            entry = _Failures(0, now)
+        entry.count += 1
+        entry.last = now
+        if entry.count > self.free:
+            entry.blocked_until = now + min(self.max_s,
+                                            self.base_s * 2 ** min(entry.count - self.free - 1,
+                                                                   32))
+        self._by_address[address] = entry
+        while len(self._by_address) > self.limit:
+            self._by_address.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        self._by_address.pop(address, None)
+
+    def __len__(self) -> int:
+        return len(self._by_address)

@@ -10,7 +10,7 @@ from typing import Any
 import fedgpu
 from fedgpu.core.constants import JobState
 from fedgpu.server.jobs.queue import JobManager, job_from_row
-from fedgpu.server.jobs.store import JobRow
+from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
@@ -149,9 +149,11 @@ def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
     if engine is not None:
         return {**engine.rounds_doc(), "job_id": job_id}
     row = jobs.get(job_id)
-    history, initial = jobs.store.history(job_id)
-    return {"run_id": row.run_id, "job_id": job_id, "initial_eval": initial,
-            "rounds": history}
+    # As far as its checkpoint went (rounds_done is written after it): a crash between the
+    # two writes leaves a round in the history that the job runs again on resume.
+    saved = (jobs.store.history(job_id) or SavedHistory()).upto(row.rounds_done)
+    return {"run_id": row.run_id, "job_id": job_id, "initial_eval": saved.initial_eval,
+            "rounds": saved.records}
 
 
 def nodes_doc(registry: Registry, only: frozenset[str] | None = None) -> dict[str, Any]:

@@ -124,6 +124,8 @@ class ComposeProject:
             "FEDGPU_OPERATOR_TOKEN": self.operator_token,
             # Each project makes its own CA and key pairs (the `certs` one-shot), here.
             "FEDGPU_CERTS_DIR": str(Path(tempfile.mkdtemp(prefix=f"{self.name}-certs-"))),
+            # `fedgpu up` saves the connection "compose" here, not in the user's config.
+            "FEDGPU_CONFIG_DIR": str(Path(tempfile.mkdtemp(prefix=f"{self.name}-config-"))),
         }
 
     @property

@@ -147,6 +147,15 @@ def test_up_ps_logs_down(compose_project: Any) -> None:
     table = fedgpu("ps", env=env)
     assert table.returncode == 0 and "node-cpu-1" in table.stdout and "healthy" in table.stdout
 
+    # `up` saved the aggregator as the default connection: the admin commands need no
+    # address, certificate or token (none is in this environment).
+    assert "saved connection 'compose'" in r.stderr, r.stderr
+    bare = {k: v for k, v in env.items() if not k.startswith(("FEDGPU_TLS_", "FEDGPU_OPER",
+                                                               "FEDGPU_AGGREGATOR"))}
+    status = fedgpu("status", "--json", env=bare)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] in ("waiting", "running", "finished")
+
     logs = fedgpu("logs", "aggregator", env=env)
     assert logs.returncode == 0
     lines = logs.stdout.splitlines()

@@ -5,14 +5,11 @@ it was."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import socket
 import ssl
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,36 +20,19 @@ from fedgpu.core import bulk, certs, codec, digests
 from fedgpu.core.tls import TlsFiles, channel_credentials
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import pb, pb_grpc
+from tests.fixtures.bulk_wire import (  # noqa: F401 - wire_fixture is the `wire` fixture
+    GLOBAL,
+    Wire,
+    closed_by_peer,
+    wait_for,
+    wire_fixture,
+)
 from tests.fixtures.federation import Federation, free_port, job_dir, write_job
 from tests.fixtures.forwarder import GrpcOnlyForwarder
-
-GLOBAL = {"b": np.ones(3, np.float32), "w": np.full((4, 3), 2.0, np.float32)}
 
 
 def flags(t: TlsFiles) -> list[str]:
     return ["--tls-cert", str(t.cert), "--tls-key", str(t.key), "--tls-ca", str(t.ca)]
-
-
-def wait_for(check, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout}s")
-
-
-def closed_by_peer(s: socket.socket) -> bool:
-    """The other side hung up (an orderly close, or a reset for the bytes it left unread)."""
-    s.settimeout(30)
-    try:
-        return s.recv(16) == b""
-    except ConnectionResetError:
-        return True
-
-
-# ---- real nodes -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -174,69 +154,6 @@ def test_a_node_that_cannot_reach_the_bulk_port_falls_back_to_grpc(
 # ---- the port's refusals, with a raw client ---------------------------------------------
 
 
-@dataclass
-class Wire:
-    fed: Federation
-    state_dir: Path
-    stub: pb_grpc.FederationStub
-    node_id: str
-    bulk_port: int
-
-    @property
-    def md(self) -> tuple[tuple[str, str], ...]:
-        return token_metadata(self.fed.token)
-
-    def task(self, use_bulk: bool = True) -> pb.TaskHeader:
-        for _ in range(30):
-            header = None
-            for msg in self.stub.PullTask(pb.PullTaskRequest(node_id=self.node_id, wait_s=5,
-                                                             bulk=use_bulk),
-                                          metadata=self.md, timeout=60):
-                if msg.HasField("header"):
-                    header = msg.header
-            assert header is not None
-            if header.kind == pb.TASK_KIND_TRAIN:
-                return header
-        raise AssertionError("no task was offered")
-
-    def header(self, task: pb.TaskHeader, enc: codec.Encoded) -> pb.UpdateHeader:
-        h = pb.UpdateHeader(node_id=self.node_id, task_id=task.task_id, round=task.round,
-                            kind=task.kind, num_examples=10, payload_size=enc.size)
-        digests.stamp(h, codec.DigestAlgo.BLAKE3, enc.digest)
-        return h
-
-    def global_digest(self) -> str:
-        return hashlib.sha256((job_dir(self.state_dir) / "global.safetensors").read_bytes()
-                              ).hexdigest()
-
-    def status(self) -> dict:  # type: ignore[type-arg]
-        return self.fed.query("GetStatus")
-
-    def connect(self) -> socket.socket:
-        return bulk.connect("127.0.0.1", self.bulk_port, None)
-
-
-@pytest.fixture(scope="module")
-def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
-    tmp = tmp_path_factory.mktemp("bulk")
-    init = tmp / "init.safetensors"
-    init.write_bytes(codec.encode(GLOBAL).to_bytes())
-    # Every refused answer ends that attempt; plenty of retries keep the job open.
-    job = write_job(tmp / "job.toml", rounds=1, min_nodes=1, round_deadline_s=120,
-                    evaluate=False, round_retries=80, initial_weights=str(init))
-    fed = Federation(tmp)
-    port = free_port()
-    try:
-        fed.start_server(job, "--state-dir", str(tmp / "state"), "--bulk-port", str(port),
-                         "--upload-idle-s", "2")
-        with grpc.insecure_channel(fed.address) as ch:
-            stub = pb_grpc.FederationStub(ch)
-            reg = stub.Register(pb.RegisterRequest(node_name="probe", tasks=["digits"]),
-                                metadata=token_metadata(fed.token), timeout=10)
-            yield Wire(fed, tmp / "state", stub, reg.node_id, port)
-    finally:
-        fed.stop()
-
 
 def test_a_download_ticket_serves_once_and_forged_ones_not_at_all(wire: Wire) -> None:
     task = wire.task()
@@ -300,35 +217,6 @@ def test_a_truncated_bulk_upload_is_refused_and_the_model_is_unchanged(wire: Wir
     rounds = wire.fed.query("ListRounds")["rounds"]
     assert any(r["reason"] == "truncated" for rec in rounds for r in rec["rejected"]) or \
         wire.fed.query("GetStatus")["current_round"] is not None
-
-
-def test_idle_bulk_connections_are_dropped(wire: Wire) -> None:
-    before = wire.status()
-    refused = before["bulk"]["refused"].get("handshake", 0)
-    # Connected, never says a word: dropped after the handshake timeout (the upload idle
-    # timeout here, 2 s).
-    with wire.connect() as s:
-        s.settimeout(30)
-        t0 = time.monotonic()
-        assert closed_by_peer(s)
-        assert time.monotonic() - t0 < 15
-    wait_for(lambda: wire.status()["bulk"]["refused"].get("handshake", 0) == refused + 1,
-             what="idle connection counted")
-    # Holding an upload ticket, told to go ahead, then silent: the upload times out.
-    task = wire.task()
-    enc = codec.encode(GLOBAL)
-    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
-    with wire.connect() as s:
-        s.settimeout(30)
-        bulk.send_ticket(s, ticket.ticket)
-        assert bulk.read_status(s).ok
-        s.sendall(enc.to_bytes()[:10])
-        verdict = bulk.read_status(s)
-    assert not verdict.ok and verdict.reason == "timeout" and verdict.code == "DEADLINE_EXCEEDED"
-    assert "no data for 2s" in verdict.message
-    after = wire.status()
-    assert after["uploads"]["timed_out"] == before["uploads"]["timed_out"] + 1
-    assert after["uploads"]["in_flight"] == 0
 
 
 def test_a_good_bulk_upload_finishes_the_round(wire: Wire) -> None:

@@ -6,7 +6,8 @@ without NVML. The page is opened with the operator token through its login form;
 shows is compared with the Admin service's documents. The same run answers the JSON, `fedgpu ui`
 and the Grafana dashboard's metric names.
 
-FEDGPU_DASHBOARD_SCREENSHOT=docs/dashboard.png also writes the screenshot there (the README's).
+FEDGPU_DASHBOARD_SCREENSHOT=docs/dashboard.png also writes the screenshot there (docs/reference and
+the README show it).
 """
 
 from __future__ import annotations

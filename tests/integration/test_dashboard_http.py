@@ -267,3 +267,28 @@ def test_a_busy_ui_port_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert f"cannot serve the dashboard on 127.0.0.1:{taken}" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_repeated_wrong_tokens_are_slowed_per_address(served: Served) -> None:
+    """200 wrong tokens took 0.7 s (issue 24). After the free failures an address is locked
+    out (HTTP 429 with Retry-After), its guesses are not even checked, the right token
+    included; another address is not affected."""
+    free = served.server.throttle.free
+    for _ in range(free):
+        assert served.login("wrong")[0] == 401
+    started = time.monotonic()
+    statuses = [served.login("wrong")[0] for _ in range(200)]
+    assert time.monotonic() - started < 30
+    assert statuses[0] == 401 and set(statuses[1:]) == {429}
+    status, headers, body = served.login(TOKEN)
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert b"too many wrong tokens" in body
+    assert served.get("/api/status", token=TOKEN)[0] == 429  # Bearer tokens are counted too
+    # Another address is not locked out by this one's failures.
+    conn = http.client.HTTPConnection(served.host, served.port, timeout=10,
+                                      source_address=("127.0.0.2", 0))
+    try:
+        conn.request("GET", "/api/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()

@@ -10,8 +10,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fixtures.browser import new_driver, wait_for
 from tests.fixtures.federation import Federation, free_port, write_job
+
+# 1,000 simulated sites and a headless Chromium.
+pytestmark = pytest.mark.slow
 
 SITES = 1000
 PER_PROCESS = 500

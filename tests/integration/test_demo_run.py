@@ -1,4 +1,4 @@
-"""`fedgpu run`, the README's demo, end to end: 3 nodes, 5 rounds, accuracy >= 0.90."""
+"""`fedgpu run`, the README's `make demo`, end to end: 3 nodes, 5 rounds, accuracy >= 0.90."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from tests.fixtures.processes import (
     wait_gone,
     with_signals,
 )
+
+# `make demo` end to end: real training, minutes on a loaded machine.
+pytestmark = pytest.mark.slow
 
 
 def test_fedgpu_run_three_nodes_five_rounds(tmp_path: Path) -> None:

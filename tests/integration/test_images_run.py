@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.cli.run_data import existing_split, node_dirs, parse_hparams
+from fedgpu.cli.run.data import existing_split, node_dirs, parse_hparams
 from fedgpu.core.errors import FedgpuError
 from tests.fixtures.federation import FEDGPU, ROOT, base_env, cli
 

@@ -87,7 +87,7 @@ def test_the_dashboard_assets_are_in_the_wheel(wheel: Path, target: Path, tmp_pa
                                                ) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-    assets = sorted(p.name for p in (ROOT / "server" / "ui").iterdir()
+    assets = sorted(p.name for p in (ROOT / "server" / "views" / "ui").iterdir()
                     if p.suffix in (".html", ".js", ".css"))
     assert {"index.html", "login.html", "app.js", "charts.js", "style.css"} <= set(assets)
     for name in assets:

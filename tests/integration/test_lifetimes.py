@@ -36,7 +36,8 @@ from tests.fixtures.processes import (
 )
 from tests.integration.test_faults import faulty_env, wait_for
 
-pytestmark = pytest.mark.timeout(420)
+# Real process trees trained, signalled and killed: minutes in all.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 FACTORY = "fedgpu.node.rounds.factory"
 RING_WORKER = "fedgpu.node.ring_worker"

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
@@ -256,79 +254,6 @@ def test_offer_with_driver_not_loaded_trains_on_cpu(fake_nvml: FakeNvml) -> None
     out = _decide(fake_nvml, "offer")
     assert out["decision"]["device"] == "cpu" and out["cvd"] == ""
     assert "NVML unavailable" in out["decision"]["reason"]
-
-
-# --- the sampler the agent polls during a round ----------------------------------------------
-
-SAMPLER = textwrap.dedent(
-    """
-    import sys
-    from fedgpu.node.gpu_sampler import MemorySampler
-    uuid = sys.argv[1]
-    with MemorySampler() as sampler:
-        for line in sys.stdin:
-            if line.strip() == "peak":
-                with sampler.watch_peak(uuid, interval_s=0.005) as watch:
-                    print("watching", flush=True)
-                    sys.stdin.readline()
-                print("peak", watch.peak_mib, watch.samples > 1, flush=True)
-            else:
-                print(sampler.used_mib(uuid), flush=True)
-    """
-)
-
-
-def test_memory_sampler_follows_changes_and_survives_a_lost_gpu(fake_nvml: FakeNvml) -> None:
-    fleet = _fleet(2)
-    fake_nvml.write(fleet)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SAMPLER, fake_uuid(1)],
-        env=fake_nvml.env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin and proc.stdout
-
-    def ask(line: str = "sample") -> str:
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
-        return proc.stdout.readline().strip()
-
-    try:
-        assert ask() == "2000"
-        fleet[1]["memory_used_mib"] = 30000
-        fake_nvml.write(fleet)
-        assert ask() == "30000"
-        assert ask("peak") == "watching"
-        fleet[1]["memory_used_mib"] = 70000
-        fake_nvml.write(fleet)
-        time.sleep(0.3)
-        fleet[1]["memory_used_mib"] = 5000
-        fake_nvml.write(fleet)
-        time.sleep(0.1)
-        assert ask("stop") == "peak 70000 True"
-        fleet[1]["lost"] = True
-        fake_nvml.write(fleet)
-        assert ask() == "None"
-        del fleet[1]["lost"]
-        fake_nvml.write(fleet)
-        assert ask() == "5000"  # the GPU came back: the handle is looked up again
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-    assert proc.returncode == 0, proc.stderr.read()
-
-
-def test_memory_sampler_without_nvml_answers_none(fake_nvml: FakeNvml) -> None:
-    fake_nvml.write(_fleet(1), init_error="no_permission")
-    out = fake_nvml.python(
-        "from fedgpu.node.gpu_sampler import MemorySampler\n"
-        "with MemorySampler() as s:\n"
-        f"    print(s.active, s.used_mib({fake_uuid(0)!r}), s.reason)\n"
-    )
-    assert out.startswith("False None no permission")
 
 
 # --- fedgpu devices --json -------------------------------------------------------------------

@@ -67,4 +67,6 @@ def test_old_state_dir_resumes_and_trains_on(federation: Federation, tmp_path: P
     assert job_row["state"] == "finished" and job_row["rounds_done"] == 3
     saved = json.loads((state_dir / "jobs" / job_row["job_id"] / "state.json").read_text())
     assert not (state_dir / "state.json").exists()
-    assert saved["global_round"] == 3 and saved["history"][0] == old["history"][0]
+    # The history is stored once, in the job database (served above); the checkpoint that
+    # replaced the old one holds the weights' state only.
+    assert saved["global_round"] == 3 and "history" not in saved

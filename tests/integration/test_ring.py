@@ -13,6 +13,9 @@ import pytest
 
 from tests.fixtures.federation import Federation, job_dir, write_job
 
+# Real gloo rings and star runs trained to the end: minutes each.
+pytestmark = pytest.mark.slow
+
 log = logging.getLogger("test.ring")
 HP = {"lr": 0.05, "momentum": 0.9, "batch_size": 32}
 
@@ -25,7 +28,7 @@ def split4(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def start(fed: Federation, job: Path, dirs: list[Path], state: Path) -> None:
-    from fedgpu.cli.launcher import free_port
+    from fedgpu.cli.run.launcher import free_port
 
     fed.start_server(job, "--state-dir", str(state))
     for i, data in enumerate(dirs, start=1):

@@ -11,6 +11,9 @@ import pytest
 
 from tests.fixtures.federation import Federation, write_job
 
+# A 100-node simulated pool through several rounds of every strategy path.
+pytestmark = pytest.mark.slow
+
 
 def _run(federation: Federation, tmp_path: Path, nodes: int, per_process: int, **job: object
          ) -> tuple[dict, dict, list[dict]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,36 @@ def test_the_receive_loop_ends_on_early_close_and_on_silence() -> None:
         asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
         with pytest.raises(TimeoutError):
             bulk.recv_payload(b, asm, idle_s=0.2)
+
+
+def test_a_trickling_sender_is_cut_off_at_the_minimum_rate() -> None:
+    """One byte every 0.1 s never trips the idle timeout (issue 24): the average rate does."""
+    enc = codec.encode({"w": np.ones(1000, np.float32)})
+    data = enc.to_bytes()
+    a, b = _pair()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for i in range(len(data)):
+            if stop.wait(0.1):
+                return
+            try:
+                a.sendall(data[i:i + 1])
+            except OSError:
+                return
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    with a, b:
+        sender.start()
+        asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
+        started = time.monotonic()
+        try:
+            with pytest.raises(bulk.TooSlow, match="fell below 1000 bytes/s"):
+                bulk.recv_payload(b, asm, idle_s=5, min_rate=1000, grace_s=0.5)
+        finally:
+            stop.set()
+        assert time.monotonic() - started < 3
+    sender.join(5)
 
 
 def test_a_digest_sink_checks_without_keeping() -> None:

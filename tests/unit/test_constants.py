@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import yaml
 
-from fedgpu.cli import deploy, doctor
+from fedgpu.cli.deploy import compose as deploy
+from fedgpu.cli.doctor import checks as doctor
 from fedgpu.core import constants
 from fedgpu.server.strategies import STRATEGIES
 from tests.fixtures.federation import ROOT, cli

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedgpu.cli.data import register
+from fedgpu.cli.app import app
 from fedgpu.core import codec
 from fedgpu.core.datasets import (
     MIN_EXAMPLES_PER_NODE,
@@ -146,13 +146,6 @@ def test_missing_scikit_learn_says_how_to_install(
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        """Keeps `data` a sub-command, as in the real app."""
-
-    register(app)
     return app
 
 

@@ -1,4 +1,5 @@
-"""README's table of environment variables is the CLI's: generated from the real typer app."""
+"""The docs' table of environment variables (docs/reference/environment.md) is the CLI's:
+generated from the real typer app."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import sys
 from tools import env_table
 
 
-def test_readme_table_matches_the_cli() -> None:
-    in_readme = env_table.in_readme(env_table.README.read_text())
-    assert in_readme is not None, "README.md lost its env-table markers"
-    assert in_readme == env_table.block(), (
-        "README.md's environment variables differ from the CLI's options: run "
-        "'python tools/env_table.py --write' and commit README.md")
+def test_docs_table_matches_the_cli() -> None:
+    in_page = env_table.in_page(env_table.PAGE.read_text())
+    assert in_page is not None, f"{env_table.PAGE} lost its env-table markers"
+    assert in_page == env_table.block(), (
+        "docs/reference/environment.md's environment variables differ from the CLI's options: "
+        "run 'python tools/env_table.py --write' and commit the page")
 
 
 def test_table_reads_the_options_themselves() -> None:

@@ -51,8 +51,10 @@ def test_keys_parse_and_round_trip_through_to_dict() -> None:
     ({"buffer_size": 2}, "buffer_size need mode = \"async\""),
     ({"mode": "async", "strategy": "median"}, "needs every update of a synchronised round"),
     ({"mode": "async", "strategy": "fedadam"}, "is not supported in async mode yet"),
-    ({"mode": "async", "buffer_size": 0}, "'buffer_size' must be a positive integer"),
-    ({"mode": "async", "max_staleness": -1}, "'max_staleness' must be a non-negative"),
+    ({"mode": "async", "buffer_size": 0}, "'buffer_size' must be an integer from 1 to"),
+    ({"mode": "async", "buffer_size": 10**12}, "'buffer_size' must be an integer from 1 to"),
+    ({"mode": "async", "max_staleness": -1}, "'max_staleness' must be an integer from 0 to"),
+    ({"mode": "async", "max_staleness": 2**40}, "'max_staleness' must be an integer from 0"),
     ({"mode": "async", "staleness_weighting": "exp"}, "must be one of sqrt, poly, constant"),
 ])
 def test_bad_keys_are_refused_by_name(keys: dict[str, Any], message: str) -> None:

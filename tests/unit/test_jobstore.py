@@ -1,4 +1,5 @@
-"""The job database: order, states, events with bounds, history, reopening, migrations."""
+"""The job database: order, states, events with bounds, reopening, migrations. What every state
+store does (the memory one too) is in test_state_store.py."""
 
 from __future__ import annotations
 
@@ -59,18 +60,6 @@ def test_events_are_numbered_cut_and_bounded(tmp_path: Path) -> None:
     assert (last.level, last.source, last.node) == ("error", "node", "site-a")
 
 
-def test_history_is_replaced_whole(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
-    _add(store, "a")
-    store.save_history("a", [{"round": 1, "status": "finished", "eval": None}], None)
-    store.save_history("a", [{"round": 1, "status": "finished", "eval": {"accuracy": 0.5}},
-                             {"round": 2, "status": "retried", "eval": None}],
-                       {"accuracy": 0.1})
-    history, initial = store.history("a")
-    assert [h["round"] for h in history] == [1, 2]
-    assert history[0]["eval"] == {"accuracy": 0.5} and initial == {"accuracy": 0.1}
-
-
 def test_a_database_from_a_newer_fedgpu_is_refused(tmp_path: Path) -> None:
     JobStore(tmp_path).close()
     with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
@@ -111,3 +100,35 @@ def test_a_database_before_bundles_is_migrated_and_bundles_round_trip(tmp_path: 
     assert new is not None and new.bundle == ref
     assert {k: new.summary()[k] for k in ("bundle_sha256", "bundle_size", "bundle_name")} == {
         "bundle_sha256": ref.sha256, "bundle_size": 10240, "bundle_name": "demo"}
+
+
+def test_a_database_with_history_before_0003_is_migrated_and_keeps_it(tmp_path: Path) -> None:
+    # A database as the aggregator left it before the history was stored only here: its
+    # rows name no round, and keep being read (the checkpoint's state.json decides).
+    from importlib import resources
+
+    folder = resources.files("fedgpu.server.jobs").joinpath("migrations")
+    with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
+        for name in ("0001_jobs.sql", "0002_bundles.sql"):
+            db.executescript(folder.joinpath(name).read_text())
+        db.execute("PRAGMA user_version=2")
+        db.execute("INSERT INTO jobs (job_id, seq, name, task, state, job_toml, job_json, "
+                   "source, source_sha256, submitted_by, submitted_at, rounds, state_dir) "
+                   "VALUES ('old', 1, 'n', 'digits', 'running', 'x', '{}', 'submit', 'a', "
+                   "'op', 1.0, 3, 'jobs/old')")
+        db.execute("INSERT INTO job_rounds VALUES ('old', 0, 1, 'finished', "
+                   "'{\"round\": 1, \"status\": \"finished\"}')")
+        db.execute("INSERT INTO job_meta VALUES ('old', '{\"loss\": 2.0}', '{\"digest\": 1}')")
+    # Read-only (as `fedgpu report` reads it) before any migration ...
+    before = jobstore.read_history(tmp_path, "old")
+    assert before is not None and before.global_round is None
+    with sqlite3.connect(tmp_path / jobstore.DB_FILE) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    # ... and after it, the same.
+    store = JobStore(tmp_path)
+    saved = store.history("old")
+    assert saved == before
+    assert saved.records == [{"round": 1, "status": "finished"}]
+    assert saved.initial_eval == {"loss": 2.0} and store.rejections("old") == {"digest": 1}
+    # Nothing is trimmed from a history that names no round.
+    assert saved.upto(0) == saved

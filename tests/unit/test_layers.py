@@ -85,4 +85,4 @@ def test_importing_core_loads_neither_node_server_torch_nor_nvml() -> None:
 def test_the_aggregator_command_line_loads_no_node_code() -> None:
     names = _loaded(["-m", "fedgpu.cli.app", "server", "start", "--help"])
     assert _heavy(names) == []
-    assert "fedgpu.cli.server_cmd" in names
+    assert "fedgpu.cli.server.start" in names

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedgpu.cli.launcher import LocalRunConfig, _job_toml, min_nodes
-from fedgpu.cli.local_nodes import Host, host_cmd, hosts
+from fedgpu.cli.run.launcher import LocalRunConfig, _job_toml, min_nodes
+from fedgpu.cli.run.local_nodes import Host, host_cmd, hosts
 
 
 def test_nodes_are_spread_evenly_over_as_few_processes_as_allowed() -> None:

@@ -52,7 +52,7 @@ def test_unknown_task_lists_installed_ones_and_how_to_add_one() -> None:
     with pytest.raises(UnknownTaskError) as info:
         load_task("cifar")
     msg = str(info.value)
-    assert "unknown task 'cifar'" in msg and "installed tasks: digits, images" in msg
+    assert "unknown task 'cifar'" in msg and "installed tasks: causal-lm, digits, images" in msg
     assert "'fedgpu.tasks' entry-point group" in msg
     assert isinstance(info.value, LookupError)
 
@@ -84,7 +84,8 @@ def test_third_party_tasks_come_from_the_entry_point_group(
             module.__name__, third="ThirdTask", ready="ready", bogus="NotATask", gone="Missing"
         ),
     )
-    assert available_tasks() == ["bogus", "digits", "gone", "images", "ready", "third"]
+    assert available_tasks() == ["bogus", "causal-lm", "digits", "gone", "images", "ready",
+                                 "third"]
     assert load_task("third").name == "third"
     # An entry point may also name an instance rather than a class.
     assert load_task("ready") is module.ready  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedgpu.cli.ui_cmd import dashboard_url, has_display
+from fedgpu.cli.ui import dashboard_url, has_display
 
 
 @pytest.mark.parametrize(("host", "url"), [

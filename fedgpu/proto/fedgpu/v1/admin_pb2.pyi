@@ -5,6 +5,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ForgetNodeRequest(_message.Message):
+    __slots__ = ("name", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
 class ListNodesRequest(_message.Message):
     __slots__ = ("offset",)
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -26,16 +34,20 @@ class ListRoundsRequest(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class SubmitJobHeader(_message.Message):
-    __slots__ = ("job_toml", "filename", "bundle_size", "bundle_sha256")
+    __slots__ = ("job_toml", "filename", "bundle_size", "bundle_sha256", "initial_weights_size", "initial_weights_sha256")
     JOB_TOML_FIELD_NUMBER: _ClassVar[int]
     FILENAME_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_SIZE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_WEIGHTS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
     job_toml: str
     filename: str
     bundle_size: int
     bundle_sha256: str
-    def __init__(self, job_toml: _Optional[str] = ..., filename: _Optional[str] = ..., bundle_size: _Optional[int] = ..., bundle_sha256: _Optional[str] = ...) -> None: ...
+    initial_weights_size: int
+    initial_weights_sha256: str
+    def __init__(self, job_toml: _Optional[str] = ..., filename: _Optional[str] = ..., bundle_size: _Optional[int] = ..., bundle_sha256: _Optional[str] = ..., initial_weights_size: _Optional[int] = ..., initial_weights_sha256: _Optional[str] = ...) -> None: ...
 
 class SubmitJobChunk(_message.Message):
     __slots__ = ("header", "data")

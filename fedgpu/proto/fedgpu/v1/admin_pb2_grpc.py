@@ -79,6 +79,11 @@ class AdminStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.FromString,
                 _registered_method=True)
+        self.ForgetNode = channel.unary_unary(
+                '/fedgpu.v1.Admin/ForgetNode',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -104,8 +109,8 @@ class AdminServicer:
 
     def SubmitJob(self, request_iterator, context):
         """Jobs on a federation that stays up: queued and run one at a time in submission order.
-        A header (the job file, and the size and digest of a task bundle if one comes), then
-        the bundle's bytes in chunks.
+        A header (the job file, and the size and digest of a task bundle and of initial weights
+        if they come), then the bundle's bytes, then the weights' bytes, in chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +143,14 @@ class AdminServicer:
 
     def DownloadModel(self, request, context):
         """The job's latest global model: a header, then safetensors bytes in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetNode(self, request, context):
+        """Remove a node's record (`fedgpu nodes forget NAME`): a lost one, or a live one with force
+        (it is told it is unknown and registers again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -190,6 +203,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DownloadModel,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.SerializeToString,
+            ),
+            'ForgetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetNode,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +453,33 @@ class Admin:
             '/fedgpu.v1.Admin/DownloadModel',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.DownloadModelRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ModelChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/ForgetNode',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,7 +100,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "capacity")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "identity", "capacity")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class RegisterRequest(_message.Message):
     RING_PORT_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TASK_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
@@ -129,8 +130,9 @@ class RegisterRequest(_message.Message):
     ring_port: int
     num_examples: int
     task_approval: str
+    identity: str
     capacity: NodeCapacity
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., identity: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
 
 class NodeCapacity(_message.Message):
     __slots__ = ("gpu_mode", "gpu_min_free_mib", "nvml_available", "nvml_reason", "gpus")

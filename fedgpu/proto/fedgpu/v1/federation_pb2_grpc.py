@@ -100,7 +100,7 @@ class FederationServicer:
     def FetchBundle(self, request, context):
         """Field numbers 30-39 of the messages below belong to GPU-aware admission and abandoning a
         stopped job's task (issue 16): NodeCapacity, JobResources, ineligible, task_id, abandon.
-        A task bundle (the sources of a job's task, README "Your own task"): a header, then the
+        A task bundle (the sources of a job's task, docs: tutorials/own-task.md): a header, then the
         archive in chunks. Only bundles of jobs not yet ended are served, to registered nodes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,64 @@
+"""How commands print for people: values, times and tables that fit an 80-column terminal
+(ids at 12 characters, never cut shorter), and JSON documents for --json."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from fedgpu.cli.common.connect import Target
+from fedgpu.cli.common.ids import SHOWN
+from fedgpu.core import admin_client, jsondoc
+
+
+def fmt_value(v: Any, digits: int = 4) -> str:
+    """A metric for a table or summary: "-" when missing, floats to `digits` places."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def when(ts: float | None, short: bool = False) -> str:
+    """A local time; `short` (tables): month, day, hours and minutes."""
+    if ts is None:
+        return "-"
+    return time.strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def print_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, indent=2))
+
+
+def new_table(*headers: str, ids: int = 0) -> Table:
+    """A table with light rules and one space between columns; its first `ids` columns hold
+    ids, which are never wrapped or cut below their 12 shown characters."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+    for i, header in enumerate(headers):
+        if i < ids:
+            table.add_column(header, no_wrap=True, min_width=SHOWN, max_width=SHOWN)
+        else:
+            table.add_column(header, overflow="fold")
+    return table
+
+
+def print_table(table: Table) -> None:
+    Console().print(table)
+
+
+def answer(conn: Target, method: str, as_json: bool, show: Callable[[dict[str, Any]], None],
+           **fields: Any) -> None:
+    """Ask the aggregator once; print its JSON as is, or `show` it for people."""
+    doc = admin_client.query(conn.address, conn.token, method, tls=conn.tls, **fields)
+    if as_json:
+        typer.echo(jsondoc.dumps(doc, indent=2))
+    else:
+        show(doc)

@@ -1,0 +1,1 @@
+"""`fedgpu data ...`: datasets for demos and tests, made locally (one module per kind)."""

@@ -1,0 +1,1 @@
+"""`fedgpu job ...`: jobs on a federation that stays up, one module per command."""

@@ -1,0 +1,46 @@
+"""`fedgpu job status`: one job, its open round and each node's part in it."""
+
+from __future__ import annotations
+
+import typer
+
+from fedgpu.cli.common import ids
+from fedgpu.cli.common.connect import Target, connection_options
+from fedgpu.cli.common.options import AsJson
+from fedgpu.cli.common.output import fmt_value, new_table, print_json, print_table
+from fedgpu.cli.job.options import JobId
+from fedgpu.core import admin_client
+
+
+@connection_options
+def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
+    """One job: its state, the open round, and each node's part in it (or why not).
+
+    Example: fedgpu job status 3f2a
+    """
+    doc = admin_client.query(conn.address, conn.token, "GetJob", tls=conn.tls,
+                             job_id=ids.job_id(conn, job_id))
+    if as_json:
+        print_json(doc)
+        return
+    lines = [f"job {doc['job_id']} ({doc['name']}, task {doc['task']}): {doc['state']}"
+             + (f" — {doc['reason']}" if doc["reason"] else ""),
+             f"rounds {doc['rounds_done']}/{doc['rounds']}  accuracy "
+             f"{fmt_value(doc['accuracy'])}  loss {fmt_value(doc['loss'])}"]
+    if doc.get("bundle_sha256"):
+        lines.append(f"task bundle {doc['bundle_name']!r}: sha256 {doc['bundle_sha256']} "
+                     f"({doc['bundle_size']:,} bytes)")
+    cur = doc.get("current_round")
+    if cur:
+        lines.append(f"open: round {cur['round']} ({cur['kind']}, attempt {cur['attempt']}) "
+                     f"{cur['accepted']}/{cur['participants']} updates, deadline in "
+                     f"{cur['deadline_in_s']}s")
+    if doc["error"]:
+        lines.append(f"error: {doc['error']}")
+    typer.echo("\n".join(lines))
+    if doc.get("nodes"):
+        table = new_table("node", "state", "taking part", "why not")
+        for n in doc["nodes"]:
+            table.add_row(n["name"], n["state"], "yes" if n["eligible"] else "no",
+                          n["reason"] or "")
+        print_table(table)

@@ -1,0 +1,63 @@
+"""`fedgpu job submit`: queue a job file (and the task bundle it names) on a running
+federation. The `fedgpu job` commands each live in a module of this package, one per command;
+they ask the aggregator with the operator credential and print a table (or a line) for people,
+or with --json exactly one JSON document (`logs --follow --json`: one event per line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgpu.cli.common.bundle_jobs import initial_weights_of, task_dir_of
+from fedgpu.cli.common.connect import Target, connection_options
+from fedgpu.cli.common.options import AsJson
+from fedgpu.cli.common.output import print_json
+from fedgpu.core import admin_client
+from fedgpu.core.bundles import pack_dir
+from fedgpu.core.config import MAX_JOB_FILE_BYTES
+from fedgpu.core.errors import ConfigError
+
+
+@connection_options
+def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")],
+           task_dir: Annotated[Path | None, typer.Option(
+               "--task-dir", help="A task bundle directory (fedgpu-task.toml and sources), "
+                                  "packed and sent with the job; overrides the job file's "
+                                  "task_dir.")] = None,
+           weights_on_aggregator: Annotated[bool, typer.Option(
+               "--weights-on-aggregator",
+               help="The job file's initial_weights names a file of the aggregator's "
+                    "--initial-weights-dir: nothing is uploaded (by default the file is "
+                    "read here and sent with the job).")] = False,
+           as_json: AsJson = False) -> None:
+    """Queue a job (and its task bundle and initial weights, both sent with it); it runs when
+    the jobs before it have ended.
+
+    Example: fedgpu job submit compose/job.toml
+    """
+    try:
+        size = job_file.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {job_file}: {exc.strerror}") from None
+    if size > MAX_JOB_FILE_BYTES:
+        raise ConfigError(f"job file {job_file} is {size} bytes; the limit is "
+                          f"{MAX_JOB_FILE_BYTES}")
+    text = job_file.read_text()
+    bundle = None
+    folder = task_dir_of(job_file, text, task_dir)
+    if folder is not None:
+        bundle = pack_dir(folder)
+        # On stderr: with --json, stdout is the one document.
+        typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
+                   f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
+                   err=True)
+    weights = None if weights_on_aggregator else initial_weights_of(job_file, text)
+    doc = admin_client.submit_job(conn.address, conn.token, text, str(job_file),
+                                  bundle=bundle.data if bundle is not None else None,
+                                  tls=conn.tls, weights=weights)
+    if as_json:
+        print_json(doc)
+    else:
+        typer.echo(f"job {doc['job_id']} {doc['state']}")

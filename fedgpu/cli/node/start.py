@@ -1,0 +1,150 @@
+"""`fedgpu node start`: the training agent, what the node container runs."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedgpu.cli.common.options import TlsCa, TlsCert, TlsKey
+from fedgpu.cli.node.options import STATUS_HELP, StateDirOpt, TaskApprovalOpt
+from fedgpu.core import lifetime, logs
+from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE, TaskApproval
+from fedgpu.core.errors import ConfigError, FedgpuError
+
+
+def start(
+    aggregator: Annotated[str, typer.Option(
+        envvar="FEDGPU_AGGREGATOR", help="Aggregator address HOST:PORT.")],
+    data: Annotated[Path, typer.Option(
+        envvar="FEDGPU_DATA", help="This node's data directory (from 'fedgpu data split').")],
+    name: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_NODE_NAME",
+        help="Node name (default: the --tls-cert's name, else the hostname and a short id kept "
+             "in the state directory, one per agent).")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TOKEN", help="The aggregator's token.")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Connect without a token (aggregator must run --insecure).")] = False,
+    gpu: Annotated[str, typer.Option(
+        envvar="FEDGPU_GPU", help="GPU policy: none, offer or enforce.")] = "offer",
+    gpu_index: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_GPU_INDEX", help="Preferred GPU: NVML index or UUID.")] = None,
+    gpu_min_free_mib: Annotated[int, typer.Option(
+        envvar="FEDGPU_GPU_MIN_FREE_MIB", help="A GPU needs this much free memory.")] = 0,
+    gpu_memory_fraction: Annotated[float | None, typer.Option(
+        envvar="FEDGPU_GPU_MEMORY_FRACTION",
+        help="Cap the training process to this share of the GPU, in (0, 1].")] = None,
+    connect_timeout: Annotated[float, typer.Option(
+        help="Seconds to keep trying to reach the aggregator at start.")] = 60.0,
+    max_task_mib: Annotated[int, typer.Option(
+        envvar="FEDGPU_MAX_TASK_MIB", min=0,
+        help="Largest task payload (the global model) this node accepts, in MiB; a larger task "
+             "is reported to the aggregator as failed. 0: the aggregator's --max-update-mib.")
+    ] = 0,
+    prestart: Annotated[bool, typer.Option(
+        "--prestart/--no-prestart", envvar="FEDGPU_PRESTART",
+        help="Fork each round's training process from a worker factory that imported torch "
+             "ahead of time (CUDA untouched), so a round does not pay the start-up; "
+             "--no-prestart spawns a fresh process per round.")] = True,
+    worker_factory: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_WORKER_FACTORY",
+        help="Socket of this host's shared worker factory ('fedgpu node factory'); default: "
+             "the agent starts a factory of its own.")] = None,
+    torch_threads: Annotated[int | None, typer.Option(
+        envvar="FEDGPU_TORCH_THREADS", help="CPU threads for training.")] = None,
+    status_file: Annotated[Path, typer.Option(
+        envvar="FEDGPU_NODE_STATUS", help=STATUS_HELP)] = Path(NODE_STATUS_FILE),
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    ring_host: Annotated[str, typer.Option(
+        envvar="FEDGPU_RING_HOST",
+        help="Ring mode: address peers use to reach this node's worker (default: the address "
+             "the aggregator sees).")] = "",
+    ring_port: Annotated[int, typer.Option(
+        envvar="FEDGPU_RING_PORT",
+        help="Ring mode: TCP port of the rendezvous this node hosts when it is rank 0.")
+    ] = DEFAULT_RING_PORT,
+    task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
+    state_dir: StateDirOpt = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Start a training node: register with the aggregator and serve its tasks.
+
+    Example: fedgpu node start --aggregator agg.example.org:50051 --data data/node-1 --name site-a
+    """
+    from fedgpu.core import certs, tls
+    from fedgpu.node import policy
+    from fedgpu.node.agent import Agent
+    from fedgpu.node.agent_config import AgentConfig
+    from fedgpu.node.data import DataDirError, check_data_dir
+
+    logs.setup(log_level)
+    try:
+        flags = policy.parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
+    except policy.PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    tls_files = tls.from_options(tls_cert, tls_key, tls_ca)
+    if not insecure and not token and not (tls_files and tls_files.mutual):
+        raise ConfigError("no token: pass --token (or set FEDGPU_TOKEN) to the aggregator's "
+                          "token, --tls-cert/--tls-key/--tls-ca for mutual TLS, or --insecure "
+                          "if the aggregator runs without either")
+    if name is None and tls_files is not None and tls_files.cert is not None:
+        # The aggregator accepts only the certificate's own name, so that is the default.
+        name = certs.identity(tls_files.cert.read_bytes())
+    if ":" not in aggregator:
+        raise ConfigError(f"--aggregator {aggregator!r} must be HOST:PORT (e.g. localhost:50051)")
+    try:
+        check_data_dir(data)
+    except DataDirError as exc:
+        raise ConfigError(str(exc)) from None
+    agent = Agent(AgentConfig(
+        aggregator=aggregator,
+        data_dir=data,
+        name=name,
+        token=None if insecure else token,
+        gpu=flags,
+        connect_timeout_s=connect_timeout,
+        **({"max_payload_bytes": max_task_mib << 20} if max_task_mib else {}),
+        status_file=status_file,
+        torch_threads=torch_threads,
+        prestart=prestart,
+        worker_factory=worker_factory,
+        tls=tls_files,
+        ring_host=ring_host,
+        ring_port=ring_port,
+        task_approval=task_approval,
+        state_dir=state_dir,
+    ))
+
+    def on_signal(signum: int, _frame: object) -> None:
+        agent.stop()
+        # Raised where the main thread is (waiting on a training child or a long poll): the
+        # round code kills the child on the way out, so no orphan keeps the GPU.
+        raise Shutdown(signum)
+
+    # SIGINT too, explicitly: started in the background by a script it was ignored.
+    lifetime.handle_signals(on_signal)
+    try:
+        code = agent.run()
+    except policy.EnforceError as exc:
+        raise FedgpuError(str(exc)) from None
+    except Shutdown as stop:
+        logging.getLogger("fedgpu.node").info("%s: stopped (any training child killed)",
+                                              signal.Signals(stop.signum).name)
+        # SIGTERM is how a container or `fedgpu run` stops a node: a clean exit.
+        code = 0 if stop.signum == signal.SIGTERM else lifetime.exit_code(stop.signum)
+    raise typer.Exit(code)
+
+
+class Shutdown(BaseException):
+    """A stop signal: unwinds the agent from wherever it is blocked. A BaseException so that
+    no `except Exception` on the way (retry loops, task error handling) swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -1,0 +1,1 @@
+"""`fedgpu server ...`: the aggregator."""

@@ -1,0 +1,255 @@
+"""The one client of the Federation wire: register, heartbeat, long-poll for tasks, stream
+updates, fetch bundles — over gRPC, with weights over the aggregator's bulk port when it has
+one (node/bulk_client.py) and gRPC chunks otherwise or when that port cannot be reached.
+
+Asynchronous (grpc.aio), so one process can hold a thousand of them on one event loop with no
+thread each: `fedgpu sim` uses it as it is. The node agent, which is written as threads, uses it
+through the blocking facade of node/client.py. A protocol change is written here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import mmap
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fedgpu.core import bulk, codec, digests
+from fedgpu.core.tls import TlsFiles
+from fedgpu.core.transport import aio_channel, token_metadata
+from fedgpu.node.bulk_client import BulkPath
+from fedgpu.proto import pb, pb_grpc
+
+# What receives a task's payload: an Assembler (keeps it) or a DigestSink (checks and drops).
+Receiver = codec.Assembler | bulk.DigestSink
+# What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
+Source = Path | codec.Encoded
+
+
+class PayloadError(Exception):
+    """A task payload the node cannot use. `header` is the task's, when it arrived: then the
+    node reports the task as failed (asking again would bring the same payload); without one
+    the stream broke before saying what it carried, and the node asks again."""
+
+    def __init__(self, message: str, header: pb.TaskHeader | None = None) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+class PayloadTooLarge(PayloadError):
+    """The task announced more bytes than this node takes; nothing of it was read."""
+
+
+@dataclass
+class Pulled:
+    """One task as it arrived: its header, its payload (None without one or when the receiver
+    keeps nothing), the receiver to release after use, and how the bytes came."""
+
+    header: pb.TaskHeader
+    payload: memoryview | None
+    receiver: Receiver | None
+    transport: str          # "grpc" | "bulk"
+    seconds: float          # first byte of the task to the whole payload checked
+
+
+def default_receiver(header: pb.TaskHeader, max_bytes: int) -> Receiver:
+    """An Assembler for the task's payload, checked against the digest its header names."""
+    try:
+        algo, digest = digests.of_header(header)
+    except digests.UnknownDigest as exc:
+        raise codec.CodecError(str(exc)) from None
+    return codec.Assembler(header.payload_size, digest, max_bytes, algo)
+
+
+class WireClient:
+    """One node's side of the wire. `channel` may be shared by several clients (simulated
+    nodes multiplexed on one HTTP/2 connection); a client closes only a channel it opened."""
+
+    def __init__(self, address: str, token: str | None, tls: TlsFiles | None = None,
+                 chunk_size: int = codec.DEFAULT_CHUNK_SIZE,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        self.address = address
+        self.chunk_size = chunk_size
+        self._metadata = token_metadata(token)
+        self._own_channel = channel is None
+        self._channel = channel if channel is not None else aio_channel(address, tls)
+        self._stub = pb_grpc.FederationStub(self._channel)
+        self.bulk = BulkPath(address, tls)
+
+    async def close(self) -> None:
+        if self._own_channel:
+            # Cancels the calls in flight: a long poll ends at once.
+            await self._channel.close()
+
+    async def register(self, request: pb.RegisterRequest, timeout: float = 10
+                       ) -> pb.RegisterReply:
+        reply = await self._stub.Register(request, metadata=self._metadata, timeout=timeout)
+        self.bulk.reset(reply.bulk_port)
+        if reply.chunk_size:
+            self.chunk_size = reply.chunk_size
+        return reply
+
+    async def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10
+                        ) -> pb.HeartbeatReply:
+        return await self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
+
+    async def pull(self, node_id: str, wait_s: int, max_bytes: int,
+                   receiver: Callable[[pb.TaskHeader], Receiver] | None = None) -> Pulled:
+        """The next task. PayloadTooLarge / PayloadError with the header: this task cannot be
+        used (report it); PayloadError without one, or grpc.RpcError: ask again."""
+        make = receiver or (lambda h: default_receiver(h, max_bytes))
+        pulled = await self._pull(node_id, wait_s, max_bytes, self.bulk.usable, make)
+        header = pulled.header
+        if not header.HasField("bulk") or pulled.receiver is None:
+            return pulled
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.bulk.download, header.bulk.ticket, header.bulk.port,
+                                    pulled.receiver)
+            payload = pulled.receiver.finish()
+        except bulk.BulkUnreachable:
+            _release(pulled.receiver)
+            # The same task again, its payload over gRPC this time (already in the log).
+            return await self._pull(node_id, 0, max_bytes, False, make)
+        except codec.CodecError as exc:
+            _release(pulled.receiver)
+            raise PayloadError(str(exc), header) from None
+        except (OSError, bulk.BulkProtocolError, bulk.RefusedError) as exc:
+            _release(pulled.receiver)
+            # Broken off, or the ticket went stale: ask again (the agent retries this).
+            raise PayloadError(f"bulk download failed: {exc}") from None
+        return Pulled(header, payload or None, pulled.receiver, "bulk",
+                      time.perf_counter() - started)
+
+    async def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
+                    make: Callable[[pb.TaskHeader], Receiver]) -> Pulled:
+        call = self._stub.PullTask(
+            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
+                               bulk_error=self.bulk.error or ""),
+            metadata=self._metadata,
+            # The server holds the poll up to wait_s, then the payload may take a while.
+            timeout=wait_s + 600)
+        header: pb.TaskHeader | None = None
+        asm: Receiver | None = None
+        first_byte = 0.0
+        try:
+            async for msg in call:
+                if msg.HasField("header"):
+                    header = msg.header
+                    first_byte = time.perf_counter()
+                    if header.payload_size > max_bytes:
+                        # Checked here, before anything is allocated, and told apart from
+                        # damage: the same task would come back just as large.
+                        call.cancel()
+                        raise PayloadTooLarge(
+                            f"{header.payload_size} bytes exceed this node's limit of "
+                            f"{max_bytes} bytes", header)
+                    if header.payload_size:
+                        asm = make(header)
+                elif asm is not None and not header.HasField("bulk"):
+                    asm.add(msg.data)
+                else:
+                    raise PayloadError("weight chunk before the task header")
+            if header is None:
+                raise PayloadError("task stream ended without a header")
+            if header.HasField("bulk"):
+                return Pulled(header, None, asm, "bulk", 0.0)
+            payload = asm.finish() if asm is not None else None
+            return Pulled(header, payload or None, asm, "grpc",
+                          time.perf_counter() - first_byte)
+        except codec.CodecError as exc:
+            call.cancel()
+            _release(asm)
+            raise PayloadError(str(exc), header) from None
+        except BaseException:
+            _release(asm)
+            raise
+
+    async def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int,
+                           timeout: float = 120) -> bytes:
+        """A task bundle's bytes, whole and matching `sha256`; PayloadError otherwise."""
+        call = self._stub.FetchBundle(pb.FetchBundleRequest(node_id=node_id, sha256=sha256),
+                                      metadata=self._metadata, timeout=timeout)
+        header: pb.TaskBundle | None = None
+        data = bytearray()
+        try:
+            async for msg in call:
+                if msg.HasField("header"):
+                    header = msg.header
+                    if header.sha256 != sha256 or not 0 < header.size <= max_bytes:
+                        raise PayloadError(f"bundle header for {header.sha256[:12]} of "
+                                           f"{header.size} bytes: not the bundle asked for, "
+                                           f"or over this node's limit of {max_bytes} bytes")
+                elif header is None:
+                    raise PayloadError("bundle bytes before the bundle header")
+                else:
+                    data += msg.data
+                    if len(data) > header.size:
+                        raise PayloadError(f"bundle {sha256[:12]}: more bytes than the "
+                                           f"{header.size} announced")
+        except PayloadError:
+            call.cancel()
+            raise
+        if header is None or len(data) != header.size:
+            raise PayloadError(f"bundle {sha256[:12]}: the stream ended early")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise PayloadError(f"bundle {sha256[:12]} arrived damaged (digest mismatch)")
+        return bytes(data)
+
+    async def push(self, header: pb.UpdateHeader, source: Source | None
+                   ) -> tuple[pb.PushReply, str]:
+        """Send an update (and its payload); the aggregator's reply and the path it took.
+        The payload's size and digest are stamped on the header unless already there."""
+        if source is not None:
+            if isinstance(source, codec.Encoded):
+                header.payload_size = source.size
+                if not header.payload_digest and source.algorithm is not None:
+                    digests.stamp(header, source.algorithm, source.digest)
+            else:
+                header.payload_size = source.stat().st_size
+                if not header.payload_digest:
+                    digest = await asyncio.to_thread(codec.digest_file, source,
+                                                     codec.WIRE_DIGEST)
+                    digests.stamp(header, codec.WIRE_DIGEST, digest)
+            if self.bulk.usable and header.payload_size:
+                ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
+                                                     timeout=60)
+                data = source if isinstance(source, Path) else source.segments
+                try:
+                    message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,
+                                                      ticket.port, data)
+                    return pb.PushReply(accepted=True, message=message), "bulk"
+                except bulk.BulkUnreachable:
+                    pass  # over gRPC below, from now on (the log says so once)
+        reply = await self._stub.PushUpdate(self._chunks(header, source),
+                                            metadata=self._metadata, timeout=3600)
+        return reply, "grpc"
+
+    async def _chunks(self, header: pb.UpdateHeader, source: Source | None
+                      ) -> AsyncIterator[pb.UpdateChunk]:
+        yield pb.UpdateChunk(header=header)
+        if isinstance(source, codec.Encoded):
+            for chunk in codec.iter_chunks(source, self.chunk_size):
+                yield pb.UpdateChunk(data=chunk)
+        elif source is not None and source.stat().st_size:
+            # Mapped, not read: the node never holds a second copy of the model.
+            with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
+                                                     access=mmap.ACCESS_READ) as mm:
+                for pos in range(0, len(mm), self.chunk_size):
+                    yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
+
+
+def _release(receiver: Receiver | None) -> None:
+    if isinstance(receiver, codec.Assembler):
+        receiver.release()
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """An RPC error that another try may not have: the aggregator is down or unreachable."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

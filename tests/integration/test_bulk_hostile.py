@@ -1,0 +1,108 @@
+"""The bulk port against connections that never become transfers: idle ones dropped, a ticket
+due within a deadline from accept, and silent connections taking no slot from ticketed ones
+(the control-plane hardening, issue 24 points 9 and 10)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+from fedgpu.core import bulk, codec, digests
+from fedgpu.proto import pb
+from tests.fixtures.bulk_wire import (  # noqa: F401 - wire_fixture is the `wire` fixture
+    GLOBAL,
+    Wire,
+    closed_by_peer,
+    wait_for,
+    wire_fixture,
+)
+
+
+def test_idle_bulk_connections_are_dropped(wire: Wire) -> None:
+    before = wire.status()
+    refused = before["bulk"]["refused"].get("handshake", 0)
+    # Connected, never says a word: dropped after the handshake timeout (the upload idle
+    # timeout here, 2 s).
+    with wire.connect() as s:
+        s.settimeout(30)
+        t0 = time.monotonic()
+        assert closed_by_peer(s)
+        assert time.monotonic() - t0 < 15
+    wait_for(lambda: wire.status()["bulk"]["refused"].get("handshake", 0) == refused + 1,
+             what="idle connection counted")
+    # Holding an upload ticket, told to go ahead, then silent: the upload times out.
+    task = wire.task()
+    enc = codec.encode(GLOBAL)
+    ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
+    with wire.connect() as s:
+        s.settimeout(30)
+        bulk.send_ticket(s, ticket.ticket)
+        assert bulk.read_status(s).ok
+        s.sendall(enc.to_bytes()[:10])
+        verdict = bulk.read_status(s)
+    assert not verdict.ok and verdict.reason == "timeout" and verdict.code == "DEADLINE_EXCEEDED"
+    assert "no data for 2s" in verdict.message
+    after = wire.status()
+    assert after["uploads"]["timed_out"] == before["uploads"]["timed_out"] + 1
+    assert after["uploads"]["in_flight"] == 0
+
+
+def test_a_ticket_must_arrive_within_a_deadline_from_accept(wire: Wire) -> None:
+    """One byte every half second never tripped the per-read timeout (issue 24): the ticket
+    is due 2 s (the handshake deadline here) after accept, however it trickles."""
+    prefix = bulk.MAGIC + (200).to_bytes(2, "big") + b"x" * 200
+    with wire.connect() as s:
+        t0 = time.monotonic()
+        s.settimeout(0.5)
+        closed = False
+        for i in range(len(prefix)):
+            try:
+                s.sendall(prefix[i:i + 1])
+                closed = s.recv(16) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+            if closed:
+                break
+        assert closed, "the connection outlived its ticket deadline"
+        assert time.monotonic() - t0 < 8
+
+
+def _download_from(source: str, port: int, task: pb.TaskHeader) -> bytes:
+    algo, digest = digests.of_header(task)
+    asm = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
+    with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                  source_address=(source, 0)) as s:
+        bulk.send_ticket(s, task.bulk.ticket)
+        status = bulk.read_status(s)
+        assert status.ok, status
+        bulk.recv_payload(s, asm, idle_s=10)
+    return asm.finish()
+
+
+def test_silent_connections_take_no_slot_from_ticketed_ones(wire: Wire) -> None:
+    """64 connections that never present a ticket filled every bulk slot (issue 24): nodes
+    were turned away as busy. Now one address holds a few unticketed connections at most,
+    and slots are counted once a ticket is presented."""
+    busy_before = wire.status()["bulk"]["refused"].get("busy", 0)
+    task = wire.task()
+    flood = [socket.create_connection(("127.0.0.1", wire.bulk_port), timeout=10)
+             for _ in range(64)]
+    try:
+        # Within the flood's ticket deadline (2 s here), from another address.
+        got, _ = codec.decode(_download_from("127.0.0.2", wire.bulk_port, task))
+        assert all(np.array_equal(got[k], GLOBAL[k]) for k in GLOBAL)
+        # The ones past the per-address limit were closed at once, not at their deadline.
+        flood[-1].settimeout(1)
+        assert flood[-1].recv(16) == b""
+        status = wire.status()["bulk"]
+        assert status["refused"]["busy"] >= busy_before + 64 - 8
+        assert status["unticketed"] <= 8
+    finally:
+        for s in flood:
+            s.close()
+
+
