@@ -78,8 +78,9 @@ class Job:
     # A task bundle directory (docs: tutorials/own-task.md), relative to the job file: `fedgpu job
     # submit` packs it and sends it with the job. The aggregator keeps the bundle, not the path.
     task_dir: str | None = None
-    # local_work/round_train_s, update_codec/topk_fraction (fedgpu/core/hetero_config.py).
-    hetero: HeteroWork = field(default_factory=HeteroWork)
+    # Top-level keys for unlike sites (fedgpu/core/hetero_config.py): local_work,
+    # round_train_s, update_codec, topk_fraction, and mode = "async"'s buffer keys.
+    hetero: HeteroWork = field(default_factory=HeteroWork, metadata={"flat": True})
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -47,13 +47,23 @@ _DENSE_ONLY = ("median", "trimmed_mean")
 
 @dataclass(frozen=True)
 class HeteroWork:
+    # What a round asks of each site: the task's epochs, or `"time"`: train epoch after epoch
+    # for round_train_s seconds (see [Unlike sites](../how-to/heterogeneous-sites.md)).
     local_work: LocalWork = LocalWork.EPOCHS
+    # With local_work = "time": each round's training time, below round_deadline_s.
     round_train_s: float | None = None
+    # How nodes send their update: `"int8"` (8-bit block-wise) or `"topk"` (the largest
+    # topk_fraction of each tensor's values) compress their delta, with error feedback.
     update_codec: UpdateCodec = UpdateCodec.NONE
+    # With update_codec = "topk": the share of each tensor's values sent.
     topk_fraction: float = 0.01
-    # mode = "async" only (FedBuff).
+    # mode = "async" (FedBuff): a step as soon as this many updates arrived (default
+    # min_nodes).
     buffer_size: int = 0
+    # mode = "async": an update trained on a model more than this many steps old is refused.
     max_staleness: int = 4
+    # mode = "async": how an update's staleness s weighs it: `"sqrt"` 1/sqrt(1+s), `"poly"`
+    # 1/(1+s), `"constant"` 1.
     staleness_weighting: StalenessWeighting = StalenessWeighting.SQRT
 
     def to_dict(self) -> dict[str, Any]:
