@@ -49,7 +49,9 @@ def _aggregation(r: dict[str, Any]) -> list[str]:
         "`fedgpu.server.strategies.aggregate.weighted_mean` (all K in memory, one blocked "
         "sweep: each 1 MiB block of the sum stays in L2 while all K "
         "updates are folded into it); `fedgpu_stream` = `WeightedSum.add` one update at a time, "
-        "what the aggregator does as updates arrive; `numpy` = multiply into scratch + add, "
+        "with a dot product per block to bound the sum; `fedgpu_stream_normed` = the same with "
+        "the norms validation's finite check measured (what the aggregator does as updates "
+        "arrive: no check per block); `numpy` = multiply into scratch + add, "
         "whole tensors; `bound` = numpy reading every input byte once (`x.max()`), nothing "
         "written; `flower` = `flwr.server.strategy.aggregate.aggregate`. Extra memory = peak "
         "RSS above the K inputs already in memory.",

@@ -10,6 +10,8 @@ from typing import Any
 
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
+from fedgpu.core.hetero_config import HeteroWork, UpdateCodec, parse_hetero
 from fedgpu.core.job_bounds import check_bounds
 from fedgpu.core.privacy import PrivacySettings, parse_privacy
 from fedgpu.core.privacy.settings import with_dp_rounds
@@ -84,9 +86,14 @@ class Job:
     secure_aggregation: secagg_jobfile.JobSecAgg | None = None
     # `[privacy]`: client-level differential privacy (fedgpu/core/privacy); None: none.
     privacy: PrivacySettings | None = None
+    # Top-level keys for unlike sites (fedgpu/core/hetero_config.py): local_work,
+    # round_train_s, update_codec, topk_fraction, and mode = "async"'s buffer keys.
+    hetero: HeteroWork = field(default_factory=HeteroWork, metadata={"flat": True})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["hetero"]
+        return {**out, **self.hetero.to_dict()}
 
     @property
     def needs(self) -> Resources:
@@ -100,8 +107,20 @@ def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
     return ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
 
 
+def _check_combinations(source: str, hetero: HeteroWork, secagg: Any, privacy: Any) -> None:
+    """Features that each work alone but not together (yet): refused by name, so a job never
+    runs with a guarantee silently missing. (Each one's own parser refuses mode = "async".)"""
+    codec = hetero.update_codec if hetero.update_codec != UpdateCodec.NONE else None
+    if secagg is not None and codec:
+        raise ConfigError(f"{source}: secure_aggregation masks whole updates; update_codec = "
+                          f"{codec!r} cannot be combined with it")
+    if privacy is not None and codec:
+        raise ConfigError(f"{source}: [privacy] clips and noises whole updates; update_codec = "
+                          f"{codec!r} cannot be combined with it")
+
+
 def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
-    known = set(Job.__dataclass_fields__)
+    known = set(Job.__dataclass_fields__) - {"hetero"} | HETERO_KEYS
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
@@ -186,7 +205,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise _fail(source, "wire_dtype", f"one of {', '.join(WIRE_DTYPES)} (or absent: full "
                     "precision)", wire_dtype)
-    if wire_dtype is not None and mode != "star":
+    if wire_dtype is not None and mode == "ring":
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
     secagg = secagg_jobfile.parse(raw.get("secure_aggregation"), source)
@@ -195,6 +214,9 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if raw.get("privacy") is not None:
         privacy = parse_privacy(raw["privacy"], source, strategy=strategy, job_mode=mode,
                                 secure_aggregation=secagg is not None)
+    hetero = parse_hetero(raw, source, mode=mode, strategy=strategy, deadline_s=deadline,
+                          wire_dtype=wire_dtype, min_nodes=min_nodes)
+    _check_combinations(source, hetero, secagg, privacy)
     return Job(
         task=task,
         name=name,
@@ -219,6 +241,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         task_dir=task_dir,
         secure_aggregation=secagg,
         privacy=privacy,
+        hetero=hetero,
         **ring,
     )
 

@@ -10,6 +10,7 @@ the device: a `.item()` per step would make the host wait for the GPU every batc
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -174,10 +175,14 @@ class Loop:
         counted = False
         first_step_s = 0.0
         start = time.perf_counter()
-        deadline = start + loop.max_train_seconds if loop.max_train_seconds > 0 else None
+        # A time budget (local_work = "time") trains epoch after epoch until it is spent.
+        limit = loop.round_train_s or loop.max_train_seconds
+        deadline = start + limit if limit > 0 else None
+        epochs = itertools.count() if loop.round_train_s > 0 else range(loop.local_epochs)
         self.model.train()
         stop = False
-        for _ in range(loop.local_epochs):
+        for _ in epochs:
+            before = steps
             for raw in loader:
                 batch = self._move(raw)
                 n = batch_len(batch)
@@ -205,13 +210,16 @@ class Loop:
                     deadline is not None and time.perf_counter() >= deadline)
                 if stop:
                     break
-            if stop:
+            # An epoch without a step (no batches) would spin forever under a time budget.
+            if stop or steps == before:
                 break
         self._sync()
         seconds = time.perf_counter() - start
         del loader  # ends the persistent workers now, not at interpreter exit
         metrics = self._metrics(loss_sum, correct if counted else None, seen)
-        metrics.update(steps=float(steps), examples_per_s=round(seen / max(seconds, 1e-9), 1),
+        # steps: what FedNova normalises by; examples: what this site's data did this round.
+        metrics.update(steps=float(steps), examples=float(seen),
+                       examples_per_s=round(seen / max(seconds, 1e-9), 1),
                        first_step_s=round(first_step_s, 4))
         if self.private is not None:
             metrics.update(self.private.finish())

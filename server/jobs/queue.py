@@ -35,6 +35,7 @@ from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, JobIntake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.buffered import AsyncPlan
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
@@ -243,7 +244,8 @@ class JobManager(JobIntake):
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
                             checkpointer=checkpointer, initial_weights=initial,
                             plan=(RingPlan(job) if job.mode == Mode.RING
-                                  else SecAggPlan(job) if job.secure_aggregation else None),
+                                  else SecAggPlan(job) if job.secure_aggregation
+                                  else AsyncPlan(job) if job.mode == Mode.ASYNC else None),
                             bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)

@@ -31,6 +31,7 @@ from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, Train
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.rounds.validation import first_non_finite
+from fedgpu.server.rounds.work import configure, task_hyperparameters
 from fedgpu.server.strategies.aggregate import weighted_metric
 from fedgpu.server.transfer.payload import ModelPayload, to_wire
 
@@ -63,6 +64,7 @@ class Orchestrator(Intake):
         self.plan = plan if plan is not None else StarPlan(job)
         self.plan.bind(self)
         self.strategy = self.plan.strategy
+        configure(self.strategy, job)
         self.run_id = secrets.token_hex(6)
         self.state = RunState.WAITING
         self.error: str | None = None
@@ -202,6 +204,8 @@ class Orchestrator(Intake):
         """The round's new global model; None (and rnd.error) when it is not finite, so that
         a poisoned model is never committed, checkpointed or sent to the nodes."""
         async with self._agg_lock:
+            # From here on an update that arrives is late: the strategy is being finished.
+            rnd.closed = True
             t0 = time.perf_counter()
             new = await asyncio.to_thread(self.strategy.finish)
             bad = await asyncio.to_thread(first_non_finite, new)
@@ -256,7 +260,7 @@ class Orchestrator(Intake):
                 round=number,
                 kind=plan.kind,
                 task_name=self.job.task,
-                hyperparameters_json=json.dumps(self.job.hyperparameters),
+                hyperparameters_json=json.dumps(task_hyperparameters(self.job, self.run_id)),
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,
@@ -270,6 +274,7 @@ class Orchestrator(Intake):
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
+        plan.opened(rnd)
         self.current, self.current_plan = rnd, plan
         log.info("%s", plan.describe(rnd, chosen))
         return rnd
@@ -290,6 +295,9 @@ class Orchestrator(Intake):
         rnd.closed = True
         for node_id, state in rnd.slots.items():
             node = self.registry.get(node_id)
+            if (state in (SlotState.ASSIGNED, SlotState.UPLOADING)
+                    and self.current_plan.carries(rnd, node_id)):
+                continue  # async: still training (or sending), its update joins a later step
             if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)

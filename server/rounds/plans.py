@@ -104,6 +104,22 @@ class Plan(ABC):
     def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:  # noqa: B027
         """Add what this mode keeps of an accepted update's header (nothing by default)."""
 
+    # Asynchronous modes (server/rounds/buffered.py) answer tasks of earlier attempts too.
+    def opened(self, rnd: RoundState) -> None:  # noqa: B027
+        """The attempt's tasks are out (async: tasks still in flight join it)."""
+
+    def answers(self, rnd: RoundState, header_round: int) -> bool:
+        """Does an update for a task of round `header_round` belong to this attempt?"""
+        return rnd.number == header_round
+
+    def stale_reason(self, rnd: RoundState, header_round: int) -> str | None:
+        """Why an update for a task of `header_round` comes too late to be used, if it does."""
+        return None
+
+    def carries(self, rnd: RoundState, node_id: str) -> bool:
+        """At close: does this node's unanswered task stay in flight (not dropped)?"""
+        return False
+
     def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
                ok: bool) -> str:
         """After an attempt closed (and was recorded): annotate the record, log, and say what

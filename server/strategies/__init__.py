@@ -11,11 +11,12 @@ from fedgpu.server.strategies.base import Strategy
 from fedgpu.server.strategies.fedadam import FedAdam
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.fedavgm import FedAvgM
+from fedgpu.server.strategies.fednova import FedNova
 from fedgpu.server.strategies.median import Median
 from fedgpu.server.strategies.trimmed_mean import TrimmedMean
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, Median, TrimmedMean)
+    cls.name: cls for cls in (FedAvg, FedAvgM, FedAdam, Median, TrimmedMean, FedNova)
 }
 
 

@@ -109,6 +109,9 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
     except ValueError:
         raise _fail(source, "mode", " | ".join(repr(m.value) for m in PrivacyMode),
                     table["mode"]) from None
+    if job_mode == "async":
+        raise ConfigError(f"{source}: [privacy] needs mode = \"star\": it accounts per "
+                          "synchronised round, which mode = \"async\" does not have")
     if job_mode != "star":
         raise ConfigError(f"{source}: [privacy] needs mode = \"star\" (in ring mode the nodes "
                           "average among themselves: no aggregate to clip and noise)")

@@ -100,6 +100,10 @@ def check_job(sa: JobSecAgg | None, strategy: str, mode: str, min_nodes: int,
     if min_nodes < 2:
         raise ConfigError(f"{source}: secure_aggregation needs min_nodes >= 2 (the sum of one "
                           f"site's update is that update), got {min_nodes}")
+    if mode == "async":
+        raise ConfigError(f"{source}: secure_aggregation works in star mode only: it needs "
+                          "synchronised rounds (the sites mask one round's sum together), "
+                          "not mode = \"async\"")
     if mode != "star":
         raise ConfigError(f"{source}: secure_aggregation works in star mode only: in {mode} "
                           "mode the sites average among themselves and the aggregator holds "
