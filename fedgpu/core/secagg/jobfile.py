@@ -37,7 +37,8 @@ DEFAULT_STAGE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class JobSecAgg:
-    settings: Settings = field(default_factory=Settings)
+    # The [secure_aggregation] keys themselves (params.py), at the table's top level.
+    settings: Settings = field(default_factory=Settings, metadata={"flat": True})
     # Each stage after training (share keys, masked input, unmask) waits at most this long.
     stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S
 
