@@ -140,6 +140,10 @@ async def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | byt
             # A refusal (grpc.RpcError) ends this node's part: the caller stops.
             await link.wire.push(header, source)
             return
+        except grpc.RpcError as exc:
+            if attempt and exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                return  # the try that broke off had arrived
+            raise
         except (OSError, bulk.BulkProtocolError):
             # The bulk connection broke off (a busy port resets some): send again. Had the
             # first try arrived after all, the aggregator refuses the repeat and keeps it.
