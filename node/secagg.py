@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,9 +134,22 @@ async def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | byt
     header.kind, header.num_examples = KIND_OF[stage], 0
     digest = await asyncio.to_thread(_digest, data)
     digests.stamp(header, codec.WIRE_DIGEST, digest)
-    # A refusal (grpc.RpcError) ends this node's part: the caller stops.
-    await link.wire.push(header, codec.Encoded((memoryview(data),), len(data), digest,
-                                                codec.WIRE_DIGEST))
+    source = codec.Encoded((memoryview(data),), len(data), digest, codec.WIRE_DIGEST)
+    for attempt in range(3):
+        try:
+            # A refusal (grpc.RpcError) ends this node's part: the caller stops.
+            await link.wire.push(header, source)
+            return
+        except grpc.RpcError as exc:
+            if attempt and exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                return  # the try that broke off had arrived
+            raise
+        except (OSError, bulk.BulkProtocolError):
+            # The bulk connection broke off (a busy port resets some): send again. Had the
+            # first try arrived after all, the aggregator refuses the repeat and keeps it.
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.2 + random.random() * 0.3)
 
 
 async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
@@ -144,7 +158,15 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
     while True:
         if link.cancelled():
             raise Interrupted("the aggregator closed the round (or the node stops)")
-        pulled = await link.wire.pull(link.node_id, link.poll_s, link.max_bytes)
+        try:
+            pulled = await link.wire.pull(link.node_id, link.poll_s, link.max_bytes)
+        except PayloadError as exc:
+            if exc.header is not None:
+                raise
+            # The stream or the bulk download broke off before the relay was whole (a busy
+            # bulk port resets connections): the aggregator serves the same relay again.
+            await asyncio.sleep(0.2 + random.random() * 0.3)
+            continue
         try:
             header = pulled.header
             if header.kind == pb.TASK_KIND_NONE:

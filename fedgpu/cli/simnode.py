@@ -244,6 +244,8 @@ class SimNode:
                 for name, g in tensors.items()}
 
     async def _answer(self, header: pb.TaskHeader, payload: memoryview | None) -> None:
+        if header.kind not in (pb.TASK_KIND_INIT, pb.TASK_KIND_TRAIN, pb.TASK_KIND_EVALUATE):
+            return  # a secure round's relay after its protocol stopped: nothing to answer
         self.state = "training"
         try:
             weights = await asyncio.to_thread(self._update, header, payload)
