@@ -159,3 +159,8 @@ class BundleState(StrEnum):
 
 
 BUNDLE_STATES: tuple[str, ...] = tuple(s.value for s in BundleState)
+
+
+# The tasks every node installs with fedgpu (node/tasks/__init__.py, checked by a test): the
+# aggregator, which imports no node code, knows these names before any node has registered.
+BUILTIN_TASKS: tuple[str, ...] = ("causal-lm", "digits", "images")
