@@ -102,6 +102,10 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
     assert resumed["rounds_done"] == 40
     events = job_cli(fed, "logs", second["job_id"])
     assert any("resumed after round" in e["message"] for e in events), events
+    # Each round's line says what a person watches for (`job logs --follow` prints it).
+    closed = [e["message"] for e in events if " closed: " in e["message"]]
+    assert any(m.startswith("round 40 closed: ") and "train loss" in m for m in closed), closed
+    assert any("model of round" in m and "accuracy" in m for m in closed), closed
     assert {p.name: p.popen.pid for p in fed.procs if p.name.startswith("site-")} == pids
     assert all(p.popen.poll() is None for p in fed.procs if p.name.startswith("site-"))
 
