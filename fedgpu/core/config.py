@@ -60,6 +60,10 @@ class Job:
     evaluate: bool = True
     # Retries of a round that closed at its deadline with fewer than min_nodes updates.
     round_retries: int = 3
+    # A job that has not opened its first round this long after its turn came (too few nodes
+    # can take it: its task, its bundle, its [resources]) fails with the reason, and the
+    # queue moves on to the next job.
+    queue_timeout_s: float = 600.0
     initial_weights: str | None = None
     # FedAvg weighs each update by the examples its node claims; no claim above this counts
     # (an update claiming more is refused). None: only each node's own stated size bounds it.
@@ -189,6 +193,9 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if mode not in MODES:
         raise _fail(source, "mode", f"one of {', '.join(MODES)}", mode)
     seed = get("seed", int, "an integer")
+    queue_timeout = get("queue_timeout_s", (int, float), "a number of seconds > 0")
+    if not queue_timeout > 0:
+        raise _fail(source, "queue_timeout_s", "a number of seconds > 0", queue_timeout)
     retries = get("round_retries", int, "a non-negative integer")
     if retries < 0:
         raise _fail(source, "round_retries", "a non-negative integer", retries)
@@ -234,6 +241,7 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         mode=mode,
         evaluate=evaluate,
         round_retries=retries,
+        queue_timeout_s=float(queue_timeout),
         initial_weights=initial,
         max_examples_per_node=max_examples,
         wire_dtype=wire_dtype,

@@ -25,7 +25,7 @@ from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights, map_weight
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Intake
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
-from fedgpu.server.rounds.eligibility import eligible_nodes
+from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
@@ -71,12 +71,12 @@ class Orchestrator(Intake):
         self.started_at = time.time()
         self.finished_at: float | None = None
         self.global_weights: dict[str, np.ndarray] | None = (
-            dict(initial_weights) if initial_weights is not None else None
-        )
+            dict(initial_weights) if initial_weights is not None else None)
         self.global_spec: dict[str, tuple[str, tuple[int, ...]]] | None = (
-            codec.spec(self.global_weights) if self.global_weights is not None else None
-        )
+            codec.spec(self.global_weights) if self.global_weights is not None else None)
         self.global_round = 0
+        # A round was ever opened (queue_timeout_s applies only before the first).
+        self.opened_any = False
         self.history = History()
         self.current: RoundState | None = None
         self.current_plan: Plan = self.plan
@@ -103,6 +103,7 @@ class Orchestrator(Intake):
         self.global_weights = weights
         self.global_spec = codec.spec(weights)
         self.global_round = int(state["global_round"])
+        self.opened_any = self.global_round > 0
         self.history.load(state)
         self.started_at = float(state.get("started_at") or self.started_at)
         self.completed = bool(state.get("completed"))
@@ -221,12 +222,17 @@ class Orchestrator(Intake):
 
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
+        since = time.monotonic()
         while True:
             alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
+                self.opened_any = True
                 return alive
             self.waiting_for_nodes = True
+            if not self.opened_any and time.monotonic() - since > self.job.queue_timeout_s:
+                raise RunFailed(never_started(self.job, self.registry, self.bundle, needed,
+                                              len(alive)))
             if time.monotonic() - last_log > 30:
                 log.info("waiting for nodes: %d of %d needed are connected and can take the "
                          "job", len(alive), needed)
@@ -336,11 +342,9 @@ class Orchestrator(Intake):
         `job model` never serves an older model than the status announces."""
         saved = None
         if self.checkpointer is not None:
-            # The write (encode, fsync: seconds for a multi-GB model) runs in a thread so
-            # heartbeats and long polls go on. The state is copied here, on the loop, because
-            # late evaluations keep landing in the history meanwhile; the weights and the
-            # optimiser arrays change only in the next round's finish, after this returns.
-            # Strict JSON: state.json is read by `fedgpu report` and other tools.
+            # Written in a thread (encode, fsync: seconds for a multi-GB model); the state is
+            # copied here, on the loop, as late evaluations keep landing in the history. Strict
+            # JSON: state.json is read by `fedgpu report` and other tools.
             state = json.loads(jsondoc.dumps({**self.checkpoint_state(),
                                                "global_round": number}))
             # The model adopted from its file and unchanged (the last commit of a run, with
@@ -384,8 +388,7 @@ class Orchestrator(Intake):
         }
 
     def rounds_doc(self) -> dict[str, Any]:
-        """The `fedgpu rounds --json` document."""
-        return self.history.doc(self.run_id)
+        return self.history.doc(self.run_id)  # `fedgpu rounds --json`
 
     def task_for(self, node: Node) -> Task | None:
         task = node.pending
