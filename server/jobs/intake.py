@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from fedgpu.core import task_schemas
 from fedgpu.core.bundles import Bundle, pack_dir
 from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, loads_toml, parse_job, with_bundle_task
 from fedgpu.core.constants import BUILTIN_TASKS, JobState
@@ -67,6 +68,9 @@ class JobIntake:
             raise ConfigError(f"{filename}: 'task_dir' names a task bundle directory, but no "
                               "bundle came with the job: submit it with 'fedgpu job submit' "
                               "(which packs the directory and sends it)")
+        else:
+            # A built-in task's hyperparameters, checked as its nodes would (names, kinds).
+            task_schemas.check(job.task, job.hyperparameters, filename)
         from fedgpu.server.strategies import make_strategy
 
         make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now
