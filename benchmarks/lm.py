@@ -2,7 +2,7 @@
 against a plain transformers + peft loop on the same model and data.
 
     python -m benchmarks.lm                 # measure, print the Markdown section
-    python -m benchmarks.lm --write         # and put it at the end of BENCHMARKS.md
+    python -m benchmarks.lm --write         # as benchmarks/LM.md, copied into BENCHMARKS.md
 
 Bytes: a real fedgpu round of the bench model (its update file, as the wire carries it), and
 two models sized from their safetensors headers alone (memory.py reads them): a GPT-2 small
@@ -346,23 +346,22 @@ def _mb(n: float) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
 
 
-def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
-    doc = path.read_text()
-    if SECTION in doc:
-        head = doc[: doc.index(SECTION)]
-        rest = doc[doc.index(SECTION) + len(SECTION):]
-        nxt = rest.find("\n## ")
-        doc = head + text + (rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc)
+def write_section(text: str, path: Path = ROOT / "benchmarks" / "LM.md") -> None:
+    """The section as benchmarks/LM.md (headings one level up), then BENCHMARKS.md again from
+    run_all's results with it (benchmarks/report.py copies the separately measured files in)."""
+    from benchmarks.report import render
+
+    lines = [line[1:] if line.startswith("##") else line for line in text.splitlines()]
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+    results = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    (ROOT / "BENCHMARKS.md").write_text(render(results))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plain", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--runner", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--write", action="store_true", help="put the section in BENCHMARKS.md")
+    ap.add_argument("--write", action="store_true", help="write benchmarks/LM.md and BENCHMARKS.md")
     ap.add_argument("--json", type=Path, help="also keep the measurements here")
     a = ap.parse_args()
     if a.plain is not None:

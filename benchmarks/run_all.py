@@ -127,7 +127,7 @@ def _aggregation(r: dict[str, Any], flower: str) -> None:
     r["agg"] = []
     for k, params in ((10, 11_000_000), (100, 1_000_000)):
         args = ["--k", str(k), "--params", str(params)]
-        for impl in ("fedgpu", "fedgpu_stream", "numpy", "bound"):
+        for impl in ("fedgpu", "fedgpu_stream", "fedgpu_stream_normed", "numpy", "bound"):
             r["agg"].append(run_case("benchmarks.aggregation", ["--impl", impl, *args]))
         r["agg"].append(run_case("benchmarks.aggregation", ["--impl", "flower", *args],
                                  python=flower))

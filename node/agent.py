@@ -31,7 +31,7 @@ from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, 
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
-from fedgpu.node.rounds import workfiles
+from fedgpu.node.rounds import local_dp, workfiles
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
     SIMULATED_GPUS_ENV,
@@ -269,8 +269,10 @@ class Agent:
                 if not isinstance(hparams, dict):
                     error = "hyperparameters are not a JSON object"
                 elif section is not None:
-                    # A bundle's section rides in task.json beside the mode's (ring's) own.
-                    args["extra"] = {**args.get("extra", {}), **section}
+                    # A bundle's section rides in task.json beside the mode's (ring's) own, and
+                    # so does local DP's.
+                    args["extra"] = {**args.get("extra", {}), **section,
+                                     **local_dp.from_header(header)}
                     # OSError starting the round is caught inside run_task (a failed outcome).
                     outcome = run_task(
                         kind=kind,

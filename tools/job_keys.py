@@ -32,14 +32,15 @@ DESCRIPTIONS: dict[str, str] = {
     "Job.use_gpu": "Short form of `[resources] gpu`: false is `gpu = \"none\"`; true leaves "
                    "`gpu` at `\"preferred\"` unless `[resources]` says otherwise.",
     "Job.strategy": "How updates are combined: `fedavg`, `fedavgm`, `fedadam`, `median`, "
-                    "`trimmed_mean` (see [strategies](#strategies)).",
+                    "`trimmed_mean`, `fednova` (see [strategies](#strategies)).",
     "Job.strategy_params": "The strategy's parameters (see [strategies](#strategies)).",
     "Job.hyperparameters": "Passed to the task as JSON (numbers, strings, booleans); the "
                            "runner takes its own keys out first (see "
                            "[the runner's hyperparameters](tasks.md#the-runners-hyperparameters)).",
     "Job.seed": "Seeds the sampling of nodes and the task's initialisation.",
-    "Job.mode": "`star` (the aggregator combines updates) or `ring` (D-PSGD between the "
-                "nodes; see [Train as a ring](../how-to/ring.md)).",
+    "Job.mode": "`star` (the aggregator combines updates), `ring` (D-PSGD between the "
+                "nodes; see [Train as a ring](../how-to/ring.md)) or `async` (FedBuff: a step "
+                "per buffer of updates; see [Unlike sites](../how-to/heterogeneous-sites.md)).",
     "Job.evaluate": "Federated evaluation of every global model on the nodes' held-out splits.",
     "Job.initial_weights": "A safetensors file to start from; else one node builds the "
                            "task's initial model.",
@@ -53,6 +54,9 @@ DESCRIPTIONS: dict[str, str] = {
     "Job.task_dir": "A task bundle directory, relative to the job file: `fedgpu job submit` "
                     "packs it and sends it with the job (`--task-dir` wins). The aggregator "
                     "keeps the bundle, not the path.",
+    "Job.privacy": "Client-level differential privacy: clipping, noise, the accountant and a "
+                   "budget that ends the job (see [Train with differential privacy]"
+                   "(../how-to/differential-privacy.md)); absent: none.",
     "Resources.gpu": "`required`, `preferred` or `none` (see [GPU-aware admission]"
                      "(../explanation/gpu-policy.md#gpu-aware-admission-resources)).",
 }
@@ -107,13 +111,24 @@ def _default(field: dataclasses.Field[Any]) -> str:
     return f"`{value}`"
 
 
+def _flat(f: dataclasses.Field[Any]) -> bool:
+    """A dataclass field whose keys sit at the top level of the file, not in a table of
+    their own (`metadata={"flat": True}`: the heterogeneous-sites keys, `Job.hetero`)."""
+    return bool(f.metadata.get("flat"))
+
+
 def rows(cls: type) -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) per field of `cls`; '' where no description."""
     hints = typing.get_type_hints(cls)
     comments = _comments(cls)
-    return [(f.name, _type_name(hints[f.name]), _default(f),
-             DESCRIPTIONS.get(f"{cls.__name__}.{f.name}") or comments.get(f.name, ""))
-            for f in dataclasses.fields(cls)]
+    out: list[tuple[str, str, str, str]] = []
+    for f in dataclasses.fields(cls):
+        if _flat(f):
+            out += rows(hints[f.name])
+            continue
+        out.append((f.name, _type_name(hints[f.name]), _default(f),
+                    DESCRIPTIONS.get(f"{cls.__name__}.{f.name}") or comments.get(f.name, "")))
+    return out
 
 
 def tables(cls: type | None = None) -> list[tuple[str, type]]:
@@ -125,7 +140,11 @@ def tables(cls: type | None = None) -> list[tuple[str, type]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        # An optional table (`[privacy]`: absent means none) is a table all the same.
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            tp = args[0]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not _flat(f):
             out.append((f.name, tp))
     return out
 

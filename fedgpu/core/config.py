@@ -10,7 +10,11 @@ from typing import Any
 
 from fedgpu.core.constants import GPU_NEEDS, MODES, STRATEGIES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
+from fedgpu.core.hetero_config import HeteroWork, UpdateCodec, parse_hetero
 from fedgpu.core.job_bounds import check_bounds
+from fedgpu.core.privacy import PrivacySettings, parse_privacy
+from fedgpu.core.privacy.settings import with_dp_rounds
 from fedgpu.core.secagg import jobfile as secagg_jobfile
 
 Scalar = int | float | str | bool
@@ -56,6 +60,10 @@ class Job:
     evaluate: bool = True
     # Retries of a round that closed at its deadline with fewer than min_nodes updates.
     round_retries: int = 3
+    # A job that has not opened its first round this long after its turn came (too few nodes
+    # can take it: its task, its bundle, its [resources]) fails with the reason, and the
+    # queue moves on to the next job.
+    queue_timeout_s: float = 600.0
     initial_weights: str | None = None
     # FedAvg weighs each update by the examples its node claims; no claim above this counts
     # (an update claiming more is refused). None: only each node's own stated size bounds it.
@@ -80,9 +88,16 @@ class Job:
     # Secure aggregation (SecAgg+): `secure_aggregation = true` or a [secure_aggregation]
     # table (fedgpu/core/secagg/jobfile.py); None: off.
     secure_aggregation: secagg_jobfile.JobSecAgg | None = None
+    # `[privacy]`: client-level differential privacy (fedgpu/core/privacy); None: none.
+    privacy: PrivacySettings | None = None
+    # Top-level keys for unlike sites (fedgpu/core/hetero_config.py): local_work,
+    # round_train_s, update_codec, topk_fraction, and mode = "async"'s buffer keys.
+    hetero: HeteroWork = field(default_factory=HeteroWork, metadata={"flat": True})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["hetero"]
+        return {**out, **self.hetero.to_dict()}
 
     @property
     def needs(self) -> Resources:
@@ -96,8 +111,20 @@ def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
     return ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
 
 
+def _check_combinations(source: str, hetero: HeteroWork, secagg: Any, privacy: Any) -> None:
+    """Features that each work alone but not together (yet): refused by name, so a job never
+    runs with a guarantee silently missing. (Each one's own parser refuses mode = "async".)"""
+    codec = hetero.update_codec if hetero.update_codec != UpdateCodec.NONE else None
+    if secagg is not None and codec:
+        raise ConfigError(f"{source}: secure_aggregation masks whole updates; update_codec = "
+                          f"{codec!r} cannot be combined with it")
+    if privacy is not None and codec:
+        raise ConfigError(f"{source}: [privacy] clips and noises whole updates; update_codec = "
+                          f"{codec!r} cannot be combined with it")
+
+
 def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
-    known = set(Job.__dataclass_fields__)
+    known = set(Job.__dataclass_fields__) - {"hetero"} | HETERO_KEYS
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
@@ -166,6 +193,9 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if mode not in MODES:
         raise _fail(source, "mode", f"one of {', '.join(MODES)}", mode)
     seed = get("seed", int, "an integer")
+    queue_timeout = get("queue_timeout_s", (int, float), "a number of seconds > 0")
+    if not queue_timeout > 0:
+        raise _fail(source, "queue_timeout_s", "a number of seconds > 0", queue_timeout)
     retries = get("round_retries", int, "a non-negative integer")
     if retries < 0:
         raise _fail(source, "round_retries", "a non-negative integer", retries)
@@ -182,11 +212,18 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
     if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
         raise _fail(source, "wire_dtype", f"one of {', '.join(WIRE_DTYPES)} (or absent: full "
                     "precision)", wire_dtype)
-    if wire_dtype is not None and mode != "star":
+    if wire_dtype is not None and mode == "ring":
         raise _fail(source, "wire_dtype", "absent in ring mode (nodes average among "
                     "themselves in their own precision)", wire_dtype)
     secagg = secagg_jobfile.parse(raw.get("secure_aggregation"), source)
     secagg_jobfile.check_job(secagg, strategy, mode, min_nodes, source)
+    privacy = None
+    if raw.get("privacy") is not None:
+        privacy = parse_privacy(raw["privacy"], source, strategy=strategy, job_mode=mode,
+                                secure_aggregation=secagg is not None)
+    hetero = parse_hetero(raw, source, mode=mode, strategy=strategy, deadline_s=deadline,
+                          wire_dtype=wire_dtype, min_nodes=min_nodes)
+    _check_combinations(source, hetero, secagg, privacy)
     return Job(
         task=task,
         name=name,
@@ -198,17 +235,21 @@ def parse_job(raw: dict[str, Any], source: str = "job") -> Job:
         use_gpu=use_gpu,
         strategy=strategy,
         strategy_params=_scalars(raw.get("strategy_params", {}), source, "strategy_params"),
-        hyperparameters=_scalars(raw.get("hyperparameters", {}), source, "hyperparameters"),
+        hyperparameters=with_dp_rounds(
+            _scalars(raw.get("hyperparameters", {}), source, "hyperparameters"), rounds),
         seed=seed,
         mode=mode,
         evaluate=evaluate,
         round_retries=retries,
+        queue_timeout_s=float(queue_timeout),
         initial_weights=initial,
         max_examples_per_node=max_examples,
         wire_dtype=wire_dtype,
         resources=resources,
         task_dir=task_dir,
         secure_aggregation=secagg,
+        privacy=privacy,
+        hetero=hetero,
         **ring,
     )
 

@@ -49,6 +49,8 @@ class Mode(StrEnum):
 
     STAR = "star"
     RING = "ring"
+    # FedBuff: nodes train on the model they have; each buffer of updates is one step.
+    ASYNC = "async"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
@@ -97,7 +99,8 @@ class RoundStatus(StrEnum):
 
 
 # Implemented in fedgpu/server/strategies/, one module each; a test checks they agree.
-STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean")
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean",
+                               "fednova")
 
 # Where `fedgpu node start` keeps its status file (FEDGPU_NODE_STATUS); the container
 # HEALTHCHECK (`fedgpu node health`) and `fedgpu ps` read it.
@@ -156,3 +159,8 @@ class BundleState(StrEnum):
 
 
 BUNDLE_STATES: tuple[str, ...] = tuple(s.value for s in BundleState)
+
+
+# The tasks every node installs with fedgpu (node/tasks/__init__.py, checked by a test): the
+# aggregator, which imports no node code, knows these names before any node has registered.
+BUILTIN_TASKS: tuple[str, ...] = ("causal-lm", "digits", "images")

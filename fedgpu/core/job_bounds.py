@@ -42,6 +42,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 }
 FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "round_deadline_s": (0.0, MAX_WAIT_S),
+    "queue_timeout_s": (0.0, MAX_WAIT_S),
     "ring_timeout_s": (0.0, MAX_WAIT_S),
 }
 # Tables of free-form scalars: their integers travel as JSON to the nodes and sit in SQLite.

@@ -10,16 +10,20 @@ the device: a `.item()` per step would make the host wait for the GPU every batc
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedgpu.node.rounds.switches import Amp, LoopSettings, Switches, workers_for
 from fedgpu.node.tasks.base import DatasetTask, Metrics
+
+if TYPE_CHECKING:
+    from fedgpu.node.rounds.dp_sgd import PrivateTraining
 
 _AUTOCAST_DTYPES = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
 
@@ -109,13 +113,16 @@ class Loop:
     """One round's loops over a Dataset task, with its switches applied."""
 
     def __init__(self, task: DatasetTask, model: torch.nn.Module, device: torch.device,
-                 loop: LoopSettings, switches: Switches, task_hparams: Mapping[str, Any]) -> None:
+                 loop: LoopSettings, switches: Switches, task_hparams: Mapping[str, Any],
+                 private: PrivateTraining | None = None) -> None:
         self.task = task
         self.model = model
         self.device = device
         self.loop = loop
         self.switches = switches
         self.hparams = task_hparams
+        # DP-SGD (node/rounds/dp_sgd.py): Opacus wraps the model, optimizer and loader of train().
+        self.private = private
         self.workers = workers_for(loop, device.type)
         # The compiled module shares the model's parameters; weights are read from `model`.
         self.forward_model: torch.nn.Module = (
@@ -158,21 +165,29 @@ class Loop:
         scaler = torch.amp.GradScaler("cuda") if self.switches.amp is Amp.FP16 else None
         loader = make_loader(ds, loop.batch_size, train=True, seed=seed, workers=self.workers,
                              device=device)
+        forward = self.forward_model
+        if self.private is not None:
+            forward, opt, loader = self.private.wrap(self.model, opt, loader, loop.local_epochs,
+                                                     loop.max_steps)
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.int64)
         seen = steps = 0
         counted = False
         first_step_s = 0.0
         start = time.perf_counter()
-        deadline = start + loop.max_train_seconds if loop.max_train_seconds > 0 else None
+        # A time budget (local_work = "time") trains epoch after epoch until it is spent.
+        limit = loop.round_train_s or loop.max_train_seconds
+        deadline = start + limit if limit > 0 else None
+        epochs = itertools.count() if loop.round_train_s > 0 else range(loop.local_epochs)
         self.model.train()
         stop = False
-        for _ in range(loop.local_epochs):
+        for _ in epochs:
+            before = steps
             for raw in loader:
                 batch = self._move(raw)
                 n = batch_len(batch)
                 with autocast(device, self.switches):
-                    loss, right = self._split(self.task.batch_loss(self.forward_model, batch))
+                    loss, right = self._split(self.task.batch_loss(forward, batch))
                 opt.zero_grad(set_to_none=True)
                 if scaler is not None:
                     scaler.scale(loss).backward()
@@ -181,7 +196,8 @@ class Loop:
                 else:
                     loss.backward()
                     opt.step()
-                loss_sum += loss.detach().float() * n
+                if n:  # a Poisson-sampled batch (DP-SGD) may be empty: its mean loss is NaN
+                    loss_sum += loss.detach().float() * n
                 if right is not None:
                     correct += right
                     counted = True
@@ -194,14 +210,19 @@ class Loop:
                     deadline is not None and time.perf_counter() >= deadline)
                 if stop:
                     break
-            if stop:
+            # An epoch without a step (no batches) would spin forever under a time budget.
+            if stop or steps == before:
                 break
         self._sync()
         seconds = time.perf_counter() - start
         del loader  # ends the persistent workers now, not at interpreter exit
         metrics = self._metrics(loss_sum, correct if counted else None, seen)
-        metrics.update(steps=float(steps), examples_per_s=round(seen / max(seconds, 1e-9), 1),
+        # steps: what FedNova normalises by; examples: what this site's data did this round.
+        metrics.update(steps=float(steps), examples=float(seen),
+                       examples_per_s=round(seen / max(seconds, 1e-9), 1),
                        first_step_s=round(first_step_s, 4))
+        if self.private is not None:
+            metrics.update(self.private.finish())
         # FedAvg weighs an update by the local set's size, not by the examples seen in it.
         return TrainOutcome(len(ds), metrics, round(seconds, 4))  # type: ignore[arg-type]
 

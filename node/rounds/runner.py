@@ -17,7 +17,6 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,19 @@ from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
+from fedgpu.node.rounds import compress, dp_sgd, local_dp
 from fedgpu.node.rounds.loop import Loop, autocast
+from fedgpu.node.rounds.spec import (  # noqa: F401 - parse_spec: named here for its callers
+    BadInputError,
+    RoundSpec,
+    parse_spec,
+)
 from fedgpu.node.rounds.switches import Switches, for_device, split_hparams
 from fedgpu.node.rounds.workfiles import (
     EXIT_CODES,
-    KINDS,
     WEIGHTS_IN,
     WEIGHTS_OUT,
     ErrorKind,
-    Kind,
 )
 from fedgpu.node.tasks import (
     Datasets,
@@ -49,33 +52,14 @@ from fedgpu.node.tasks import (
     UnknownTaskError,
     load_task,
 )
-from fedgpu.node.tasks.bundled import BundleSpec, load_bundle_task
+from fedgpu.node.tasks.bundled import load_bundle_task
 
 log = logging.getLogger("fedgpu.worker")
 _MIB = 1 << 20
 
 
-class BadInputError(ValueError):
-    """task.json or the weights sent with it cannot be used; retrying will not help."""
-
-
 class DivergedError(RuntimeError):
     """Training produced NaN or infinite weights."""
-
-
-@dataclass(frozen=True)
-class RoundSpec:
-    kind: Kind
-    task_name: str
-    hyperparameters: dict[str, Any]
-    seed: int
-    round: int
-    data_dir: Path | None
-    device: str
-    memory_fraction: float | None = None
-    torch_threads: int | None = None
-    # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
-    bundle: BundleSpec | None = None
 
 
 @dataclass
@@ -104,57 +88,6 @@ class Failure:
         return EXIT_CODES[self.kind]
 
 
-def parse_spec(raw: object) -> RoundSpec:
-    """Validate task.json's content; every problem is a one-line BadInputError."""
-    if not isinstance(raw, Mapping):
-        raise BadInputError("task.json must hold a JSON object")
-
-    def need(key: str, kind: type | tuple[type, ...], what: str, optional: bool = False) -> Any:
-        if key not in raw:
-            if optional:
-                return None
-            raise BadInputError(f"task.json: '{key}' is missing")
-        value = raw[key]
-        if value is None and optional:
-            return None
-        # bool is an int in Python; "seed": true is a mistake.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise BadInputError(f"task.json: '{key}' must be {what}, got {value!r}")
-        if not isinstance(value, kind):
-            raise BadInputError(f"task.json: '{key}' must be {what}, got {value!r}")
-        return value
-
-    kind = need("kind", str, "a string")
-    if kind not in KINDS:
-        raise BadInputError(f"task.json: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
-    data_dir = need("data_dir", str, "a path", optional=kind == "init")
-    device = need("device", str, "'cpu' or 'cuda:N'")
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError:
-        device_type = None
-    if device_type not in ("cpu", "cuda"):
-        raise BadInputError(f"task.json: 'device' must be 'cpu' or 'cuda:N', got {device!r}")
-    fraction = need("memory_fraction", (int, float), "a number in (0, 1]", optional=True)
-    if fraction is not None and not 0 < fraction <= 1:
-        raise BadInputError(f"task.json: 'memory_fraction' must be in (0, 1], got {fraction}")
-    threads = need("torch_threads", int, "a positive integer", optional=True)
-    if threads is not None and threads < 1:
-        raise BadInputError(f"task.json: 'torch_threads' must be >= 1, got {threads}")
-    return RoundSpec(
-        kind=kind,
-        task_name=need("task_name", str, "a string"),
-        hyperparameters=dict(need("hyperparameters", dict, "an object")),
-        seed=need("seed", int, "an integer"),
-        round=need("round", int, "an integer"),
-        data_dir=Path(data_dir) if data_dir else None,
-        device=device,
-        memory_fraction=float(fraction) if fraction is not None else None,
-        torch_threads=threads,
-        bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
-    )
-
-
 def task_for(spec: RoundSpec, workdir: Path) -> Task | DatasetTask:
     """The round's task: installed (by name), or imported from its checked bundle here."""
     if spec.bundle is not None:
@@ -169,9 +102,14 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     device = _prepare_device(spec)
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
-    streaming = isinstance(task, DatasetTask)
-    switches, loop, task_hp = split_hparams(spec.task_name, spec.hyperparameters, streaming)
+    streaming, train = isinstance(task, DatasetTask), spec.kind == "train"
+    dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
+    hparams = dict(hparams)
+    ask = compress.take(hparams)  # update_codec: the job wants a compressed delta back
+    switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
+    if dp is not None:
+        switches = dp_sgd.dp_switches(spec.task_name, switches)
     if switches.cudnn_benchmark:
         # Asked for by the job: speed over run-to-run reproducibility of the kernels chosen.
         torch.backends.cudnn.benchmark = True
@@ -185,6 +123,9 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
 
     with torch.device(device):
         model = task.build_model(task_hp)
+        if dp is not None:
+            model = dp_sgd.prepare_model(spec.task_name, model, dp)
+    private = dp_sgd.PrivateTraining(spec.task_name, dp, spec.round) if dp and train else None
     wire_dtypes: dict[str, str] | None = None
     if spec.kind != "init":
         assert spec.data_dir is not None
@@ -197,9 +138,10 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         if streaming:
             assert loop is not None
             _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
-                                                          task_hp), result, started)
+                                                          task_hp, private), result, started)
         else:
-            _tensor_round(spec, task, model, device, switches, task_hp, result)  # type: ignore[arg-type]
+            _tensor_round(spec, task, model, device, switches, task_hp, result,  # type: ignore[arg-type]
+                          private)
         if switches.channels_last:
             # Back to the layout the wire and every other node expect (row-major NCHW).
             model = model.to(memory_format=torch.contiguous_format)
@@ -212,9 +154,16 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
                 f"lower 'lr' in the job's hyperparameters"
             )
         out = weights.state_arrays(model, wire_dtypes)
-        weights.write_weights(
-            workdir / WEIGHTS_OUT, out, {"task": spec.task_name, "round": str(spec.round)}
-        )
+        meta = {"task": spec.task_name, "round": str(spec.round)}
+        if spec.privacy is not None and train:  # clipped and noised before it is written
+            out = local_dp.privatize(out, workdir / WEIGHTS_IN, spec.privacy, result.train_metrics)
+        if ask is not None and train:
+            encoded = compress.write_delta(
+                workdir / WEIGHTS_OUT, ask, weights.read_arrays(workdir / WEIGHTS_IN), out,
+                compress.residual_path(workdir, spec.data_dir), meta)
+            result.train_metrics["update_bytes"] = float(encoded.size)
+        else:
+            weights.write_weights(workdir / WEIGHTS_OUT, out, meta)
 
     if device.type == "cuda":
         result.torch_peak_allocated_mib = _ceil_mib(torch.cuda.max_memory_allocated(device))
@@ -251,7 +200,8 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
 
 
 def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: torch.device,
-                  switches: Switches, task_hp: dict[str, Any], result: RoundResult) -> None:
+                  switches: Switches, task_hp: dict[str, Any], result: RoundResult,
+                  private: dp_sgd.PrivateTraining | None = None) -> None:
     assert spec.data_dir is not None
     data = {k: _to_device(v, device, switches.channels_last)
             for k, v in task.load_data(spec.data_dir).items()}
@@ -263,9 +213,11 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
         )
         if spec.kind == "train":
             start = time.perf_counter()
-            result.num_examples, result.train_metrics = task.train(
-                fwd, data, device, task_hp, spec.seed  # type: ignore[arg-type]
-            )
+            if private is not None:
+                out = dp_sgd.train_tensor_task(task, model, data, device, task_hp, private)
+            else:
+                out = task.train(fwd, data, device, task_hp, spec.seed)  # type: ignore[arg-type]
+            result.num_examples, result.train_metrics = out
             if device.type == "cuda":
                 # Kernels run asynchronously; without this the clock stops before they finish.
                 torch.cuda.synchronize(device)
@@ -297,6 +249,7 @@ def classify(exc: BaseException) -> Failure:
         )
     bad_input = (
         BadInputError,
+        local_dp.LocalDpError,
         BundleError,
         UnknownTaskError,
         HyperparameterError,

@@ -45,6 +45,9 @@ LOOP_DEFAULTS: dict[str, int | float | bool | str] = {
     "local_epochs": 1,
     "max_steps": 0,  # 0: no cap; else the round stops after this many optimizer steps
     "max_train_seconds": 0.0,  # 0: no cap; else the round stops after the step that crosses it
+    # Set by jobs with local_work = "time": train (epoch after epoch) until this many seconds
+    # are spent, whatever local_epochs says. 0: off.
+    "round_train_s": 0.0,
     "num_workers": -1,  # -1: 0 on the CPU (training needs the cores), up to 8 on a GPU
 }
 # DataLoader worker processes beyond this rarely help a single GPU and each costs host memory.
@@ -67,6 +70,7 @@ class LoopSettings:
     max_steps: int = 0
     max_train_seconds: float = 0.0
     num_workers: int = 0
+    round_train_s: float = 0.0
 
 
 def split_hparams(
@@ -90,7 +94,7 @@ def split_hparams(
     for key in ("batch_size", "local_epochs"):
         if hp[key] < 1:
             _refuse(task_name, key, hp[key], ">= 1")
-    for key in ("eval_batch_size", "max_steps", "max_train_seconds"):
+    for key in ("eval_batch_size", "max_steps", "max_train_seconds", "round_train_s"):
         if hp[key] < 0:
             _refuse(task_name, key, hp[key], ">= 0")
     if hp["num_workers"] < -1:
@@ -102,6 +106,7 @@ def split_hparams(
         max_steps=hp["max_steps"],
         max_train_seconds=hp["max_train_seconds"],
         num_workers=hp["num_workers"],
+        round_train_s=float(hp["round_train_s"]),
     )
     return switches, loop, rest
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +23,8 @@ DEFAULTS: dict[str, int | float] = {
     "local_epochs": 1,
     "batch_size": 32,
     "weight_decay": 0.0,
+    # local_work = "time" (set by the job): epochs until this many seconds are spent. 0: off.
+    "round_train_s": 0.0,
 }
 # Evaluation holds no activations for backward, so it can take far larger batches.
 _EVAL_BATCH = 1024
@@ -34,7 +38,7 @@ class DigitsTask:
         for key in ("lr", "batch_size", "local_epochs"):
             if hp[key] <= 0:
                 _refuse(key, hp[key], "> 0")
-        for key in ("momentum", "weight_decay"):
+        for key in ("momentum", "weight_decay", "round_train_s"):
             if hp[key] < 0:
                 _refuse(key, hp[key], ">= 0")
         return hp
@@ -103,11 +107,18 @@ class DigitsTask:
         # Summed on the device: a .item() per step would synchronise with the GPU every batch.
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.int64)
-        seen = 0
+        seen = steps = 0
         model.train()
-        for _ in range(hp["local_epochs"]):
+        budget = hp["round_train_s"]
+        deadline = time.perf_counter() + budget
+        epochs = itertools.count() if budget > 0 and n > 0 else range(hp["local_epochs"])
+        for _ in epochs:
+            if budget > 0 and time.perf_counter() >= deadline:
+                break
             order = torch.randperm(n, generator=gen, device=device)
             for start in range(0, n, hp["batch_size"]):
+                if budget > 0 and steps and time.perf_counter() >= deadline:
+                    break
                 idx = order[start : start + hp["batch_size"]]
                 logits = model(x[idx])
                 loss = F.cross_entropy(logits, y[idx])
@@ -117,11 +128,15 @@ class DigitsTask:
                 loss_sum += loss.detach() * len(idx)
                 correct += (logits.argmax(1) == y[idx]).sum()
                 seen += len(idx)
+                steps += 1
         # The weight of this update in FedAvg is the size of the local set, not examples seen
         # across epochs, so a node running more epochs does not count for more.
         return n, {
             "loss": float(loss_sum) / max(seen, 1),
             "accuracy": float(correct) / max(seen, 1),
+            # What FedNova normalises by, and what this site's data did this round.
+            "steps": float(steps),
+            "examples": float(seen),
         }
 
     # ---- ring mode (node/tasks/base.py RingTask): the ring worker drives the steps ----------

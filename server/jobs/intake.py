@@ -8,6 +8,7 @@ a length limit (--max-queued-jobs).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import logging
 import os
@@ -19,13 +20,15 @@ from typing import Any
 
 from fedgpu.core.bundles import Bundle, pack_dir
 from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, loads_toml, parse_job, with_bundle_task
-from fedgpu.core.constants import JobState
+from fedgpu.core.constants import BUILTIN_TASKS, JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore
 from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.jobs.state import JobRow, SavedHistory, StateStore
+from fedgpu.server.registry import Registry
+from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs")
 
@@ -41,6 +44,7 @@ class JobIntake:
     """The submitting half of JobManager (its attributes are the manager's)."""
 
     store: StateStore
+    registry: Registry
     state_dir: Path
     bundles: BundleStore
     active: Any
@@ -87,11 +91,31 @@ class JobIntake:
         return self.enqueue(self.prepare(job_toml, filename, bundle), job_toml, filename,
                             submitted_by, source, bundle, weights)
 
+    def check_task_offered(self, job: Job, bundle: Bundle | None) -> None:
+        """ConfigError when nodes are registered, none offers the job's task, it is no
+        built-in task and no bundle brings it: a typo would otherwise wait forever. With no
+        node registered yet the job is queued (it waits, saying why)."""
+        if bundle is not None or job.task in BUILTIN_TASKS:
+            return
+        nodes = self.registry.all()
+        offered = {t for n in nodes for t in n.tasks}
+        # A node that lists no tasks (a simulated site) takes any, as eligibility reads it.
+        if not nodes or job.task in offered or any(not n.tasks for n in nodes):
+            return
+        known = sorted(offered | set(BUILTIN_TASKS))
+        close = difflib.get_close_matches(job.task, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"no registered node offers task {shown(job.task)} and no task bundle "
+                          f"came with the job{hint}; the tasks offered: {', '.join(known[:20])}"
+                          + (", ..." if len(known) > 20 else ""))
+
     def enqueue(self, job: Job, job_toml: str, filename: str, submitted_by: str,
                 source: str = "submit", bundle: Bundle | None = None,
                 weights: Path | None = None) -> JobRow:
         """Queue a job `prepare` accepted (on the event loop: the database and the wake-up)."""
         try:
+            if source == "submit":
+                self.check_task_offered(job, bundle)
             self.check_room()
             if job.initial_weights is not None and weights is None:
                 weights = self.weights_from_dir(job)

@@ -35,6 +35,7 @@ from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, JobIntake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.buffered import AsyncPlan
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
@@ -198,7 +199,7 @@ class JobManager(JobIntake):
         if crash is not None and not active.stop_requested:
             self._fail(row.job_id, crash)
             return
-        self._end(row.job_id, state, orch.error)
+        self._end(row.job_id, state, orch.error, orch.end_reason)
 
     def _fail(self, job_id: str, exc: Exception) -> None:
         if isinstance(exc, FedgpuError):
@@ -209,11 +210,13 @@ class JobManager(JobIntake):
         self._end(job_id, JobState.FAILED, f"internal error ({type(exc).__name__}: "
                   f"{str(exc)[:MAX_REASON]}); the aggregator's log has the details")
 
-    def _end(self, job_id: str, state: JobState, error: str | None) -> None:
-        self.store.update(job_id, state=state, error=error, reason=None,
+    def _end(self, job_id: str, state: JobState, error: str | None,
+             reason: str | None = None) -> None:
+        self.store.update(job_id, state=state, error=error, reason=reason,
                           finished_at=time.time())
         self._offers = None
-        self.store.add_event(job_id, f"{state}" + (f": {error}" if error else ""),
+        self.store.add_event(job_id, f"{state}" + (f": {error or reason}" if error or reason
+                                                   else ""),
                              level="error" if state is JobState.FAILED else "info")
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
 
@@ -241,7 +244,8 @@ class JobManager(JobIntake):
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
                             checkpointer=checkpointer, initial_weights=initial,
                             plan=(RingPlan(job) if job.mode == Mode.RING
-                                  else SecAggPlan(job) if job.secure_aggregation else None),
+                                  else SecAggPlan(job) if job.secure_aggregation
+                                  else AsyncPlan(job) if job.mode == Mode.ASYNC else None),
                             bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)

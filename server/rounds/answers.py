@@ -30,6 +30,7 @@ from fedgpu.server.rounds.records import (
 )
 from fedgpu.server.rounds.states import Reject, SlotState
 from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.work import add_update
 from fedgpu.server.transfer.payload import ModelPayload, wire_spec
 from fedgpu.server.transfer.wire_limits import shown
 
@@ -63,7 +64,10 @@ class Intake:
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""
         rnd = self.current
-        if rnd is None or rnd.number != header.round:
+        stale = rnd is not None and self.current_plan.stale_reason(rnd, header.round)
+        if stale:
+            raise UpdateRejected(Reject.STALE_ROUND, stale)
+        if rnd is None or not self.current_plan.answers(rnd, header.round):
             if self.history.last_of(header.round) is not None:
                 raise UpdateRejected(
                     Reject.LATE, f"round {header.round} already closed: the update arrived "
@@ -198,7 +202,9 @@ class Intake:
                     raise UpdateRejected(Reject.LATE,
                                          f"round {rnd.number} closed before aggregation")
                 t0 = time.perf_counter()
-                await asyncio.to_thread(self.strategy.add, tensors, header.num_examples)
+                await asyncio.to_thread(add_update, self.strategy, tensors,
+                                        header.num_examples, dict(header.train_metrics),
+                                        rnd.number - header.round)
                 rnd.aggregation_s += time.perf_counter() - t0
         rnd.bytes_received += payload_bytes
         resources = Resources.from_wire(header.resources)

@@ -62,6 +62,8 @@ class RoundState:
     upload_s: dict[str, float] = field(default_factory=dict)
     # The path each node's update came by (bulk port or gRPC).
     transport: dict[str, Transport] = field(default_factory=dict)
+    # Async (FedBuff): done as soon as this many updates were accepted (0: when all answered).
+    enough: int = 0
 
     def count(self, state: SlotState) -> int:
         return sum(1 for s in self.slots.values() if s == state)
@@ -89,5 +91,5 @@ class RoundState:
         self.slots[node_id] = state
         if state in (SlotState.FAILED, SlotState.REJECTED) and self.first_failure_at is None:
             self.first_failure_at = now
-        if self.outstanding() == 0:
+        if self.outstanding() == 0 or self.enough and self.accepted() >= self.enough:
             self.done.set()

@@ -21,7 +21,7 @@ from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import BundleState, TaskApproval
-from fedgpu.server.registry import Node
+from fedgpu.server.registry import Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
 
@@ -87,3 +87,17 @@ def bundle_refusal(bundle: BundleRef, node: Node) -> str | None:
 def eligible_nodes(job: Job, nodes: list[Node], bundle: BundleRef | None = None) -> list[Node]:
     """The nodes of `nodes` (alive ones) that can take part in `job`."""
     return [n for n in nodes if eligibility(job, n, True, bundle) is None]
+
+
+def never_started(job: Job, registry: Registry, bundle: BundleRef | None, needed: int,
+                  able: int) -> str:
+    """Why a job gave up waiting for its first round (queue_timeout_s): the count and a few
+    sites' own reasons."""
+    reasons = []
+    for node in registry.all()[:3]:
+        why = eligibility(job, node, registry.is_alive(node), bundle)
+        if why is not None:
+            reasons.append(f"{node.name}: {why}")
+    more = f" ({'; '.join(reasons)})" if reasons else " (no node is registered)"
+    return (f"the job never started: {needed} nodes that can take it were needed and {able} "
+            f"could, for queue_timeout_s = {job.queue_timeout_s:g} s{more}")

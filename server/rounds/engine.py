@@ -25,12 +25,13 @@ from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights, map_weight
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Intake
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
-from fedgpu.server.rounds.eligibility import eligible_nodes
+from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.rounds.validation import first_non_finite
+from fedgpu.server.rounds.work import configure, task_hyperparameters
 from fedgpu.server.strategies.aggregate import weighted_metric
 from fedgpu.server.transfer.payload import ModelPayload, to_wire
 
@@ -63,18 +64,19 @@ class Orchestrator(Intake):
         self.plan = plan if plan is not None else StarPlan(job)
         self.plan.bind(self)
         self.strategy = self.plan.strategy
+        configure(self.strategy, job)
         self.run_id = secrets.token_hex(6)
         self.state = RunState.WAITING
         self.error: str | None = None
         self.started_at = time.time()
         self.finished_at: float | None = None
         self.global_weights: dict[str, np.ndarray] | None = (
-            dict(initial_weights) if initial_weights is not None else None
-        )
+            dict(initial_weights) if initial_weights is not None else None)
         self.global_spec: dict[str, tuple[str, tuple[int, ...]]] | None = (
-            codec.spec(self.global_weights) if self.global_weights is not None else None
-        )
+            codec.spec(self.global_weights) if self.global_weights is not None else None)
         self.global_round = 0
+        # A round was ever opened (queue_timeout_s applies only before the first).
+        self.opened_any = False
         self.history = History()
         self.current: RoundState | None = None
         self.current_plan: Plan = self.plan
@@ -87,6 +89,8 @@ class Orchestrator(Intake):
         self.completed = False
         # True while a round waits for enough nodes that can take the job (`job status`).
         self.waiting_for_nodes = False
+        # Why the run finished before its last round (a spent privacy budget); None: it did not.
+        self.end_reason: str | None = None
 
     @property
     def rejections(self) -> Counter[str]:
@@ -99,6 +103,7 @@ class Orchestrator(Intake):
         self.global_weights = weights
         self.global_spec = codec.spec(weights)
         self.global_round = int(state["global_round"])
+        self.opened_any = self.global_round > 0
         self.history.load(state)
         self.started_at = float(state.get("started_at") or self.started_at)
         self.completed = bool(state.get("completed"))
@@ -127,6 +132,11 @@ class Orchestrator(Intake):
             self.state = RunState.RUNNING
             if not self.completed:
                 for number in range(self.global_round + 1, self.job.rounds + 1):
+                    self.end_reason = self.strategy.exhausted()
+                    if self.end_reason is not None:
+                        log.info("run %s ends before round %d: %s", self.run_id, number,
+                                 self.end_reason)
+                        break
                     await self._run_round(number, self.plan)
                 if self.job.evaluate:
                     await self._run_round(self.job.rounds + 1, self._bound(EvalPlan(self.job)))
@@ -180,6 +190,8 @@ class Orchestrator(Intake):
             # Recorded before the checkpoint is written, so the round is in its history.
             record = (self._record(rnd, RoundStatus.FINISHED if ok else RoundStatus.RETRIED)
                       if plan.recorded else None)
+            if ok and record is not None and (report := self.strategy.round_report()):
+                record.extra["privacy"] = report  # the spent epsilon, in `fedgpu rounds`
             error = plan.closed(rnd, record, chosen, ok)
             if ok:
                 if new is not None:
@@ -193,6 +205,8 @@ class Orchestrator(Intake):
         """The round's new global model; None (and rnd.error) when it is not finite, so that
         a poisoned model is never committed, checkpointed or sent to the nodes."""
         async with self._agg_lock:
+            # From here on an update that arrives is late: the strategy is being finished.
+            rnd.closed = True
             t0 = time.perf_counter()
             new = await asyncio.to_thread(self.strategy.finish)
             bad = await asyncio.to_thread(first_non_finite, new)
@@ -208,12 +222,17 @@ class Orchestrator(Intake):
 
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
+        since = time.monotonic()
         while True:
             alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
+                self.opened_any = True
                 return alive
             self.waiting_for_nodes = True
+            if not self.opened_any and time.monotonic() - since > self.job.queue_timeout_s:
+                raise RunFailed(never_started(self.job, self.registry, self.bundle, needed,
+                                              len(alive)))
             if time.monotonic() - last_log > 30:
                 log.info("waiting for nodes: %d of %d needed are connected and can take the "
                          "job", len(alive), needed)
@@ -247,7 +266,7 @@ class Orchestrator(Intake):
                 round=number,
                 kind=plan.kind,
                 task_name=self.job.task,
-                hyperparameters_json=json.dumps(self.job.hyperparameters),
+                hyperparameters_json=json.dumps(task_hyperparameters(self.job, self.run_id)),
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,
@@ -261,6 +280,7 @@ class Orchestrator(Intake):
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
+        plan.opened(rnd)
         self.current, self.current_plan = rnd, plan
         log.info("%s", plan.describe(rnd, chosen))
         return rnd
@@ -281,6 +301,9 @@ class Orchestrator(Intake):
         rnd.closed = True
         for node_id, state in rnd.slots.items():
             node = self.registry.get(node_id)
+            if (state in (SlotState.ASSIGNED, SlotState.UPLOADING)
+                    and self.current_plan.carries(rnd, node_id)):
+                continue  # async: still training (or sending), its update joins a later step
             if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
@@ -319,11 +342,9 @@ class Orchestrator(Intake):
         `job model` never serves an older model than the status announces."""
         saved = None
         if self.checkpointer is not None:
-            # The write (encode, fsync: seconds for a multi-GB model) runs in a thread so
-            # heartbeats and long polls go on. The state is copied here, on the loop, because
-            # late evaluations keep landing in the history meanwhile; the weights and the
-            # optimiser arrays change only in the next round's finish, after this returns.
-            # Strict JSON: state.json is read by `fedgpu report` and other tools.
+            # Written in a thread (encode, fsync: seconds for a multi-GB model); the state is
+            # copied here, on the loop, as late evaluations keep landing in the history. Strict
+            # JSON: state.json is read by `fedgpu report` and other tools.
             state = json.loads(jsondoc.dumps({**self.checkpoint_state(),
                                                "global_round": number}))
             # The model adopted from its file and unchanged (the last commit of a run, with
@@ -367,8 +388,7 @@ class Orchestrator(Intake):
         }
 
     def rounds_doc(self) -> dict[str, Any]:
-        """The `fedgpu rounds --json` document."""
-        return self.history.doc(self.run_id)
+        return self.history.doc(self.run_id)  # `fedgpu rounds --json`
 
     def task_for(self, node: Node) -> Task | None:
         task = node.pending

@@ -22,6 +22,7 @@ from fedgpu.server.rounds.records import RoundRecord, UpdateRecord
 from fedgpu.server.rounds.sampling import sample
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.base import Strategy
+from fedgpu.server.strategies.private import PrivateStrategy
 
 log = logging.getLogger("fedgpu.server.rounds.engine")
 
@@ -103,6 +104,22 @@ class Plan(ABC):
     def on_update(self, update: UpdateRecord, header: pb.UpdateHeader) -> None:  # noqa: B027
         """Add what this mode keeps of an accepted update's header (nothing by default)."""
 
+    # Asynchronous modes (server/rounds/buffered.py) answer tasks of earlier attempts too.
+    def opened(self, rnd: RoundState) -> None:  # noqa: B027
+        """The attempt's tasks are out (async: tasks still in flight join it)."""
+
+    def answers(self, rnd: RoundState, header_round: int) -> bool:
+        """Does an update for a task of round `header_round` belong to this attempt?"""
+        return rnd.number == header_round
+
+    def stale_reason(self, rnd: RoundState, header_round: int) -> str | None:
+        """Why an update for a task of `header_round` comes too late to be used, if it does."""
+        return None
+
+    def carries(self, rnd: RoundState, node_id: str) -> bool:
+        """At close: does this node's unanswered task stay in flight (not dropped)?"""
+        return False
+
     def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
                ok: bool) -> str:
         """After an attempt closed (and was recorded): annotate the record, log, and say what
@@ -111,6 +128,9 @@ class Plan(ABC):
                               f"{rnd.accepted()} of {rnd.required} required updates")
         if not ok:
             log.warning("%s; retrying", error)
+        elif record is not None:
+            # One line per round for `fedgpu job logs --follow`: what a person watches for.
+            log.info("%s", round_line(record))
         return error
 
     def give_up(self, number: int, error: str) -> str:
@@ -136,10 +156,21 @@ class StarPlan(TrainPlan):
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
-        self.strategy = make_strategy(job.strategy, job.strategy_params)
+        self.strategy = make_strategy(job.strategy, job.strategy_params, job.privacy,
+                                      job.rounds)
 
     def pool_size(self) -> int:
         return self.job.min_available_nodes or self.job.min_nodes
+
+    def task_fields(self, number: int, attempt: int, chosen: list[Node]
+                    ) -> list[dict[str, Any]]:
+        fields = super().task_fields(number, attempt, chosen)
+        dp = self.strategy
+        if isinstance(dp, PrivateStrategy) and not dp.central:
+            # Local DP: each node clips and noises its own update before it uploads it.
+            local = pb.PrivacyLocalDp(clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier)
+            fields = [{**f, "privacy_local": local} for f in fields]
+        return fields
 
     def choose(self, pool: list[Node], number: int, attempt: int) -> list[Node]:
         by_name = {n.name: n for n in pool}
@@ -169,10 +200,12 @@ class InitPlan(Plan):
             log.info("initial model from %s", chosen[0].name)
         else:
             log.warning("initialisation attempt %d got no model; retrying", rnd.attempt)
-        return "no initial model"
+        # The node's own words (e.g. Opacus refusing the model under dp_sgd) reach the job.
+        return rnd.failures[-1].error if rnd.failures else "no initial model"
 
     def give_up(self, number: int, error: str) -> str:
-        return "no node returned initial weights; check the nodes' logs"
+        why = f" (last: {error})" if error != "no initial model" else ""
+        return f"no node returned initial weights{why}; check the nodes' logs"
 
 
 class EvalPlan(Plan):
@@ -199,3 +232,27 @@ class EvalPlan(Plan):
     def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
                ok: bool) -> str:
         return ""
+
+
+def round_line(record: RoundRecord) -> str:
+    """`round 3 closed: 4 updates, train loss 0.4121, 0.9 s; model of round 2: loss 0.3877,
+    accuracy 0.9100` — the evaluation is the nodes' of the model they received."""
+    parts = [f"round {record.round} closed: {record.nodes_reporting} updates"]
+    if record.train_loss is not None:
+        parts.append(f"train loss {record.train_loss:.4f}")
+    parts.append(f"{record.duration_s:.1f} s")
+    line = ", ".join(parts)
+    weighted: dict[str, float] = {}
+    total = 0
+    for u in record.updates:
+        if u.num_eval_examples <= 0:
+            continue
+        total += u.num_eval_examples
+        for key in ("loss", "accuracy"):
+            if key in u.eval_metrics:
+                weighted[key] = weighted.get(key, 0.0) + u.eval_metrics[key] * u.num_eval_examples
+    if total and weighted:
+        shown = ", ".join(f"{k} {v / total:.4f}" for k, v in sorted(weighted.items(),
+                                                                    reverse=True))
+        line += f"; model of round {record.round - 1}: {shown}"
+    return line

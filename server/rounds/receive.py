@@ -16,8 +16,11 @@ from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.work import decode_payload
 from fedgpu.server.secagg import intake as secagg_intake
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.uploads import Received
@@ -49,6 +52,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     rnd: RoundState | None = None
     claimed = False
     try:
+        # Async (FedBuff): an update that lands between two steps joins the next one.
+        await next_step(orch, header.task_id, orch.job.round_deadline_s)
         rnd = check_header(orch, node, header)
         if header.ineligible:
             orch.record_ineligible(node, header, rnd)
@@ -70,8 +75,18 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 rnd.upload_s[node.node_id] = got.seconds
                 rnd.transport[node.node_id] = transport
                 spec = orch.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                tensors = await asyncio.to_thread(decode_and_check, got.payload, spec)
-            await orch.accept(node, header, rnd, tensors, header.payload_size)
+                tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
+                                                  got.payload, spec)
+            try:
+                await orch.accept(node, header, rnd, tensors, header.payload_size)
+            except UpdateRejected as exc:
+                # Async: the step closed while this update streamed; it joins the next one.
+                if exc.reason != Reject.LATE or not await next_step(
+                        orch, header.task_id, orch.job.round_deadline_s):
+                    raise
+                rnd = check_header(orch, node, header)
+                orch.claim(node, rnd)
+                await orch.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
         orch.reject(node, header, exc, rnd, claimed=claimed)

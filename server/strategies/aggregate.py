@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,6 @@ def acc_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64)
 
 
-_acc_dtype = acc_dtype
-
 
 def cast_back(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """An aggregate in its working dtype back to the model's dtype (integers rounded)."""
@@ -35,37 +34,60 @@ def cast_back(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-class WeightedSum:
-    """Running weighted mean of x_i with weights w_i: O(model) memory, any K.
+class Normed(dict[str, np.ndarray]):
+    """Tensors with an upper bound on each one's 2-norm, measured by the finite check that
+    reads every value of an update anyway (server/validation.py): with it, WeightedSum knows
+    before writing that an update cannot overflow the sum and needs no check of its own."""
 
-    Kept as the mean so far, not as a sum: folding in updates scales what is there by
-    W_old / W_new and each new x_i by w_i / W_new, coefficients in [0, 1] that add up to 1.
-    The accumulator is a convex combination of the inputs, so no finite input (however large
-    its values or its example count) can overflow it; the sum of w_i * x_i could (1e24 with
-    1e15 examples is inf in float32). A rounding step past the dtype's largest value is
-    clamped back to it, which is where the exact mean lies.
+    def __init__(self, tensors: Mapping[str, np.ndarray], norms: Mapping[str, float]) -> None:
+        super().__init__(tensors)
+        self.norms = dict(norms)
+
+
+class WeightedSum:
+    """Weighted mean of x_i with weights w_i, folded in as updates arrive: O(model) memory,
+    any K, and no finite input (however large its values or its example count) overflows it.
+
+    Fast path: S = sum (w_i / w_ref) x_i against a fixed reference weight (the first call's
+    total), one multiply and one add per 1 MiB block and update, times w_ref / W in mean().
+    Each block keeps a bound B >= |S| that grows by the norm of what is added (|a + b| <=
+    |a| + |b|): known beforehand for Normed inputs and codec sources, else one dot product per
+    block and call. A block stays fast while B < a quarter of the dtype's largest value, so S
+    cannot overflow there; an add that would break that (huge values, weights 1e15 apart)
+    turns that block, exactly and for good, into the running convex mean (what is there times
+    W_old / W_new, each x_i times w_i / W_new, rounding past the dtype's largest value clamped
+    back to it, where the exact mean lies). The bound is checked before the block is written
+    (a block written for the first time is recomputed from its inputs), so the fallback never
+    starts from a value that already overflowed.
+
+    Inputs are arrays or block sources (fedgpu.core.update_codecs: int8 and top-k updates
+    decoded block by block straight into the sum, never a full float copy of the update).
     """
 
     def __init__(self, like: Mapping[str, np.ndarray],
                  reuse: Mapping[str, np.ndarray] | None = None) -> None:
-        self._dtypes = {k: v.dtype for k, v in like.items()}
+        self._dtypes = {k: np.dtype(v.dtype) for k, v in like.items()}
         # Uninitialised on purpose: the first add writes c * x straight into it, which saves
         # a pass over zeros the size of the model. `reuse`: arrays of an earlier sum nothing
         # uses any more, taken over where they fit (no page faults for a fresh model's worth).
         self._acc = {k: _scratch_or_new(reuse, k, v.shape, acc_dtype(v.dtype))
                      for k, v in like.items()}
-        self._scratch = {
-            dt: np.empty(BLOCK, dt) for dt in {a.dtype for a in self._acc.values()}
-        }
+        # Per dtype: one update's c * x, and one call's sum before it is checked and added.
+        self._scratch = {dt: np.empty((2, BLOCK), dt)
+                         for dt in {a.dtype for a in self._acc.values()}}
+        # Per block: the bound on |S| (fast path), or NaN once the block holds the exact mean.
+        self._bound = {k: np.zeros(-(-a.size // BLOCK)) for k, a in self._acc.items()}
+        self.ref_weight = 0.0
         self.total_weight = 0.0
         self.count = 0
+        self.exact_blocks = 0  # blocks that took the exact fallback
 
-    def add(self, tensors: Mapping[str, np.ndarray], weight: float) -> None:
+    def add(self, tensors: Mapping[str, Any], weight: float) -> None:
         self.add_many([(tensors, weight)])
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> None:
-        """Fold in several updates in one sweep: the mean is read and written once per block
-        for all of them, so K updates held in memory cost K reads of x and one of the mean."""
+    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], float]]) -> None:
+        """Fold in several updates in one sweep: K updates held in memory cost K reads of x
+        and one read and write of the sum."""
         if not updates:
             return
         if not self._acc and self._dtypes:
@@ -74,48 +96,163 @@ class WeightedSum:
             if not (weight > 0 and math.isfinite(weight)):
                 raise ValueError(f"weight must be positive and finite, got {weight}")
         weights = [float(w) for _, w in updates]
-        total = self.total_weight + math.fsum(weights)
-        keep = self.total_weight / total  # the share of what is already in the mean
-        coeffs = [w / total for w in weights]
+        if self.count == 0:
+            self.ref_weight = math.fsum(weights)  # one call (weighted_mean): S is the mean
+        old = self.total_weight
+        total = old + math.fsum(weights)
+        fast_c = [w / self.ref_weight for w in weights]
+        exact_c = [w / total for w in weights]
+        # Overflow on the fast path is expected and handled (the block goes exact): numpy's
+        # warnings about it would only be noise in the log.
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._sweep(updates, fast_c, exact_c, old, total)
+        self.total_weight = total
+        self.count += len(updates)
+
+    def _sweep(self, updates: Sequence[tuple[Mapping[str, Any], float]], fast_c: list[float],
+               exact_c: list[float], old: float, total: float) -> None:
+        fresh = self.count == 0
         for name, acc in self._acc.items():
             if acc.size == 0:
                 continue
             flat = acc.reshape(-1)
-            xs = [np.asarray(t[name]).reshape(-1) for t, _ in updates]
-            scratch = self._scratch[acc.dtype]
-            dt = acc.dtype
-            top = np.finfo(dt).max
-            for start in range(0, flat.size, BLOCK):
+            xs = [t[name] for t, _ in updates]
+            tmp, part = self._scratch[acc.dtype]
+            bounds = self._bound[name]
+            limit = float(np.finfo(acc.dtype).max) / 4
+            # What this call adds to |S| when every input's norm is known (measured by
+            # validation's finite check, or bounded by a codec's scales): no dot per block.
+            norms = [_known_norm(t, name) for t, _ in updates]
+            grow = (math.fsum(c * nx for c, nx in zip(fast_c, norms, strict=True))
+                    if None not in norms else math.inf)
+            for b, start in enumerate(range(0, flat.size, BLOCK)):
                 stop = min(start + BLOCK, flat.size)
                 out = flat[start:stop]
-                tmp = scratch[: stop - start]
-                first = 0
-                if self.count == 0:
-                    np.multiply(xs[0][start:stop], coeffs[0], out=out, dtype=dt,
-                                casting="unsafe")
-                    first = 1
+                n = stop - start
+                base = 0.0 if fresh else bounds[b]  # NaN: the block is exact already
+                if base + grow < limit:
+                    # Bounded before it is written: one multiply and one add per update.
+                    if fresh:
+                        _sum_into(xs, fast_c, start, stop, out, tmp[:n])
+                    else:
+                        _fold(xs, fast_c, start, stop, out, tmp[:n])
+                    bounds[b] = base + grow
+                    continue
+                if fresh:
+                    # Sum straight into the block, one check at the end, recompute if it broke.
+                    _sum_into(xs, fast_c, start, stop, out, tmp[:n])
+                    bound = _norm(out)
+                    if bound < limit:
+                        bounds[b] = bound
+                        continue
+                    _sum_into(xs, exact_c, start, stop, out, tmp[:n])
+                    _clamp(out)
+                elif not math.isnan(base):
+                    # This call's sum apart, its norm checked before it lands in the block.
+                    if len(xs) == 1:
+                        add = _write(xs[0], fast_c[0], start, stop, tmp[:n])
+                    else:
+                        add = part[:n]
+                        _sum_into(xs, fast_c, start, stop, add, tmp[:n])
+                    bound = base + _norm(add)
+                    if bound < limit:
+                        np.add(out, add, out=out)
+                        bounds[b] = bound
+                        continue
+                    # Exact from here on: S * w_ref / W_new is the old mean's share of the new.
+                    np.multiply(out, self.ref_weight / total, out=out)
+                    _fold(xs, exact_c, start, stop, out, tmp[:n])
+                    _clamp(out)
                 else:
-                    np.multiply(out, keep, out=out)
-                for x, c in zip(xs[first:], coeffs[first:], strict=True):
-                    np.multiply(x[start:stop], c, out=tmp, dtype=dt, casting="unsafe")
-                    np.add(out, tmp, out=out)
-                if self.count or len(xs) > 1:
-                    np.clip(out, -top, top, out=out)
-        self.total_weight = total
-        self.count += len(updates)
+                    np.multiply(out, old / total, out=out)
+                    _fold(xs, exact_c, start, stop, out, tmp[:n])
+                    _clamp(out)
+                self.exact_blocks += not math.isnan(base)
+                bounds[b] = math.nan
 
-    def mean(self) -> dict[str, np.ndarray]:
+    def mean(self, offset: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The weighted mean (plus `offset`, e.g. the global model under averaged deltas)."""
         if self.count == 0 or not self._acc and self._dtypes:
             raise ValueError("no updates were added")
+        scale = self.ref_weight / self.total_weight
         out: dict[str, np.ndarray] = {}
         for name, acc in self._acc.items():
             if acc.size == 0:
                 out[name] = np.zeros(acc.shape, self._dtypes[name])
                 continue
+            flat = acc.reshape(-1)
+            bounds = self._bound[name]
+            for b, start in enumerate(range(0, flat.size, BLOCK)):
+                block = flat[start:start + BLOCK]
+                # Fast blocks hold S: one pass to the mean (scale <= 1, nothing can overflow).
+                if not math.isnan(bounds[b]) and scale != 1.0:
+                    np.multiply(block, scale, out=block)
+                if offset is not None:
+                    base = np.asarray(offset[name]).reshape(-1)[start:start + BLOCK]
+                    np.add(block, base, out=block, casting="unsafe")
+                    _clamp(block)
             out[name] = cast_back(acc, self._dtypes[name])
         # The mean may share the accumulator's buffers: this sum is used up.
         self._acc = {}
         return out
+
+
+def _known_norm(tensors: Mapping[str, Any], name: str) -> float | None:
+    """A bound on |tensors[name]| known without reading it, or None."""
+    x = tensors[name]
+    if not isinstance(x, np.ndarray):
+        return float(x.norm_bound())
+    if isinstance(tensors, Normed):
+        return tensors.norms.get(name)
+    return None
+
+
+def _write(x: Any, c: float, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """out = c * x[start:stop]; x an array or a block source (int8, top-k)."""
+    if isinstance(x, np.ndarray):
+        src = x.reshape(-1)[start:stop]
+        if c == 1.0:
+            np.copyto(out, src, casting="unsafe")
+        else:
+            np.multiply(src, c, out=out, dtype=out.dtype, casting="unsafe")
+    else:
+        x.write_scaled(start, stop, c, out)
+    return out
+
+
+def _sum_into(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
+              out: np.ndarray, tmp: np.ndarray) -> None:  # out = sum c_i * x_i[start:stop]
+    _write(xs[0], cs[0], start, stop, out)
+    _fold(xs[1:], cs[1:], start, stop, out, tmp)
+
+
+def _fold(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
+          out: np.ndarray, tmp: np.ndarray) -> None:
+    """out += sum c_i * x_i[start:stop], one multiply and one add per update (numpy has no
+    fused multiply-add; tmp stays in L2). Sparse sources add their few values in place."""
+    for x, c in zip(xs, cs, strict=True):
+        if isinstance(x, np.ndarray):
+            src = x.reshape(-1)[start:stop]
+            if c == 1.0 and src.dtype == out.dtype:
+                np.add(out, src, out=out)
+                continue
+            np.multiply(src, c, out=tmp, dtype=out.dtype, casting="unsafe")
+            np.add(out, tmp, out=out)
+        else:
+            x.add_scaled(start, stop, c, out, tmp)
+
+
+def _norm(block: np.ndarray) -> float:
+    """|block| >= its largest magnitude, one BLAS dot; inf if anything in it is not finite or
+    the squares overflow (the block then goes exact). The limit of a quarter of the dtype's
+    largest value leaves the dot's rounding plenty of headroom."""
+    sq = float(np.dot(block, block))
+    return math.sqrt(sq) if sq == sq else math.inf
+
+
+def _clamp(block: np.ndarray) -> None:
+    top = np.finfo(block.dtype).max
+    np.clip(block, -top, top, out=block)
 
 
 def _scratch_or_new(reuse: Mapping[str, np.ndarray] | None, name: str,

@@ -60,6 +60,15 @@ class Strategy(ABC):
     def commit(self) -> None:  # noqa: B027 - stateless strategies have nothing to keep
         """The round's result was accepted: keep the state finish() proposed."""
 
+    def round_report(self) -> dict[str, Any] | None:
+        """What the last committed round adds to its record (central DP's spent epsilon), if
+        anything; the engine stores it in the round's record under "privacy"."""
+        return None
+
+    def exhausted(self) -> str | None:
+        """Why the job must end before another round (a spent privacy budget), or None."""
+        return None
+
     def state(self) -> dict[str, Any]:
         """JSON-able optimiser state to checkpoint (none for plain averaging)."""
         return {}

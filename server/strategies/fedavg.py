@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from fedgpu.server.strategies.base import Strategy, Weights
 
 class FedAvg(Strategy):
     name = "fedavg"
+    # Applied to the mean before anything reads it, server optimisers included: central DP's
+    # noise (server/strategies/private.py).
+    mean_hook: Callable[[Weights], Weights] | None = None
 
     def __init__(self, params: Mapping[str, object] | None = None) -> None:
         super().__init__(params)
@@ -22,6 +26,10 @@ class FedAvg(Strategy):
         # it shares memory with it and is not reused (begin_round checks). One spare only: a
         # multi-GB model's spare is a model's worth of memory held between rounds.
         self._spares: list[dict[str, np.ndarray]] = []
+        # Updates are deltas from the global model (a job's update_codec): the mean is then
+        # added to the global model, in the same pass that finishes the mean.
+        self.deltas = False
+        self._base: Mapping[str, np.ndarray] | None = None
 
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
         live = [a for a in global_weights.values() if isinstance(a, np.ndarray)]
@@ -29,17 +37,20 @@ class FedAvg(Strategy):
                       if not any(np.may_share_memory(x, g) for x in s.values() for g in live)),
                      None)
         self._sum = WeightedSum(global_weights, reuse)
+        self._base = global_weights if self.deltas else None
         if reuse is not None:
             self._spares.remove(reuse)
 
-    def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
+    def add(self, tensors: Mapping[str, Any], num_examples: int) -> None:
         assert self._sum is not None, "begin_round first"
         self._sum.add(tensors, float(num_examples))
 
     def finish(self) -> Weights:
         assert self._sum is not None, "begin_round first"
-        weights = self._sum.mean()
-        self._sum = None
+        weights = self._sum.mean(offset=self._base)
+        if self.mean_hook is not None:
+            weights = self.mean_hook(weights)
+        self._sum, self._base = None, None
         self._spares = [{k: v for k, v in weights.items()
                          if isinstance(v, np.ndarray) and v.flags.owndata}]
         return weights

@@ -173,6 +173,8 @@ def round_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
         "rejected": dict(sorted(rejected.items())),
         "failures": len(rec.get("failures") or ()),
         "eval": _eval(rec.get("eval")),
+        # [privacy]: the epsilon spent after this round (server/strategies/private.py).
+        "epsilon": (rec.get("privacy") or {}).get("epsilon"),
     }
 
 

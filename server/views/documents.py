@@ -15,6 +15,7 @@ from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
+from fedgpu.server.views import privacy
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -194,4 +195,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     doc["run_id"] = engine.run_id if engine is not None else row.run_id
     doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
     doc["job"] = row.job
+    if row.job.get("privacy"):
+        held = _engine(jobs, job_id)
+        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
+        doc["privacy"] = privacy.summary(row.job, rounds)
     return doc

@@ -23,6 +23,7 @@ from fedgpu.proto import pb
 from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.records import RoundRecord
+from fedgpu.server.views import privacy
 
 log = logging.getLogger("fedgpu.server.views.metrics")
 
@@ -124,6 +125,7 @@ class FederationCollector:
             yield GaugeMetricFamily("fedgpu_last_round_aggregation_seconds", "The last closed "
                                     "round's aggregation time.",
                                     value=last.aggregation_s or 0.0)
+        yield from _privacy(orch)
         latest = orch.history.latest_eval()
         for metric in ("accuracy", "loss"):
             value = None if latest is None else getattr(latest, metric)
@@ -220,3 +222,22 @@ async def serve_metrics(jobs: JobManager, host: str,
     await server.start(host, port)
     return server
 
+
+def _privacy(orch: Orchestrator) -> Iterator[Metric]:
+    """A job with [privacy]: the epsilon spent so far and the budget (server/views/privacy.py)."""
+    if orch.job.privacy is None:
+        return
+    doc = privacy.summary(orch.job.to_dict(), orch.history.dicts())
+    assert doc is not None
+    yield GaugeMetricFamily("fedgpu_privacy_epsilon_spent", "Epsilon the job's rounds spent "
+                            "(at the job's delta); +Inf without noise.",
+                            value=_inf_if_none(doc["epsilon_spent"]))
+    if doc["target_epsilon"] is not None:
+        yield GaugeMetricFamily("fedgpu_privacy_epsilon_target", "The job's privacy budget.",
+                                value=doc["target_epsilon"])
+    yield GaugeMetricFamily("fedgpu_privacy_delta", "The job's delta.", value=doc["delta"])
+
+
+def _inf_if_none(value: float | None) -> float:
+    # A stored infinity reads back as null (strict JSON): no noise, no bound.
+    return float("inf") if value is None else float(value)

@@ -102,6 +102,10 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
     assert resumed["rounds_done"] == 40
     events = job_cli(fed, "logs", second["job_id"])
     assert any("resumed after round" in e["message"] for e in events), events
+    # Each round's line says what a person watches for (`job logs --follow` prints it).
+    closed = [e["message"] for e in events if " closed: " in e["message"]]
+    assert any(m.startswith("round 40 closed: ") and "train loss" in m for m in closed), closed
+    assert any("model of round" in m and "accuracy" in m for m in closed), closed
     assert {p.name: p.popen.pid for p in fed.procs if p.name.startswith("site-")} == pids
     assert all(p.popen.poll() is None for p in fed.procs if p.name.startswith("site-"))
 
@@ -153,10 +157,11 @@ def test_stop_ends_a_running_job_within_a_round_deadline(stays_up: Federation,
 def test_a_node_without_the_task_is_left_out_with_the_reason(
         federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
     fed = federation
-    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
-    fed.start_node("site-a", digits_split[0], "--gpu", "none")
+    # Queued at start (`job submit` would refuse a task no registered node offers: below).
     job = write_job(tmp_path / "other.toml", task="no-such-task", min_nodes=1)
-    submitted = job_cli(fed, "submit", str(job))
+    fed.start_server(job, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
+    fed.start_node("site-a", digits_split[0], "--gpu", "none")
+    (submitted,) = fed.query("ListJobs")
     doc = wait_job(fed, submitted["job_id"], ("waiting",), timeout=120)
     # The job may wait before the node has registered: then it lists no node yet.
     end = time.monotonic() + 120
@@ -167,3 +172,8 @@ def test_a_node_without_the_task_is_left_out_with_the_reason(
     (part,) = doc["nodes"]
     assert part["name"] == "site-a" and part["eligible"] is False
     assert "no-such-task" in part["reason"] and "not installed" in part["reason"]
+    # Once a node is registered, `job submit` refuses a typo at once, with what it resembles.
+    typo = write_job(tmp_path / "typo.toml", task="digitz", min_nodes=1)
+    r = cli("job", "submit", str(typo), "--address", fed.address, operator_token=OPERATOR_TOKEN)
+    assert r.returncode != 0 and "did you mean 'digits'" in r.stderr, r.stderr
+    assert [j["job_id"] for j in fed.query("ListJobs")] == [submitted["job_id"]]

@@ -63,3 +63,15 @@ def test_the_many_clients_section_puts_both_frameworks_side_by_side() -> None:
     # 7000 MiB is over the 6 GB target: said so, not hidden.
     assert "**7000 MiB** summed" in text and "(target < 6 GB: **missed**)" in text
     assert "before round 1 0.1, after round 3 0.3 (met: better)" in text
+
+
+def test_results_measured_apart_are_copied_in_as_numbered_sections(tmp_path) -> None:
+    from benchmarks.report import measured_apart
+
+    (tmp_path / "DP.md").write_text(
+        "# Privacy\n\ntext\n\n## Table\n\n```bash\n# not a heading\n```\n")
+    (tmp_path / "RING.md").write_text("# Ring\n\nmore\n")
+    out = "\n".join(measured_apart(tmp_path, first=9))
+    assert "## 9. Privacy" in out and "### Table" in out and "## 10. Ring" in out
+    assert "# not a heading" in out and "## not a heading" not in out
+    assert "(From `benchmarks/DP.md`.)" in out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core import bundles
+from fedgpu.core import bundle_requires, bundles
 from fedgpu.core.bundles import BundleError, open_archive, pack_dir, pack_files, unpack
 
 MANIFEST = 'name = "demo"\nentry = "demo_task.model:DemoTask"\n'
@@ -249,9 +249,9 @@ def test_content_that_does_not_match_the_expected_hash_refused() -> None:
 def test_requirements_checked_against_installed_metadata() -> None:
     import numpy
 
-    assert bundles.unmet_requirements(["numpy>=1.0", f"numpy=={numpy.__version__}",
+    assert bundle_requires.unmet_requirements(["numpy>=1.0", f"numpy=={numpy.__version__}",
                                        'missing-dist; python_version < "3"']) == []
-    problems = bundles.unmet_requirements(["numpy>=999", "surely-not-installed-dist>=1"])
+    problems = bundle_requires.unmet_requirements(["numpy>=999", "surely-not-installed-dist>=1"])
     assert problems == [f"numpy>=999: numpy {numpy.__version__} is installed",
                         "surely-not-installed-dist>=1: surely-not-installed-dist is not "
                         "installed"]

@@ -56,3 +56,16 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("task = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_job(bad)
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"secure_aggregation": True, "mode": "async"}, "needs synchronised rounds"),
+    ({"secure_aggregation": True, "update_codec": "int8"}, "masks whole updates"),
+    ({"privacy": {"mode": "central", "clip_norm": 1, "noise_multiplier": 1}, "mode": "async"},
+     "accounts per synchronised round"),
+    ({"privacy": {"mode": "local", "clip_norm": 1, "noise_multiplier": 1},
+      "update_codec": "topk"}, "clips and noises whole updates"),
+])
+def test_features_that_do_not_combine_are_refused_by_name(extra, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_job({"task": "digits", "min_nodes": 3, **extra}, "job.toml")

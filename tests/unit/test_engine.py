@@ -223,3 +223,12 @@ def test_a_round_that_never_gets_enough_updates_fails_the_run(tmp_path: Path) ->
     # The model stays the starting one.
     np.testing.assert_array_equal(h.orch.global_weights["w"], W0["w"])  # type: ignore[index]
     assert h.orch.global_round == 0
+
+
+def test_a_job_that_never_gets_its_nodes_fails_after_queue_timeout_s(tmp_path: Path) -> None:
+    # Two nodes are needed and one is there: the job waits, then gives up with the count.
+    h = run(tmp_path, everyone(), names=("a",), min_nodes=2, queue_timeout_s=0.5)
+    assert h.orch.state == RunState.FAILED and h.orch.global_round == 0
+    assert h.orch.error is not None and "never started" in h.orch.error
+    assert "2 nodes that can take it were needed and 1 could" in h.orch.error
+    assert "queue_timeout_s = 0.5 s" in h.orch.error and h.records() == []

@@ -114,7 +114,9 @@ def test_batches_arrive_on_the_device_and_metrics_add_up(device: str) -> None:
     assert all(s.training for s in task.seen)
     # 24 examples in batches of 8, twice; weighted by the set's size, not examples seen.
     assert out.num_examples == 24 and out.metrics["steps"] == 6
-    assert set(out.metrics) == {"loss", "accuracy", "steps", "examples_per_s", "first_step_s"}
+    assert set(out.metrics) == {"loss", "accuracy", "steps", "examples", "examples_per_s",
+                                "first_step_s"}
+    assert out.metrics["examples"] == 48
     assert 0 <= out.metrics["accuracy"] <= 1 and out.metrics["examples_per_s"] > 0
     assert 0 < out.metrics["first_step_s"] and out.seconds > 0
     task.seen.clear()

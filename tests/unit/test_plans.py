@@ -111,3 +111,21 @@ def test_ring_stops_waiting_after_the_failure_grace() -> None:
     rnd.settle(chosen[0].node_id, SlotState.FAILED, now)
     assert not plan.stop_waiting(rnd, reg, now + 10)
     assert plan.stop_waiting(rnd, reg, now + 21)
+
+
+def test_a_closed_rounds_line_has_its_loss_time_and_the_previous_models_evaluation() -> None:
+    from fedgpu.server.rounds.plans import round_line
+    from fedgpu.server.rounds.records import Resources, RoundRecord, UpdateRecord
+
+    def update(n_eval: int, loss: float, acc: float) -> UpdateRecord:
+        return UpdateRecord(node_id="a", node="a", num_examples=10, train_metrics={},
+                            eval_metrics={"loss": loss, "accuracy": acc},
+                            num_eval_examples=n_eval, resources=Resources(), upload_s=None,
+                            gpu_decision={})
+
+    rec = RoundRecord(round=3, attempt=1, status="ok", started_at=0.0, duration_s=1.25,
+                      participants=["a", "b"], nodes_reporting=2, dropped=[], train_loss=0.5,
+                      num_examples=20, bytes_received=0, aggregation_s=0.0,
+                      updates=[update(10, 1.0, 0.5), update(30, 2.0, 0.9)])
+    assert round_line(rec) == ("round 3 closed: 2 updates, train loss 0.5000, 1.2 s; "
+                               "model of round 2: loss 1.7500, accuracy 0.8000")

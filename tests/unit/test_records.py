@@ -56,7 +56,9 @@ def test_old_state_resumes_into_the_same_documents(name: str) -> None:
     gpu = "preferred" if state["job"]["use_gpu"] else "none"
     assert new_keys == {"max_examples_per_node": None, "name": None, "task_dir": None,
                         "wire_dtype": None, "resources": {"gpu": gpu, "min_gpu_free_mib": 0,
-                                                          "gpu_memory_mib": None}}
+                                                          "gpu_memory_mib": None},
+                        "privacy": None, "secure_aggregation": None,
+                        "queue_timeout_s": 600.0}
     again["job"] = {k: v for k, v in again["job"].items() if k in state["job"]}
     assert json.dumps(again) == json.dumps(written)
     assert orch.global_round == state["global_round"] and orch.completed

@@ -172,7 +172,10 @@ def test_train_and_evaluate_report_metrics(digits_data: dict[str, torch.Tensor])
     _, after = task.evaluate(model, digits_data, CPU, {})
     # Weighted by the local set's size, not by examples seen over several epochs.
     assert n == len(digits_data["y_train"]) and n_eval == len(digits_data["y_test"])
-    assert set(train_metrics) == {"loss", "accuracy"} and set(after) == {"loss", "accuracy"}
+    assert set(train_metrics) == {"loss", "accuracy", "steps", "examples"}
+    assert set(after) == {"loss", "accuracy"}
+    # Batches of 32, two epochs: what FedNova normalises by.
+    assert train_metrics["steps"] == 2 * -(-n // 32) and train_metrics["examples"] == 2 * n
     assert after["accuracy"] > before["accuracy"] + 0.3
     assert after["loss"] < before["loss"]
 

@@ -35,6 +35,11 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
         lines.append(f"open: round {cur['round']} ({cur['kind']}, attempt {cur['attempt']}) "
                      f"{cur['accepted']}/{cur['participants']} updates, deadline in "
                      f"{cur['deadline_in_s']}s")
+    if doc.get("privacy"):
+        p = doc["privacy"]
+        budget = f" of {p['target_epsilon']:g}" if p["target_epsilon"] is not None else ""
+        lines.append(f"privacy ({p['mode']}): epsilon {fmt_value(p['epsilon_spent'])}{budget} "
+                     f"spent at delta {p['delta']:g} over {p['rounds_accounted']} round(s)")
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))

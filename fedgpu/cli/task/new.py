@@ -14,7 +14,8 @@ def new(name: Annotated[str, typer.Argument(help="The task's name (what jobs say
         directory: Annotated[Path | None, typer.Option(
             "--dir", help="Where to write it (default: ./NAME); must not exist yet.")] = None
         ) -> None:
-    """Write a working task directory: manifest and a small PyTorch model to change.
+    """Write a working task directory (manifest and a small PyTorch model to change) and a job
+    file for it beside the directory (job.toml, or NAME-job.toml when job.toml exists).
 
     Example: fedgpu task new my-task
     """
@@ -34,7 +35,15 @@ def new(name: Annotated[str, typer.Argument(help="The task's name (what jobs say
         path = target / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    typer.echo(f"wrote task {name!r} in {target}/\n"
-               f"  check it:  fedgpu task check {target}\n"
-               f"  a job for it (job.toml beside {target}/):\n\n"
-               + task_template.JOB.format(name=name, path=target.as_posix()))
+    # The job file goes beside the task directory, naming it relatively; an existing job.toml
+    # there is never overwritten.
+    job = target.parent / "job.toml"
+    if job.exists():
+        job = target.parent / f"{target.name}-job.toml"
+    if job.exists():
+        raise ConfigError(f"wrote task {name!r} in {target}/, but {job} exists already: no job "
+                          "file written")
+    job.write_text(task_template.JOB.format(name=name, path=target.name))
+    typer.echo(f"wrote task {name!r} in {target}/ and a job for it in {job}\n"
+               f"  check it:   fedgpu task check {target}\n"
+               f"  submit it:  fedgpu job submit {job}")

@@ -37,7 +37,8 @@ DEFAULT_STAGE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class JobSecAgg:
-    settings: Settings = field(default_factory=Settings)
+    # The [secure_aggregation] keys themselves (params.py), at the table's top level.
+    settings: Settings = field(default_factory=Settings, metadata={"flat": True})
     # Each stage after training (share keys, masked input, unmask) waits at most this long.
     stage_timeout_s: float = DEFAULT_STAGE_TIMEOUT_S
 
@@ -100,6 +101,10 @@ def check_job(sa: JobSecAgg | None, strategy: str, mode: str, min_nodes: int,
     if min_nodes < 2:
         raise ConfigError(f"{source}: secure_aggregation needs min_nodes >= 2 (the sum of one "
                           f"site's update is that update), got {min_nodes}")
+    if mode == "async":
+        raise ConfigError(f"{source}: secure_aggregation works in star mode only: it needs "
+                          "synchronised rounds (the sites mask one round's sum together), "
+                          "not mode = \"async\"")
     if mode != "star":
         raise ConfigError(f"{source}: secure_aggregation works in star mode only: in {mode} "
                           "mode the sites average among themselves and the aggregator holds "

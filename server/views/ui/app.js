@@ -292,7 +292,8 @@
         h("td", {}, r.upload_s ? `${num(r.upload_s.max, 2)} / ${num(r.upload_s.median, 2)}`
           : dash0),
         h("td", {}, num(r.aggregation_s, 3)),
-        h("td", {}, rejected || (r.failures ? `${r.failures} failed` : dash0)));
+        h("td", {}, rejected || (r.failures ? `${r.failures} failed` : dash0)),
+        h("td", {class: "epsilon"}, num(r.epsilon, 3)));
     });
     replaceRows($("rounds-table").tBodies[0], rows);
   }

@@ -1,0 +1,76 @@
+"""The aggregator's side of unlike sites (fedgpu/core/hetero_config.py): the time budget sent
+with every task, each update's local steps handed to strategies that normalise by them
+(FedNova), and compressed updates (int8, top-k) checked and decoded into block sources."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from fedgpu.core import codec
+from fedgpu.core.config import Job
+from fedgpu.core.hetero_config import BUDGET_HPARAM, LocalWork
+from fedgpu.core.update_codecs import UpdateCodec, UpdateCodecError, decode_update
+from fedgpu.proto import pb
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.strategies.base import Strategy
+
+Spec = Mapping[str, tuple[str, tuple[int, ...]]]
+
+
+def task_hyperparameters(job: Job, run_id: str = "") -> dict[str, Any]:
+    """The hyperparameters every task header carries: the job's, plus the runner's own for
+    unlike sites (node/rounds/runner.py takes them out before the task sees the rest): the
+    time budget of a local_work = "time" job, the codec of an update_codec job (and the run
+    its error-feedback residual belongs to)."""
+    out: dict[str, Any] = dict(job.hyperparameters)
+    if job.hetero.local_work is LocalWork.TIME:
+        out[BUDGET_HPARAM] = job.hetero.round_train_s
+    if job.hetero.update_codec is not UpdateCodec.NONE:
+        out.update(update_codec=job.hetero.update_codec.value,
+                   topk_fraction=job.hetero.topk_fraction, update_codec_run=run_id)
+    return out
+
+
+def configure(strategy: Strategy, job: Job) -> None:
+    """Tell the strategy its updates are deltas from the global model (an update codec)."""
+    if job.hetero.update_codec is not UpdateCodec.NONE:
+        strategy.deltas = True  # type: ignore[attr-defined]
+
+
+def decode_payload(job: Job, kind: int, payload: bytes | bytearray | memoryview,
+                   spec: Spec | None) -> Mapping[str, Any]:
+    """An update's tensors: compressed training updates as block sources (the digest and the
+    size limit were checked on the compressed bytes as they arrived), anything else dense."""
+    if (job.hetero.update_codec is UpdateCodec.NONE or kind != pb.TASK_KIND_TRAIN
+            or spec is None):
+        return decode_and_check(payload, spec)
+    try:
+        tensors, meta = codec.decode(payload)
+        return decode_update(tensors, meta, spec)
+    except UpdateCodecError as exc:
+        raise UpdateRejected(Reject.MALFORMED, f"compressed update refused: {exc}") from None
+    except codec.CodecError as exc:
+        raise UpdateRejected(Reject.MALFORMED,
+                             f"payload is not a valid tensor set: {exc}") from None
+
+
+def add_update(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int,
+               train_metrics: Mapping[str, float], staleness: int = 0) -> None:
+    """strategy.add, with the update's local steps where the strategy normalises by them, or
+    its staleness (model versions since its task) where the strategy weighs by it."""
+    if getattr(strategy, "needs_staleness", False):
+        strategy.add(tensors, num_examples, staleness=staleness)  # type: ignore[call-arg]
+        return
+    if not getattr(strategy, "needs_local_steps", False):
+        strategy.add(tensors, num_examples)
+        return
+    steps = train_metrics.get("steps")
+    if steps is None or not (math.isfinite(steps) and steps > 0):
+        raise UpdateRejected(
+            Reject.MALFORMED,
+            f"strategy {strategy.name!r} needs the update's local steps (train metric 'steps' "
+            f"> 0), got {steps!r}: the task must report how many optimizer steps it took")
+    strategy.add(tensors, num_examples, local_steps=steps)  # type: ignore[call-arg]

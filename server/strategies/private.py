@@ -1,0 +1,186 @@
+"""Client-level differential privacy around a FedAvg-family strategy (the job's `[privacy]`).
+
+- central: each update is clipped against the global model as it streams in (its L2 norm over
+  all floating-point tensors at most the clip), every node counts the same (weight 1: a node's
+  influence on the mean must be bounded by the clip, not by the examples it claims), and
+  Gaussian noise of std `z * C / m` is added to the mean of the m clipped updates before the
+  server optimiser (FedAvgM, FedAdam) reads it. With adaptive clipping the clip follows the
+  target quantile of the norms (Andrew et al. 2021) and the noised clipped-count takes its part
+  of the noise: the update's multiplier is z_update with 1/z^2 = 1/z_update^2 + 1/(2 sigma_b)^2.
+- local: the nodes clipped and noised their own updates (node/rounds/local_dp.py); this side only
+  accounts, with the replace-one-node sensitivity 2C (the multiplier counted is z / 2).
+
+Every round is accounted with sampling rate 1: the sample is drawn with the job's seed, which is
+no secret, so no amplification by sampling is claimed. The account (one (q, z) pair per round)
+and the adaptive clip are part of the strategy's checkpointed state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedgpu.core.errors import ConfigError
+from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
+from fedgpu.core.privacy.mechanisms import (
+    AdaptiveClip,
+    add_gaussian_noise,
+    clip_local,
+    noise_generator,
+    update_noise_multiplier,
+)
+from fedgpu.core.privacy.settings import MEAN_STRATEGIES
+from fedgpu.server.strategies.base import Strategy, Weights
+from fedgpu.server.strategies.fedavg import FedAvg
+
+if TYPE_CHECKING:
+    from fedgpu.core.privacy.accountant import Accountant
+
+# Rounds are accounted as if every node took part: see the module's docstring.
+SAMPLING_RATE = 1.0
+
+
+def noise_multiplier_for(privacy: PrivacySettings, rounds: int) -> float:
+    """The job's noise multiplier: as given, or the smallest that keeps `rounds` rounds within
+    target_epsilon (in local mode twice the accounted one, see the module's docstring)."""
+    if privacy.noise_multiplier is not None:
+        return privacy.noise_multiplier
+    assert privacy.target_epsilon is not None, "parse_privacy requires one of the two"
+    from fedgpu.core.privacy.accountant import noise_for_budget
+
+    z = noise_for_budget(privacy.target_epsilon, privacy.delta, SAMPLING_RATE, rounds,
+                         privacy.accountant)
+    return 2 * z if privacy.mode is PrivacyMode.LOCAL else z
+
+
+class PrivateStrategy(Strategy):
+    name = "private"
+
+    def __init__(self, inner: Strategy, privacy: PrivacySettings, rounds: int) -> None:
+        super().__init__()
+        if not isinstance(inner, FedAvg):
+            raise ConfigError(
+                f"job: [privacy] needs a strategy that averages ({', '.join(MEAN_STRATEGIES)}), "
+                f"not {inner.name!r}: the noise is calibrated to the mean of clipped updates")
+        if privacy.mode is PrivacyMode.DISTRIBUTED:
+            raise ConfigError("job: [privacy] mode = \"distributed\" needs secure_aggregation")
+        self.inner = inner
+        self.privacy = privacy
+        self.central = privacy.mode is PrivacyMode.CENTRAL
+        # dp-accounting (scipy) is imported by a job with [privacy] only: seconds of start-up
+        # an aggregator without one does not pay.
+        from fedgpu.core.privacy.accountant import Accountant
+
+        self.noise_multiplier = noise_multiplier_for(privacy, rounds)
+        self.accountant: Accountant = Accountant(privacy.delta, privacy.accountant)
+        self.clip_norm = privacy.clip_norm
+        self._rng = noise_generator()
+        self._global: Mapping[str, np.ndarray] | None = None
+        self._norms: list[float] = []
+        self._noise_std = 0.0
+        self._report: dict[str, Any] | None = None
+        if self.central:
+            inner.mean_hook = self._noise_the_mean
+
+    @property
+    def accounted_multiplier(self) -> float:
+        """The multiplier of the mechanism the accountant composes, per round."""
+        return self.noise_multiplier if self.central else self.noise_multiplier / 2
+
+    def _count_stddev(self, m: int) -> float:
+        # Andrew et al. take m / 20; at least z here, so that a small federation's count
+        # takes at most a quarter of the noise budget instead of all of it.
+        given = self.privacy.clipped_count_stddev
+        return given if given is not None else max(m / 20.0, self.noise_multiplier)
+
+    def update_multiplier(self, m: int) -> float:
+        """The multiplier of the noise on the mean of m clipped updates."""
+        if not self.privacy.adaptive_clip:
+            return self.noise_multiplier
+        return update_noise_multiplier(self.noise_multiplier, self._count_stddev(m))
+
+    # ---- the Strategy interface ------------------------------------------------------------
+
+    def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
+        self._global = global_weights
+        self._norms = []
+        self._report = None
+        self.inner.begin_round(global_weights)
+
+    def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
+        if not self.central:
+            # Already clipped and noised by the node: weighting by examples is post-processing.
+            self.inner.add(tensors, num_examples)
+            return
+        assert self._global is not None, "begin_round first"
+        clipped, norm = clip_local(tensors, self._global, self.clip_norm)
+        self._norms.append(norm)
+        self.inner.add(clipped, 1)
+
+    def _noise_the_mean(self, mean: Weights) -> Weights:
+        m = len(self._norms)
+        self._noise_std = self.update_multiplier(m) * self.clip_norm / max(m, 1)
+        # The mean is the accumulator's own fresh arrays: noised where they are.
+        return add_gaussian_noise(mean, self._noise_std, self._rng, inplace=True)
+
+    def finish(self) -> Weights:
+        return self.inner.finish()
+
+    def pending_problem(self) -> str | None:
+        return self.inner.pending_problem()
+
+    def commit(self) -> None:
+        self.inner.commit()
+        epsilon = self.accountant.record(SAMPLING_RATE, self.accounted_multiplier)
+        report: dict[str, Any] = {
+            "mode": str(self.privacy.mode),
+            "epsilon": round(epsilon, 6),
+            "delta": self.privacy.delta,
+            "noise_multiplier": round(self.noise_multiplier, 6),
+            "clip_norm": round(self.clip_norm, 6),
+        }
+        if self.central:
+            report.update(updates=len(self._norms),
+                          clipped=sum(1 for n in self._norms if n > self.clip_norm),
+                          noise_std=round(self._noise_std, 9))
+            if self.privacy.adaptive_clip and self._norms:
+                clip = AdaptiveClip(self.clip_norm, self.privacy.target_quantile,
+                                    self.privacy.clip_learning_rate,
+                                    self._count_stddev(len(self._norms)))
+                self.clip_norm = clip.next(self._norms, self._rng).clip_norm
+                report["next_clip_norm"] = round(self.clip_norm, 6)
+        self._report = report
+
+    def round_report(self) -> dict[str, Any] | None:
+        return self._report
+
+    def exhausted(self) -> str | None:
+        target = self.privacy.target_epsilon
+        if target is None:
+            return None
+        if self.accountant.would_exceed(target, SAMPLING_RATE, self.accounted_multiplier):
+            return BUDGET_SPENT_REASON
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {"inner": self.inner.state(),
+                "privacy": {"events": self.accountant.to_list(), "clip_norm": self.clip_norm,
+                            "noise_multiplier": self.noise_multiplier}}
+
+    def tensor_state(self) -> dict[str, np.ndarray]:
+        return self.inner.tensor_state()
+
+    def load_state(self, state: Mapping[str, Any],
+                   tensors: Mapping[str, np.ndarray] | None = None) -> None:
+        self.inner.load_state(state.get("inner") or {}, tensors)
+        saved = state.get("privacy") or {}
+        self.accountant = type(self.accountant).from_list(
+            saved.get("events") or [], self.privacy.delta, self.privacy.accountant)
+        self.clip_norm = float(saved.get("clip_norm", self.clip_norm))
+        # The noise the account was made with, even if calibrated again differently now.
+        self.noise_multiplier = float(saved.get("noise_multiplier", self.noise_multiplier))
+
+    def spent(self) -> float:
+        return self.accountant.epsilon
