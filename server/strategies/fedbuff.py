@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedgpu.core.hetero_config import StalenessWeighting
-from fedgpu.server.strategies.aggregate import acc_dtype, cast_back
+from fedgpu.server.strategies.aggregate import scaled_step
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import buffer_factor, staleness_weight
@@ -46,14 +46,4 @@ class FedBuff(FedAvg):
         mean = super().finish()  # the staleness-weighted mean M (deltas: plus the model)
         if factor == 1.0:
             return mean  # a buffer of fresh updates: FedAvg of the buffer
-        out: Weights = {}
-        with np.errstate(over="ignore", invalid="ignore"):
-            for name, m in mean.items():
-                base = np.asarray(g[name])
-                if base.dtype.kind in "iub":
-                    out[name] = m
-                    continue
-                dt = acc_dtype(base.dtype)
-                x = base.astype(dt)
-                out[name] = cast_back(x + factor * (m.astype(dt) - x), base.dtype)
-        return out
+        return scaled_step(g, mean, factor)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedgpu.server.strategies.aggregate import acc_dtype, cast_back
+from fedgpu.server.strategies.aggregate import scaled_step
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import (
@@ -56,16 +56,5 @@ class FedNova(FedAvg):
         factor = fednova_factor(self._examples, self._norms) * self.server_lr
         self.last_factor = factor
         mean = super().finish()  # M (deltas: already added to the global model)
-        out: Weights = {}
-        with np.errstate(over="ignore", invalid="ignore"):
-            for name, m in mean.items():
-                base = np.asarray(g[name])
-                if base.dtype.kind in "iub":
-                    out[name] = m
-                    continue
-                dt = acc_dtype(base.dtype)
-                x = base.astype(dt)
-                # Overflow shows as a non-finite model, which the engine refuses and retries.
-                out[name] = cast_back(x + factor * (m.astype(dt) - x), base.dtype)
         self._global = None
-        return out
+        return scaled_step(g, mean, factor)
