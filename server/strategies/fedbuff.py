@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedgpu.core.hetero_config import StalenessWeighting
-from fedgpu.server.strategies.aggregate import scaled_step
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import buffer_factor, staleness_weight
+from fedgpu.server.strategies.scaled import scaled_step
 
 
 class FedBuff(FedAvg):

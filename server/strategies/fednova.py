@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedgpu.server.strategies.aggregate import scaled_step
 from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import (
@@ -17,6 +16,7 @@ from fedgpu.server.strategies.hetero_math import (
     fednova_weight,
     local_steps_norm,
 )
+from fedgpu.server.strategies.scaled import scaled_step
 
 
 class FedNova(FedAvg):
