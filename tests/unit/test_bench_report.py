@@ -68,7 +68,8 @@ def test_the_many_clients_section_puts_both_frameworks_side_by_side() -> None:
 def test_results_measured_apart_are_copied_in_as_numbered_sections(tmp_path) -> None:
     from benchmarks.report import measured_apart
 
-    (tmp_path / "DP.md").write_text("# Privacy\n\ntext\n\n## Table\n\n```bash\n# not a heading\n```\n")
+    (tmp_path / "DP.md").write_text(
+        "# Privacy\n\ntext\n\n## Table\n\n```bash\n# not a heading\n```\n")
     (tmp_path / "RING.md").write_text("# Ring\n\nmore\n")
     out = "\n".join(measured_apart(tmp_path, first=9))
     assert "## 9. Privacy" in out and "### Table" in out and "## 10. Ring" in out
