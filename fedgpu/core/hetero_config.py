@@ -17,11 +17,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job_bounds import INT32_MAX, MAX_JOB_NODES
 from fedgpu.core.update_codecs import UpdateCodec
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class LocalWork(StrEnum):
@@ -93,13 +95,13 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
     def fail(key: str, expected: str) -> ConfigError:
         return ConfigError(f"{source}: '{key}' must be {expected}, got {raw.get(key)!r}")
 
-    work_raw = raw.get("local_work", LocalWork.EPOCHS.value)
-    try:
-        work = LocalWork(work_raw) if isinstance(work_raw, str) else None
-    except ValueError:
-        work = None
-    if work is None:
-        raise fail("local_work", "one of " + ", ".join(w.value for w in LocalWork))
+    def choice(key: str, kind: type[E], default: E) -> E:
+        value = raw.get(key, default.value)
+        if isinstance(value, str) and value in {m.value for m in kind}:
+            return kind(value)
+        raise fail(key, "one of " + ", ".join(m.value for m in kind))
+
+    work = choice("local_work", LocalWork, LocalWork.EPOCHS)
     budget = raw.get("round_train_s")
     if work is LocalWork.TIME:
         if (isinstance(budget, bool) or not isinstance(budget, int | float)
@@ -114,13 +116,7 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
     elif budget is not None:
         raise ConfigError(f"{source}: 'round_train_s' needs local_work = \"time\"")
 
-    codec_raw = raw.get("update_codec", UpdateCodec.NONE.value)
-    try:
-        kind = UpdateCodec(codec_raw) if isinstance(codec_raw, str) else None
-    except ValueError:
-        kind = None
-    if kind is None:
-        raise fail("update_codec", "one of " + ", ".join(c.value for c in UpdateCodec))
+    kind = choice("update_codec", UpdateCodec, UpdateCodec.NONE)
     fraction = raw.get("topk_fraction", 0.01)
     if "topk_fraction" in raw and kind is not UpdateCodec.TOPK:
         raise ConfigError(f"{source}: 'topk_fraction' needs update_codec = \"topk\"")
