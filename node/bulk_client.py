@@ -10,7 +10,10 @@ anew, since that may be a different aggregator.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 from pathlib import Path
 
 import grpc
@@ -22,6 +25,29 @@ log = logging.getLogger("fedgpu.node.bulk")
 
 # Transfers that reached the port but broke off, in a row, before the node stops trying it.
 MAX_BROKEN = 3
+# A connection turned away at the door (the port's per-address gate or its transfer slots were
+# full: many sites behind one NAT starting a round at once) is tried again after a jittered,
+# growing pause, up to this many times (about 6 s in all) before it counts as broken off.
+DOOR_TRIES = 7
+DOOR_PAUSE_S = 0.05
+DOOR_PAUSE_MAX_S = 2.0
+
+T = TypeVar("T")
+
+
+def knock(attempt: Callable[[], T], tries: int = DOOR_TRIES,
+          sleep: Callable[[float], None] = time.sleep) -> T:
+    """`attempt()`, again while the port turns it away; the last TurnedAway if it always does."""
+    for i in range(tries):
+        try:
+            return attempt()
+        except bulk.TurnedAway:
+            if i == tries - 1:
+                raise
+            pause = min(DOOR_PAUSE_MAX_S, DOOR_PAUSE_S * 2 ** i)
+            # Full jitter: sites turned away together must not knock again together.
+            sleep(random.uniform(pause / 2, pause))
+    raise AssertionError("unreachable")
 
 
 class BulkRpcError(grpc.RpcError):
@@ -81,7 +107,8 @@ class BulkPath:
         bulk.RefusedError / OSError / TimeoutError: ask for the task again; codec errors:
         the payload is damaged."""
         try:
-            bulk.download(self.host, port or self.port, self.tls, ticket, asm, idle_s)
+            knock(lambda: bulk.download(self.host, port or self.port, self.tls, ticket, asm,
+                                        idle_s))
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise
@@ -95,8 +122,8 @@ class BulkPath:
         """Send an update's payload; the aggregator's message. BulkRpcError: its refusal, or
         UNAVAILABLE when the connection broke (send again); BulkUnreachable: fall back."""
         try:
-            status = bulk.upload(self.host, port or self.port, self.tls, ticket, payload,
-                                 idle_s)
+            status = knock(lambda: bulk.upload(self.host, port or self.port, self.tls, ticket,
+                                               payload, idle_s))
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise

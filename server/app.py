@@ -78,8 +78,10 @@ class ServerConfig:
     ui_port: int = 0
     ui_host: str = "127.0.0.1"
     # The bulk data path (server/transfer/bulk_server.py) on host:bulk_port, TLS as the gRPC port;
-    # 0 = off: weights move over gRPC only.
-    bulk_port: int = 0
+    # 0 = off: weights move over gRPC only. None: the gRPC port + 1, best effort (a port that
+    # is taken is said once in the log and the aggregator serves weights over gRPC; a port
+    # asked for by number that cannot be had is an error).
+    bulk_port: int | None = None
     # Jobs waiting their turn (server/jobs/intake.py); a submission past it is refused.
     max_queued_jobs: int = DEFAULT_MAX_QUEUED
     # Where a submitted job's `initial_weights` may name a file; None: only uploaded weights.
@@ -148,7 +150,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                 None if cfg.insecure else cfg.operator_token,
                 client_certs=mutual, insecure=cfg.insecure)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    tickets = TicketBook() if cfg.bulk_port else None
+    tickets = TicketBook() if cfg.bulk_port != 0 else None
     federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
     pb_grpc.add_FederationServicer_to_server(federation, server)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
@@ -170,15 +172,21 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if bound == 0:
         raise FedgpuError(f"cannot listen on {address}: is the port already in use?")
     closers: list[Any] = []
-    if tickets is not None:
-        bulk = BulkServer(federation, tickets, cfg.host, cfg.bulk_port,
+    # By default beside the port gRPC got (which --port 0 leaves to the system to pick).
+    wanted_bulk = cfg.bulk_port if cfg.bulk_port is not None else bound + 1
+    if tickets is not None and wanted_bulk <= 65535:
+        bulk = BulkServer(federation, tickets, cfg.host, wanted_bulk,
                           ssl_server_context(cfg.tls) if cfg.tls is not None else None, mutual)
         try:
             federation.bulk_port = await bulk.start()
         except OSError as exc:
-            raise FedgpuError(str(exc)) from None
-        closers.append(bulk)
-        uploads.bulk = bulk.stats
+            if cfg.bulk_port is not None:
+                raise FedgpuError(str(exc)) from None
+            log.warning("no bulk data path: %s (the default, the gRPC port + 1); weights move "
+                        "over gRPC only. Pass --bulk-port PORT for another, 0 for none", exc)
+        else:
+            closers.append(bulk)
+            uploads.bulk = bulk.stats
     probe_server = None
     if cfg.health_port:
         probe_server = grpc.aio.server(options=SERVER_OPTIONS)

@@ -82,6 +82,12 @@ class BulkProtocolError(ValueError):
     """The other side broke the bulk conversation (bad magic, oversized frame, early EOF)."""
 
 
+class TurnedAway(OSError):
+    """The aggregator closed the connection before its first status frame: its pre-ticket gate
+    or its transfer slots were full (a burst of sites behind one address). The ticket was not
+    redeemed, so trying again shortly is safe."""
+
+
 class ClosedQuietly(BulkProtocolError):
     """The client hung up without sending a byte: a reachability probe (`fedgpu doctor`, a
     load balancer's TCP check), not a refusal."""
@@ -109,20 +115,27 @@ def connect(host: str, port: int, tls: TlsFiles | None,
         return raw
     try:
         return ssl_client_context(tls).wrap_socket(raw, server_hostname=host)
+    except (ssl.SSLEOFError, ConnectionError) as exc:
+        # Closed during the handshake: turned away at the door, not a TLS mismatch.
+        raw.close()
+        raise TurnedAway(f"the bulk port {host}:{port} closed the TLS handshake: {exc}") from None
     except (ssl.SSLError, OSError) as exc:
         raw.close()
         raise BulkUnreachable(f"TLS handshake with the bulk port {host}:{port} failed: "
                               f"{getattr(exc, 'reason', None) or exc}") from None
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int,
+               unstarted: type[Exception] = BulkProtocolError) -> bytes:
+    """`n` bytes; `unstarted` is raised when the connection ends before the first of them."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise BulkProtocolError(f"connection closed after {got} of {n} bytes")
+            raise (BulkProtocolError if got else unstarted)(
+                f"connection closed after {got} of {n} bytes")
         got += k
     return bytes(buf)
 
@@ -154,8 +167,8 @@ def write_status(sock: socket.socket, status: Status) -> None:
     sock.sendall(status.frame())
 
 
-def read_status(sock: socket.socket) -> Status:
-    (length,) = struct.unpack(">I", recv_exact(sock, 4))
+def read_status(sock: socket.socket, unstarted: type[Exception] = BulkProtocolError) -> Status:
+    (length,) = struct.unpack(">I", recv_exact(sock, 4, unstarted))
     if length > MAX_STATUS:
         raise BulkProtocolError(f"status frame of {length} bytes (at most {MAX_STATUS})")
     try:
@@ -279,14 +292,22 @@ def send_payload(sock: socket.socket, source: Path | Sequence[memoryview]) -> No
         sock.sendall(seg)
 
 
+def first_status(sock: socket.socket, ticket: str) -> Status:
+    """Send the ticket and read the go-ahead; TurnedAway if the connection ends first."""
+    try:
+        send_ticket(sock, ticket)
+        return read_status(sock, TurnedAway)
+    except ConnectionError as exc:
+        raise TurnedAway(f"closed before its first status: {exc}") from None
+
+
 def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
              asm: codec.Assembler | DigestSink, idle_s: float = 60.0) -> None:
     """Fetch a task's payload into `asm`; BulkUnreachable (fall back to gRPC), RefusedError
     (the aggregator said no), TimeoutError, OSError or codec errors otherwise."""
     with connect(host, port, tls) as sock:
         sock.settimeout(idle_s)
-        send_ticket(sock, ticket)
-        status = read_status(sock)
+        status = first_status(sock, ticket)
         if not status.ok:
             raise RefusedError(status)
         recv_payload(sock, asm, idle_s)
@@ -299,8 +320,7 @@ def upload(host: str, port: int, tls: TlsFiles | None, ticket: str,
     with connect(host, port, tls) as sock:
         # The go-ahead may wait for the aggregator's upload memory (until the round's end).
         sock.settimeout(verdict_timeout_s)
-        send_ticket(sock, ticket)
-        status = read_status(sock)
+        status = first_status(sock, ticket)
         if not status.ok:
             return status
         sock.settimeout(idle_s)

@@ -5,11 +5,14 @@ due within a deadline from accept, and silent connections taking no slot from ti
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from fedgpu.core import bulk, codec, digests
+from fedgpu.node.bulk_client import BulkPath
 from fedgpu.proto import pb
 from tests.fixtures.bulk_wire import (  # noqa: F401 - wire_fixture is the `wire` fixture
     GLOBAL,
@@ -106,3 +109,32 @@ def test_silent_connections_take_no_slot_from_ticketed_ones(wire: Wire) -> None:
             s.close()
 
 
+
+
+def test_a_node_turned_away_at_a_full_gate_knocks_again(wire: Wire) -> None:
+    """Many sites behind one address start a round at once: past the gate's per-address limit
+    their connections are closed at the door. The node's bulk client tells that apart from a
+    broken transfer and tries again after a short pause (the ticket was never redeemed), so the
+    burst costs a retry, not a failed pull."""
+    task = wire.task()
+    algo, digest = digests.of_header(task)
+    hold = [socket.create_connection(("127.0.0.1", wire.bulk_port), timeout=10)
+            for _ in range(8)]
+    # The gate is full for 127.0.0.1 now: one direct attempt is turned away at the door.
+    wait_for(lambda: wire.status()["bulk"]["unticketed"] == 8, what="gate full")
+    with pytest.raises(bulk.TurnedAway):
+        bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket,
+                      codec.Assembler(task.payload_size, digest, 1 << 20, algo))
+    path = BulkPath(wire.fed.address, None)
+    path.reset(wire.bulk_port)
+    asm = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
+    # The silent connections leave while the node is knocking.
+    closer = threading.Timer(0.3, lambda: [s.close() for s in hold])
+    closer.start()
+    try:
+        path.download(task.bulk.ticket, wire.bulk_port, asm)
+    finally:
+        closer.join()
+    got, _ = codec.decode(asm.finish())
+    assert all(np.array_equal(got[k], GLOBAL[k]) for k in GLOBAL)
+    assert path.usable and path.error is None

@@ -53,7 +53,7 @@ def test_compressed_updates_travel_and_the_model_learns(
     job = write_job(tmp_path / "job.toml", rounds=3, min_nodes=2, round_deadline_s=90,
                     update_codec=codec, **extra,
                     hyperparameters={"lr": 0.05, "local_epochs": 2})
-    federation.start_server(job, *(["--bulk-port", str(free_port())] if bulk else []))
+    federation.start_server(job, "--bulk-port", str(free_port()) if bulk else "0")
     federation.start_node("site-a", digits_split[0])
     federation.start_node("site-b", digits_split[1])
     federation.wait_state(("finished",))

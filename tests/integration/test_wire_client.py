@@ -54,7 +54,7 @@ def test_the_async_client_takes_a_task_and_sends_both_payload_kinds(
     init.write_bytes(b"".join(bytes(s) for s in codec.encode(WEIGHTS).segments))
     job = write_job(tmp_path / "job.toml", min_nodes=2, rounds=1, evaluate=False,
                     initial_weights=str(init))
-    federation.start_server(job)
+    federation.start_server(job, "--bulk-port", "0")  # both payload kinds over gRPC here
 
     async def site(name: str, from_file: bool) -> tuple[str, bool]:
         wire = WireClient(federation.address, federation.token)

@@ -259,3 +259,56 @@ def test_the_job_refuses_a_wire_dtype_it_cannot_honour(raw: dict, message: str) 
         parse_job({"task": "digits", **raw})
     assert parse_job({"task": "digits", "wire_dtype": "fp16"}).wire_dtype == "fp16"
     assert parse_job({"task": "digits"}).wire_dtype is None
+
+
+def test_turned_away_at_the_door_is_tried_again_with_growing_jittered_pauses() -> None:
+    from fedgpu.node.bulk_client import DOOR_TRIES, knock
+
+    pauses: list[float] = []
+    calls = iter([bulk.TurnedAway("gate full")] * 3 + ["done"])
+
+    def attempt() -> str:
+        got = next(calls)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    assert knock(attempt, sleep=pauses.append) == "done"
+    assert len(pauses) == 3 and pauses[0] < pauses[2] and all(p > 0 for p in pauses)
+
+    # Turned away every time: the last refusal after DOOR_TRIES tries; other errors at once.
+    for error, expected in ((bulk.TurnedAway("full"), DOOR_TRIES),
+                            (bulk.BulkProtocolError("bad magic"), 1)):
+        tries: list[int] = []
+
+        def fail(error: Exception = error, tries: list[int] = tries) -> str:
+            tries.append(1)
+            raise error
+
+        with pytest.raises(type(error)):
+            knock(fail, sleep=lambda s: None)
+        assert len(tries) == expected
+
+
+def test_a_connection_closed_before_the_first_status_is_turned_away() -> None:
+    server, client = socket.socketpair()
+    with server, client:
+        # The server reads the ticket, then hangs up without a word (its slots were full).
+        def hang_up() -> None:
+            bulk.read_ticket(server)
+            server.shutdown(socket.SHUT_RDWR)
+
+        t = threading.Thread(target=hang_up)
+        t.start()
+        client.settimeout(10)
+        with pytest.raises(bulk.TurnedAway):
+            bulk.first_status(client, "ticket-1")
+        t.join()
+    # A status cut off after its first bytes is a broken stream, not a door.
+    server, client = socket.socketpair()
+    with server, client:
+        server.sendall(b"\x00\x00")
+        server.shutdown(socket.SHUT_RDWR)
+        client.settimeout(10)
+        with pytest.raises(bulk.BulkProtocolError):
+            bulk.read_status(client, bulk.TurnedAway)

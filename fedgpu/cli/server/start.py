@@ -21,11 +21,12 @@ def start(
         "federation waits for 'fedgpu job submit'.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(envvar="FEDGPU_PORT", help="gRPC port.")] = 50051,
-    bulk_port: Annotated[int, typer.Option(
-        envvar="FEDGPU_BULK_PORT", min=0, max=65535,
+    bulk_port: Annotated[int | None, typer.Option(
+        envvar="FEDGPU_BULK_PORT", min=0, max=65535, show_default="the gRPC port + 1",
         help="TCP port of the bulk data path: model downloads and update uploads beside gRPC, "
-        "at line rate (TLS as the gRPC port); nodes that cannot reach it use gRPC. 0 = off "
-        "(compose and the Kubernetes manifests use 50052).")] = 0,
+        "at line rate (TLS as the gRPC port); nodes that cannot reach it use gRPC. Default: "
+        "the gRPC port + 1 when free (compose and the Kubernetes manifests use 50052); 0 = "
+        "off.")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="FEDGPU_TOKEN", help="Shared token nodes must present.")] = None,
     operator_token: Annotated[str | None, typer.Option(
