@@ -18,7 +18,7 @@ from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from fedgpu.server.admin_guard import bounded, guarded, status_of
 from fedgpu.server.auth import Auth, Caller
-from fedgpu.server.jobs import submission
+from fedgpu.server.jobs import estimate, submission
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
@@ -131,7 +131,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if weights is not None:
                 weights.unlink(missing_ok=True)
             raise
-        return _reply(docs.job_summary(jobs, row))
+        doc = docs.job_summary(jobs, row)
+        # Off the critical path of the queue: a rough training time from the sites' speed.
+        doc["estimate"] = est = estimate.estimate(job, jobs.registry.alive())
+        if est is not None:
+            jobs.store.add_event(row.job_id, f"estimated {est['text']}")
+        return _reply(doc)
 
     @guarded
     async def ListJobs(self, request: admin_pb2.ListJobsRequest,

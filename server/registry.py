@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -58,8 +59,20 @@ class Node:
     # sha256 of the identity secret it registered with ("" from nodes that send none): who
     # may take this name over while the node is alive.
     identity: str = ""
+    # Training speed it last reported per task (examples/s), for the estimate at submit
+    # (server/jobs/estimate.py); at most MAX_THROUGHPUT_TASKS tasks, the oldest dropped.
+    throughput: dict[str, float] = field(default_factory=dict)
+
+    def measured(self, task: str, examples_per_s: float) -> None:
+        if not (math.isfinite(examples_per_s) and examples_per_s > 0):
+            return
+        self.throughput.pop(task, None)
+        self.throughput[task] = examples_per_s
+        while len(self.throughput) > MAX_THROUGHPUT_TASKS:
+            del self.throughput[next(iter(self.throughput))]
 
 
+MAX_THROUGHPUT_TASKS = 16
 DEFAULT_MAX_NODES = 10_000
 
 

@@ -227,9 +227,26 @@ class Intake:
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:
             node.rounds_completed += 1
+            node.measured(self.job.task, _speed(header, resources.train_seconds,
+                                                self.job.hyperparameters.get("local_epochs")))
             # A node that stated no size at registration states it with its first update.
             node.stated_examples = node.stated_examples or header.num_examples
         if header.eval_metrics:
             self.history.attach_eval(header.evaluated_round, EvalEntry(
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
         rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())
+
+
+def _speed(header: pb.UpdateHeader, train_seconds: float, epochs: object) -> float:
+    """Examples trained per second this round, for the estimate at submit: the node's own
+    figure when its loop reports one, else the examples it says it saw (or its set times the
+    job's epochs) over its training time; 0 when unknown."""
+    metrics = header.train_metrics
+    if "examples_per_s" in metrics:
+        return metrics["examples_per_s"]
+    if train_seconds <= 0:
+        return 0.0
+    if "examples" in metrics:
+        return metrics["examples"] / train_seconds
+    rounds = epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else 1
+    return header.num_examples * rounds / train_seconds

@@ -74,6 +74,8 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
 
     first = job_cli(fed, "submit", str(job1))
     assert first["state"] == "queued" and first["job_id"]
+    # No site has trained digits yet: nothing to estimate from.
+    assert first["estimate"] is None
     second = job_cli(fed, "submit", str(job2))
     listed = job_cli(fed, "list")
     assert [j["job_id"] for j in listed] == [first["job_id"], second["job_id"]]
@@ -83,6 +85,19 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
     assert done["state"] == "finished", done
     assert done["rounds_done"] == 3 and done["accuracy"] >= 0.8, done
     pids = {p.name: p.popen.pid for p in fed.procs if p.name.startswith("site-")}
+
+    # Now the sites' speed is known: a job that would train for hours says so at submit.
+    huge = write_job(tmp_path / "huge.toml", rounds=20000, name="huge",
+                     hyperparameters={"local_epochs": 50})
+    r = cli("job", "submit", str(huge), "--address", fed.address, operator_token=OPERATOR_TOKEN)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("queued")
+    assert "warning: training time: about " in r.stderr and " h" in r.stderr, r.stderr
+    assert "examples/s" in r.stderr and "round_train_s" in r.stderr, r.stderr
+    huge_id = r.stdout.split()[1]
+    est = [e["message"] for e in job_cli(fed, "logs", huge_id) if "estimated" in e["message"]]
+    assert est and "slowest site site-" in est[0], est
+    assert job_cli(fed, "stop", huge_id)["state"] == "stopped"
 
     # The second job runs next, on the same node processes; kill the aggregator mid-job.
     wait_job(fed, second["job_id"], ("running",))
@@ -110,7 +125,7 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
     assert all(p.popen.poll() is None for p in fed.procs if p.name.startswith("site-"))
 
     listed = job_cli(fed, "list")
-    assert [j["state"] for j in listed] == ["finished", "finished"]
+    assert [j["state"] for j in listed] == ["finished", "finished", "stopped"]
     model = tmp_path / "m.safetensors"
     got = job_cli(fed, "model", first["job_id"], "-o", str(model))
     assert got["round"] == 3 and model.stat().st_size == got["size"]

@@ -61,3 +61,8 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
         print_json(doc)
     else:
         typer.echo(f"job {doc['job_id']} {doc['state']}")
+        est = doc.get("estimate")
+        if est:
+            # On stderr: stdout stays the one line scripts read.
+            typer.echo(f"{'warning: ' if est.get('long') else ''}training time: {est['text']}",
+                       err=True)
