@@ -31,6 +31,7 @@ from fedgpu.core import bulk, codec, digests
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import SecAggError, Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
+from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, private_spans
 from fedgpu.core.secagg.site import SiteSession
 from fedgpu.node import messages
 from fedgpu.node.client import AggregatorClient
@@ -66,13 +67,18 @@ class Link:
 
 
 async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
-                    change: np.ndarray, weight: float) -> str | None:
+                    change: np.ndarray, weight: float,
+                    private: Spans | None = None) -> str | None:
     """Run the protocol for `task`: `change` is the round's change to the model (flat, in
     the layout of fedgpu/core/secagg/layout.py), `update` the header a plain answer would
-    have had (its metrics go with the masked input). None when done, else why it stopped."""
+    have had (its metrics go with the masked input). With distributed DP (the task's
+    privacy_distributed) the site clips `change` over the `private` spans (its floating-point
+    values; all when None) and adds its noise share before masking. None when done, else why
+    it stopped."""
     started = time.monotonic()
     stage = Stage.SETUP
     try:
+        noise = noise_share_of(task)
         site = SiteSession(Setup.decode(bytes(task.secagg_setup)))
         stage = Stage.ADVERTISE_KEYS
         await _send(link, task, stage, site.advertise().encode())
@@ -81,8 +87,11 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         await _send(link, task, stage, (await asyncio.to_thread(site.share_keys, relay)).encode())
         stage = Stage.MASKED_INPUT
         shares = ShareRelay.decode(await _wait(link, task, stage))
-        masked = await asyncio.to_thread(site.masked_input, shares, change, weight)
+        masked = await asyncio.to_thread(site.masked_input, shares, change, weight, noise,
+                                         private)
         del change
+        if site.noise_report is not None:
+            _note_share(task, update, site.noise_report)
         data = await asyncio.to_thread(masked.encode)
         del masked
         await _send(link, task, stage, data, update)
@@ -115,6 +124,25 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     log.info("round %d: secure aggregation done in %.1fs", task.round,
              time.monotonic() - started)
     return None
+
+
+def noise_share_of(task: pb.TaskHeader) -> NoiseShare | None:
+    """Distributed DP's settings from the task; None when the job has none. SecAggError when
+    they are out of range (the site refuses rather than mask an unprotected update)."""
+    if not task.HasField("privacy_distributed"):
+        return None
+    dp = task.privacy_distributed
+    return NoiseShare(dp.clip_norm, dp.noise_multiplier)
+
+
+def _note_share(task: pb.TaskHeader, update: pb.UpdateHeader, report: ShareReport) -> None:
+    """The share's noise std goes with the masked input (the aggregator checks it is there);
+    the update's norm and whether it was clipped stay in this node's log: under secure
+    aggregation they are facts about one site that the aggregator must not learn."""
+    update.train_metrics["ddp_noise_std"] = report.std
+    update.train_metrics["ddp_values_cut"] = float(report.cut)
+    log.info("round %d: distributed DP: update norm %.4g%s, noise share std %.4g", task.round,
+             report.norm, " (clipped)" if report.clipped else "", report.std)
 
 
 def _digest(data: bytes | bytearray) -> str:
@@ -192,7 +220,10 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
     update = messages.update_header(task, node_id, decision, outcome.resources,
                                     outcome.result, "")
     try:
-        change = layout.delta(codec.read_file(outcome.weights), codec.decode(received)[0])
+        base = codec.decode(received)[0]
+        change = layout.delta(codec.read_file(outcome.weights), base)
+        private = private_spans(base)
+        del base
     except (SecAggError, codec.CodecError) as exc:
         failed = messages.update_header(task, node_id, decision, outcome.resources, None,
                                         f"secure aggregation: {exc}")
@@ -202,4 +233,5 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
             log.warning("round %d: could not report %s: %s", task.round, exc, err.details())
         return
     client.run(lambda wire: take_part(Link(wire, node_id, poll_s, max_bytes, cancelled),
-                                      task, update, change, float(update.num_examples)))
+                                      task, update, change, float(update.num_examples),
+                                      private))

@@ -16,6 +16,7 @@ from fedgpu.core.job_bounds import check_bounds
 from fedgpu.core.privacy import PrivacySettings, parse_privacy
 from fedgpu.core.privacy.settings import with_dp_rounds
 from fedgpu.core.secagg import jobfile as secagg_jobfile
+from fedgpu.core.secagg.noise_share import submit_problem
 
 Scalar = int | float | str | bool
 # A job file is a page of settings; anything larger is a mistake or an attack.
@@ -121,6 +122,11 @@ def _check_combinations(source: str, hetero: HeteroWork, secagg: Any, privacy: A
     if privacy is not None and codec:
         raise ConfigError(f"{source}: [privacy] clips and noises whole updates; update_codec = "
                           f"{codec!r} cannot be combined with it")
+    if secagg is not None and privacy is not None and privacy.mode == "distributed":
+        why = submit_problem(secagg.settings.clip, secagg.settings.threshold,
+                             privacy.clip_norm, privacy.noise_multiplier)
+        if why is not None:
+            raise ConfigError(f"{source}: {why}")
 
 
 def parse_job(raw: dict[str, Any], source: str = "job") -> Job:

@@ -166,7 +166,13 @@ class StarPlan(TrainPlan):
                     ) -> list[dict[str, Any]]:
         fields = super().task_fields(number, attempt, chosen)
         dp = self.strategy
-        if isinstance(dp, PrivateStrategy) and not dp.central:
+        if isinstance(dp, PrivateStrategy) and dp.distributed:
+            # Distributed DP: each node clips its update and adds its share of the noise
+            # before secure aggregation masks it (server/secagg/plan.py checks the range).
+            share = pb.PrivacyDistributedDp(clip_norm=dp.clip_norm,
+                                            noise_multiplier=dp.noise_multiplier)
+            fields = [{**f, "privacy_distributed": share} for f in fields]
+        elif isinstance(dp, PrivateStrategy) and not dp.central:
             # Local DP: each node clips and noises its own update before it uploads it.
             local = pb.PrivacyLocalDp(clip_norm=dp.clip_norm, noise_multiplier=dp.noise_multiplier)
             fields = [{**f, "privacy_local": local} for f in fields]

@@ -58,8 +58,12 @@ def _payload(data: bytes | bytearray) -> ModelPayload:
 
 class SecAggRound:
     def __init__(self, config: JobSecAgg, chosen: list[Node],
-                 global_weights: Mapping[str, np.ndarray]) -> None:
+                 global_weights: Mapping[str, np.ndarray], min_inputs: int = 0) -> None:
         self.config = config
+        # Distributed DP (the round's required updates; 0 without): fewer masked inputs end the
+        # attempt before unmasking, and every masked input must say it carries a noise share.
+        self.min_inputs = min_inputs
+        self.noised = min_inputs > 0
         self.node_ids = {i + 1: n.node_id for i, n in enumerate(chosen)}
         self.index = {nid: i for i, nid in self.node_ids.items()}
         self.names = {i + 1: n.name for i, n in enumerate(chosen)}
@@ -114,6 +118,12 @@ class SecAggRound:
             msg = UnmaskReply.decode(data)
         if msg.index != i:
             raise SecAggError(f"{node.name} sent a message as site {msg.index}; it is site {i}")
+        if stage == Stage.MASKED_INPUT and self.noised and (
+                "ddp_noise_std" not in header.train_metrics):
+            # A node that ignored the task's privacy_distributed (an older one) masked its
+            # update without noise: it must not be in the sum.
+            raise SecAggError(f"{node.name} sent its masked input without a distributed-DP "
+                              "noise share (does it run an older fedgpu?)")
         if stage == Stage.MASKED_INPUT:
             # A model-sized add: off the event loop, one at a time.
             async with self._lock:
@@ -189,6 +199,9 @@ class SecAggRound:
                 async with self._lock:
                     relays = closers[stage]()
                     self.stage = following
+                if stage == Stage.MASKED_INPUT and len(relays) < self.min_inputs:
+                    raise SecAggError(f"{len(relays)} masked input(s), the round needs "
+                                      f"{self.min_inputs}: their noised sum is not unmasked")
                 log.info("round %d: secure aggregation %s closed, %d of %d sites go on",
                          rnd.number, stage, len(relays), len(self._expected))
                 self._expected, self._answered = set(relays), set()

@@ -16,6 +16,7 @@ from fedgpu.core.config import Job
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.aggregator import Outcome
 from fedgpu.core.secagg.errors import SecAggError
+from fedgpu.core.secagg.noise_share import NoiseShare
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState, RunFailed
 from fedgpu.server.rounds.plans import StarPlan
@@ -27,6 +28,7 @@ from fedgpu.server.rounds.records import (
 )
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.secagg.driver import SecAggRound
+from fedgpu.server.strategies.private import PrivateStrategy
 
 
 class SecAggPlan(StarPlan):
@@ -42,11 +44,22 @@ class SecAggPlan(StarPlan):
         run: Any = self.run
         if self.round is not None:
             self.round.cancel()
+        dp = self.strategy
+        private = isinstance(dp, PrivateStrategy) and dp.distributed
         try:
-            self.round = SecAggRound(self.config, chosen, run.global_weights)
+            # Distributed DP: a sum of fewer inputs than the round needs is never unmasked, so
+            # no attempt releases a noised sum that the account does not count.
+            self.round = SecAggRound(self.config, chosen, run.global_weights,
+                                     min_inputs=self.required(chosen) if private else 0)
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).
             raise RunFailed(f"round {number}: secure aggregation cannot start: {exc}") from None
+        if private:
+            assert isinstance(dp, PrivateStrategy)
+            p = self.round.params
+            why = NoiseShare(dp.clip_norm, dp.noise_multiplier).range_problem(p.clip, p.threshold)
+            if why is not None:
+                raise RunFailed(f"round {number}: distributed DP cannot start: {why}")
         for node, f in zip(chosen, fields, strict=True):
             f["secagg_setup"] = self.round.setups[node.node_id]
             f["secagg_stage_timeout_s"] = self.config.stage_timeout_s
@@ -75,6 +88,8 @@ class SecAggPlan(StarPlan):
             t0 = time.perf_counter()
             new = await asyncio.to_thread(layout.apply, run.global_weights, outcome.mean)
             await asyncio.to_thread(run.strategy.add, new, outcome.total_weight)
+            if isinstance(run.strategy, PrivateStrategy) and run.strategy.distributed:
+                run.strategy.secure_sum(sround.params.threshold, outcome.report.masked)
             rnd.aggregation_s += time.perf_counter() - t0
         for i, header in sorted(sround.headers.items()):
             node_id = sround.node_ids[i]

@@ -9,6 +9,11 @@
   of the noise: the update's multiplier is z_update with 1/z^2 = 1/z_update^2 + 1/(2 sigma_b)^2.
 - local: the nodes clipped and noised their own updates (node/rounds/local_dp.py); this side only
   accounts, with the replace-one-node sensitivity 2C (the multiplier counted is z / 2).
+- distributed: under secure aggregation each site clipped its update, weighed 1 and added a
+  share N(0, z^2 C^2 / n_min) of the noise (fedgpu/core/secagg/noise_share.py); the one update
+  this side gets is the unmasked mean of m >= n_min of them, whose sum carries noise of std
+  sqrt(m / n_min) z C >= z C. Nothing is added here; each round is accounted as the Gaussian
+  mechanism of multiplier z, like central mode (the plan tells `secure_sum` n_min and m).
 
 Every round is accounted with sampling rate 1: the sample is drawn with the job's seed, which is
 no secret, so no amplification by sampling is claimed. The account (one (q, z) pair per round)
@@ -55,6 +60,13 @@ def noise_multiplier_for(privacy: PrivacySettings, rounds: int) -> float:
     return 2 * z if privacy.mode is PrivacyMode.LOCAL else z
 
 
+def sum_noise_std(noise_multiplier: float, clip_norm: float, min_sites: int, sites: int
+                  ) -> float:
+    """Distributed mode: the std of the noise on the sum of `sites` shares made for n_min =
+    `min_sites`: sqrt(sites / min_sites) * z * C."""
+    return (sites / min_sites) ** 0.5 * noise_multiplier * clip_norm
+
+
 class PrivateStrategy(Strategy):
     name = "private"
 
@@ -64,11 +76,10 @@ class PrivateStrategy(Strategy):
             raise ConfigError(
                 f"job: [privacy] needs a strategy that averages ({', '.join(MEAN_STRATEGIES)}), "
                 f"not {inner.name!r}: the noise is calibrated to the mean of clipped updates")
-        if privacy.mode is PrivacyMode.DISTRIBUTED:
-            raise ConfigError("job: [privacy] mode = \"distributed\" needs secure_aggregation")
         self.inner = inner
         self.privacy = privacy
         self.central = privacy.mode is PrivacyMode.CENTRAL
+        self.distributed = privacy.mode is PrivacyMode.DISTRIBUTED
         # dp-accounting (scipy) is imported by a job with [privacy] only: seconds of start-up
         # an aggregator without one does not pay.
         from fedgpu.core.privacy.accountant import Accountant
@@ -81,13 +92,18 @@ class PrivateStrategy(Strategy):
         self._norms: list[float] = []
         self._noise_std = 0.0
         self._report: dict[str, Any] | None = None
+        # Distributed mode: the round's n_min (secure-aggregation threshold) and summed sites.
+        self._secure_sum: tuple[int, int] | None = None
         if self.central:
             inner.mean_hook = self._noise_the_mean
 
     @property
     def accounted_multiplier(self) -> float:
         """The multiplier of the mechanism the accountant composes, per round."""
-        return self.noise_multiplier if self.central else self.noise_multiplier / 2
+        if self.privacy.mode is PrivacyMode.LOCAL:
+            return self.noise_multiplier / 2
+        # Central, and distributed: the sum of m >= n_min shares has noise std >= z * C.
+        return self.noise_multiplier
 
     def _count_stddev(self, m: int) -> float:
         # Andrew et al. take m / 20; at least z here, so that a small federation's count
@@ -107,7 +123,17 @@ class PrivateStrategy(Strategy):
         self._global = global_weights
         self._norms = []
         self._report = None
+        self._secure_sum = None
         self.inner.begin_round(global_weights)
+
+    def secure_sum(self, min_sites: int, sites: int) -> None:
+        """Distributed mode: the round's unmasked sum held `sites` shares made for n_min =
+        `min_sites` (its secure-aggregation threshold); shown in the round's report."""
+        if sites < min_sites:
+            # The sites' and the aggregator's threshold checks make this impossible; were it
+            # to happen, the noise would be below what is accounted.
+            raise ValueError(f"a secure sum of {sites} inputs, fewer than n_min = {min_sites}")
+        self._secure_sum = (min_sites, sites)
 
     def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
         if not self.central:
@@ -141,6 +167,12 @@ class PrivateStrategy(Strategy):
             "noise_multiplier": round(self.noise_multiplier, 6),
             "clip_norm": round(self.clip_norm, 6),
         }
+        if self.distributed and self._secure_sum is not None:
+            n_min, m = self._secure_sum
+            z, c = self.noise_multiplier, self.clip_norm
+            report.update(updates=m, min_sites=n_min,
+                          share_std=round(z * c / n_min ** 0.5, 9),
+                          noise_std=round(sum_noise_std(z, c, n_min, m) / m, 9))
         if self.central:
             report.update(updates=len(self._norms),
                           clipped=sum(1 for n in self._norms if n > self.clip_norm),

@@ -1,7 +1,8 @@
 """Differential privacy on a real federation (aggregator and two digits nodes as processes on
 loopback): a central-DP job that ends when its budget would be exceeded, with the spent
 epsilon in `job status --json`, `fedgpu rounds --json` and the metrics endpoint; a local-DP job
-with DP-SGD on the nodes; "distributed" refused at submit."""
+with DP-SGD on the nodes; a distributed-DP job under secure aggregation whose sites add the noise
+shares and whose budget ends it; "distributed" without secure aggregation refused at submit."""
 
 from __future__ import annotations
 
@@ -85,7 +86,42 @@ def test_local_dp_with_dp_sgd_on_the_nodes(site: Federation, tmp_path: Path) -> 
     assert rounds[-1]["privacy"]["epsilon"] > 1000
 
 
-def test_distributed_dp_is_refused_at_submit(site: Federation, tmp_path: Path) -> None:
+def test_distributed_dp_job_under_secure_aggregation_spends_its_budget(
+        site: Federation, tmp_path: Path) -> None:
+    # z = 3, C = 1: the same account as the central job above (2 rounds fit in 2.3). Two sites,
+    # threshold 2: each adds noise of std 3 / sqrt(2); the range holds 1 + 6 x 2.12 = 13.7.
+    job = write_job(tmp_path / "ddp.toml", rounds=10, name="distributed-dp",
+                    privacy={"mode": "distributed", "clip_norm": 1.0, "noise_multiplier": 3.0,
+                             "target_epsilon": 2.3},
+                    secure_aggregation={"clip": 16.0, "stage_timeout_s": 60})
+    submitted = job_cli(site, "submit", str(job))
+    done = wait_job(site, submitted["job_id"], ("finished", "failed", "stopped"))
+    assert done["state"] == "finished", done
+    assert done["reason"] == "privacy budget spent" and done["rounds_done"] == 2, done
+    p = job_cli(site, "status", submitted["job_id"])["privacy"]
+    two = epsilon_of([RoundEvent(1.0, 3.0)] * 2, 1e-5)
+    assert p["mode"] == "distributed" and p["rounds_accounted"] == 2
+    assert p["epsilon_spent"] == pytest.approx(two, abs=1e-5)
+    r = cli("rounds", "--address", site.address, "--job", submitted["job_id"], "--json")
+    rounds = [x for x in json.loads(r.stdout)["rounds"] if x["status"] == "finished"]
+    assert [x["privacy"]["epsilon"] for x in rounds] == [e["epsilon"] for e in p["per_round"]]
+    share = 3.0 / 2 ** 0.5
+    for rec in rounds:
+        sa, priv = rec["secure_aggregation"], rec["privacy"]
+        assert (sa["masked"], sa["threshold"]) == (2, 2), sa
+        # Every site weighs 1: the unmasked total weight is the count of sites.
+        assert sa["total_weight"] == 2 == priv["updates"]
+        assert priv["min_sites"] == 2 and priv["share_std"] == pytest.approx(share)
+        assert priv["noise_std"] == pytest.approx(3.0 / 2)  # z C sqrt(m / n_min) / m
+        for u in rec["updates"]:
+            m = u["train_metrics"]
+            assert m["ddp_noise_std"] == pytest.approx(share) and m["ddp_values_cut"] == 0
+            # The update's norm stays on the site: a fact about one site's update.
+            assert not any(k.startswith("ldp_") for k in m)
+
+
+def test_distributed_dp_without_secure_aggregation_is_refused_at_submit(
+        site: Federation, tmp_path: Path) -> None:
     job = write_job(tmp_path / "ddp.toml", privacy={"mode": "distributed", "clip_norm": 1.0,
                                                     "noise_multiplier": 1.0})
     r = cli("job", "submit", str(job), "--address", site.address, "--json",

@@ -285,9 +285,27 @@ def test_job_privacy_default_is_none_and_job_round_trips():
     assert Job(task="x").privacy is None
 
 
-def test_distributed_dp_under_secure_aggregation_is_refused_until_sites_add_noise_shares():
-    # Accepting it would run secure rounds with no noise at all.
+def test_distributed_dp_runs_under_secure_aggregation():
     table = {"mode": "distributed", "clip_norm": 1, "noise_multiplier": 1}
-    with pytest.raises(ConfigError, match="not available in this version"):
-        parse_job({"task": "digits", "secure_aggregation": True, "min_nodes": 3,
-                   "privacy": table})
+    job = parse_job({"task": "digits", "min_nodes": 3, "privacy": table,
+                     "secure_aggregation": {"clip": 6.0}})
+    assert job.privacy is not None and job.privacy.mode == "distributed"
+    assert job.secure_aggregation is not None
+    # Noise derived from the budget: the range is checked per round, once z is known.
+    assert parse_job({"task": "digits", "min_nodes": 3, "secure_aggregation": True,
+                      "privacy": {"mode": "distributed", "clip_norm": 1,
+                                  "target_epsilon": 5}}).privacy
+
+
+def test_distributed_dp_refuses_what_it_cannot_protect():
+    with pytest.raises(ConfigError, match="adaptive_clip cannot run with mode = \"distributed\""
+                       ".*clipped-bit would leak through secure aggregation"):
+        parse_job({"task": "digits", "secure_aggregation": {"clip": 10.0}, "min_nodes": 3,
+                   "privacy": {"mode": "distributed", "adaptive_clip": True,
+                               "noise_multiplier": 1}})
+    # A quantisation range that would cut the sites' noise (threshold 2: share std z C / 1.41).
+    with pytest.raises(ConfigError, match=r"clip = 1 cuts the noise shares.*= 5\.243; set "
+                       r"\[secure_aggregation\] clip to at least that"):
+        parse_job({"task": "digits", "min_nodes": 3,
+                   "secure_aggregation": {"clip": 1.0, "threshold": 2},
+                   "privacy": {"mode": "distributed", "clip_norm": 1, "noise_multiplier": 1}})

@@ -119,25 +119,26 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
         raise ConfigError(f"{source}: [privacy] needs a strategy that averages "
                           f"({', '.join(MEAN_STRATEGIES)}), not {strategy!r}: the noise is "
                           "calibrated to the mean of the clipped updates")
-    if mode is PrivacyMode.DISTRIBUTED and secure_aggregation:
-        # Parsed and documented, but the sites do not add their noise shares inside the
-        # secure-aggregation round yet: accepting it would train with no noise at all.
-        raise ConfigError(
-            f"{source}: [privacy] mode = \"distributed\" is not available in this version "
-            "(the sites' noise shares are not yet added inside secure aggregation): use mode = "
-            "\"central\" or \"local\"")
     if mode is PrivacyMode.DISTRIBUTED and not secure_aggregation:
         # The noise shares only protect anything when the aggregator sees their sum alone.
         raise ConfigError(
             f"{source}: [privacy] mode = \"distributed\" needs secure_aggregation: each site "
             "adds only a share of the noise, so the aggregator must never see a single update "
-            "(set secure_aggregation = true once this build has it, or use mode = \"central\" "
-            "or \"local\")")
+            "(set secure_aggregation = true, or use mode = \"central\" or \"local\")")
     adaptive = _bool(table, "adaptive_clip", False, source)
     clip = _number(table, "clip_norm", source, "a positive number (an L2 norm)", low=0.0)
     if clip is None and not adaptive:
         raise ConfigError(f"{source}: [privacy] needs 'clip_norm' (the L2 norm every update is "
                           "clipped to), or adaptive_clip = true")
+    if adaptive and mode is PrivacyMode.DISTRIBUTED:
+        # The clip moves with the share of updates it clipped; under secure aggregation each
+        # site's clipped-bit would have to be noised and summed inside the protocol too, or it
+        # tells the aggregator about one site's update. This version does not do that.
+        raise ConfigError(
+            f"{source}: [privacy] adaptive_clip cannot run with mode = \"distributed\": the "
+            "clip follows how many updates were clipped, and a site's clipped-bit would leak "
+            "through secure aggregation unless it were itself noised and summed inside the "
+            "protocol, which this version does not do; give a fixed clip_norm")
     if adaptive and mode is not PrivacyMode.CENTRAL:
         raise ConfigError(
             f"{source}: [privacy] adaptive_clip needs mode = \"central\": the clip follows the "

@@ -24,6 +24,7 @@ from fedgpu.core.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
+from fedgpu.core.secagg.noise_share import NoiseShare
 from fedgpu.core.secagg.params import Settings
 from fedgpu.core.secagg.site import SiteSession
 
@@ -33,9 +34,11 @@ Observer = Callable[[Stage, int, bytes], None]
 def run_local(updates: Sequence[np.ndarray], weights: Sequence[float], settings: Settings,
               drop: Mapping[Stage, set[int]] | None = None, observe: Observer | None = None,
               seed: int | None = None, graph_seed: bytes | None = None,
+              noise: NoiseShare | None = None,
               ) -> tuple[Outcome, AggregatorSession]:
     """Sites 1..n hold updates[i-1] with weights[i-1]; returns the outcome and the aggregator
-    (for inspection). Raises BelowThreshold when too few sites survive a stage."""
+    (for inspection). Raises BelowThreshold when too few sites survive a stage. `noise`: every
+    site adds its distributed-DP share (noise_share.py) before masking."""
     drop = drop or {}
     n = len(updates)
     agg = AggregatorSession(settings.resolve(n, int(updates[0].size)), graph_seed=graph_seed)
@@ -67,7 +70,7 @@ def run_local(updates: Sequence[np.ndarray], weights: Sequence[float], settings:
          lambda b: agg.receive_shares(ShareKeys.decode(b)))
     step(Stage.MASKED_INPUT, {i: m.encode() for i, m in agg.close_shares().items()},
          lambda s, b: s.masked_input(ShareRelay.decode(b), np.asarray(updates[s.me - 1]),
-                                     weights[s.me - 1]).encode(),
+                                     weights[s.me - 1], noise).encode(),
          lambda b: agg.receive_masked(MaskedInput.decode(b)))
     step(Stage.UNMASK, {i: m.encode() for i, m in agg.close_masked().items()},
          lambda s, b: s.unmask(UnmaskRequest.decode(b)).encode(),

@@ -33,6 +33,7 @@ from fedgpu.core.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
+from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, add_share
 from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks
 from fedgpu.core.secagg.quantize import encode, site_weight
 
@@ -54,6 +55,8 @@ class SiteSession:
         self._peers: dict[int, PublicKeys] = {}
         # The shares this site holds: owner -> (share of b, share of s_sk).
         self._held: dict[int, tuple[shamir.Share, shamir.Share]] = {}
+        # Distributed DP: what this site's noise share was (its own metrics, never sent raw).
+        self.noise_report: ShareReport | None = None
         self.stage = Stage.SETUP
 
     def _expect(self, stage: Stage, step: str) -> None:
@@ -108,10 +111,17 @@ class SiteSession:
         b = shamir.share_from_bytes(self.me, plain[8:8 + shamir.SHARE_BYTES])
         return b, shamir.share_from_bytes(self.me, plain[8 + shamir.SHARE_BYTES:])
 
-    def masked_input(self, relay: ShareRelay, update: np.ndarray, weight: float) -> MaskedInput:
+    def masked_input(self, relay: ShareRelay, update: np.ndarray, weight: float,
+                     noise: NoiseShare | None = None, private: Spans | None = None,
+                     ) -> MaskedInput:
         """Clip, quantise, weight and mask `update` (flat float values, `params.length` of
         them). The pairwise masks are those of the neighbours whose shares arrived: exactly
-        the sites the aggregator can unmask for if they drop later."""
+        the sites the aggregator can unmask for if they drop later.
+
+        With `noise` (distributed DP) the update is first clipped to its L2 norm and given
+        this site's noise share for n_min = the threshold (noise_share.py), over the
+        `private` spans (all values when None), and the weight is 1: a site's influence on
+        the sum must be bounded by the clip, not by the examples it claims."""
         self._expect(Stage.SHARE_KEYS, "masking the input")
         p = self.params
         if update.shape != (p.length,):
@@ -123,6 +133,13 @@ class SiteSession:
             self._held[item.peer] = self._open(item)
         if len(self._held) < p.threshold:
             raise BelowThreshold(Stage.SHARE_KEYS, len(self._held), p.threshold, "shareholders")
+        if noise is not None:
+            # Checked here too: a site never trusts numbers it can verify (Setup's threshold).
+            why = noise.range_problem(p.clip, p.threshold)
+            if why is not None:
+                raise SecAggError(f"site {self.me}: {why}")
+            update, self.noise_report = add_share(update, noise, p.threshold, p.clip, private)
+            weight = 1.0
         vector = encode(update, site_weight(weight, p.max_weight), p.clip, p.bits,
                         p.ring_bits, self._rng if p.stochastic else None)
         seeds = [(self._b, 1)]
