@@ -71,7 +71,7 @@ BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --upgrade pip
-	$(BENCH_VENV)/bin/pip install -q 'flwr[simulation]>=1.8' ml_dtypes nvidia-ml-py
+	$(BENCH_VENV)/bin/pip install -q 'flwr[simulation,dp]>=1.8' ml_dtypes nvidia-ml-py blake3 safetensors
 	$(BENCH_VENV)/bin/python -c 'import torch' 2>/dev/null \
 		|| $(BENCH_VENV)/bin/pip install -q 'torch==2.13.0+cpu' || $(BENCH_VENV)/bin/pip install -q torch
 	$(BENCH_VENV)/bin/pip install -q --no-deps -e .

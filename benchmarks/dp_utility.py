@@ -14,6 +14,11 @@ spends at most its epsilon (at delta 1e-5):
 
 Also the time overhead of DP-SGD: the mean seconds of a node's training (train_seconds) with and
 without it. Run: `python -m benchmarks.dp_utility [--nodes 10 --rounds 10 --out FILE]`.
+
+`--flower` (digits; needs `make bench`'s .venv-bench) adds, for each client-level row, Flower's
+central DP (benchmarks/flower_dp.py) with the same split, initial model, seeds, clip and the
+noise multiplier fedgpu derived for that row: accuracy scored by the same code, epsilon by
+Flower's own accountant.
 """
 
 from __future__ import annotations
@@ -123,6 +128,25 @@ def run(nodes: list[Path], rounds: int, level: str, eps: float, clip: float, see
     return Row(level, eps, epsilon, acc, statistics.mean(train_s or [0.0]), noise, diverged)
 
 
+def run_flower(nodes: list[Path], rounds: int, row: Row, clip: float, seed: int,
+               work: Path, init: dict[str, np.ndarray]) -> Row:
+    """Flower's central DP with this client-level row's noise (benchmarks/flower_dp.py)."""
+    from benchmarks.common import bench_python, run_case
+
+    np.savez(work / "init.npz", **init)
+    started = time.perf_counter()
+    out = run_case("benchmarks.flower_dp", [
+        "--split", str(nodes[0].parent), "--init", str(work / "init.npz"), "--nodes",
+        str(len(nodes)), "--rounds", str(rounds), "--noise", repr(row.noise_multiplier),
+        "--clip", str(clip), "--seed", str(seed), "--out", str(work / "flower.npz")],
+        python=bench_python(), timeout=3600)
+    with np.load(work / "flower.npz") as z:
+        final = {k: z[k] for k in z.files}
+    acc = _evaluate(nodes, final, work, "digits", dict(HP))
+    return Row("flower-central", row.target, float(out["epsilon"]), acc,
+               time.perf_counter() - started, row.noise_multiplier)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--nodes", type=int, default=10)
@@ -132,6 +156,10 @@ def main() -> None:
     ap.add_argument("--epsilons", default="1,3,8,inf")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--task", choices=("digits", "images"), default="digits")
+    ap.add_argument("--flower", action="store_true",
+                    help="also Flower's central DP beside each client-level row (digits)")
+    ap.add_argument("--levels", default="example,client",
+                    help="which rows: example, client or both (comma-separated)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.task == "digits":
@@ -143,13 +171,26 @@ def main() -> None:
         work.mkdir()
         rows = []
         for eps in [float(e) for e in args.epsilons.split(",")]:
+            levels = args.levels.split(",")
             for level in ("example", "client"):
-                if not math.isfinite(eps) and level == "client":
+                if level not in levels:
+                    continue
+                if not math.isfinite(eps) and level == "client" and "example" in levels:
                     continue  # the same run as example-level without DP
                 t0 = time.perf_counter()
                 row = run(nodes, args.rounds, level, eps, args.clip, args.seed, work,
                           args.task)
                 rows.append(row)
+                if (args.flower and level == "client" and args.task == "digits"
+                        and math.isfinite(eps)):
+                    runner.run_round(_spec("init", nodes[0], dict(HP), args.seed, 0), work)
+                    init = codec.decode((work / WEIGHTS_OUT).read_bytes())[0]
+                    flower = run_flower(nodes, args.rounds, row, args.clip, args.seed, work,
+                                        {k: np.asarray(v) for k, v in init.items()})
+                    rows.append(flower)
+                    print(f"flower   eps {eps:>4}: spent {flower.epsilon:.3f}, accuracy "
+                          f"{flower.accuracy:.4f}, z {flower.noise_multiplier:.3f} "
+                          f"({flower.train_s:.0f} s)", flush=True)
                 print(f"{level:8s} eps {eps:>4}: spent {row.epsilon:.3f}, accuracy "
                       f"{row.accuracy:.4f}, z {row.noise_multiplier:.3f}, train "
                       f"{row.train_s:.3f} s/node-round, diverged after {row.diverged_after} "
