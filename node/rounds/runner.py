@@ -222,6 +222,12 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
                 # Kernels run asynchronously; without this the clock stops before they finish.
                 torch.cuda.synchronize(device)
             result.train_seconds = round(time.perf_counter() - start, 4)
+            seen = result.train_metrics.get("examples")
+            if seen is not None and "examples_per_s" not in result.train_metrics:
+                # The Dataset loop reports it itself; a tensor task's own loop cannot know the
+                # clock the runner keeps, and operators compare sites' speed by it.
+                result.train_metrics["examples_per_s"] = round(
+                    seen / max(result.train_seconds, 1e-9), 1)
 
 
 def _to_device(t: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:

@@ -119,6 +119,10 @@ class ComposeProject:
             "FEDGPU_SERVER_IMAGE": images["server"],
             "FEDGPU_NODE_IMAGE": images["node"],
             "FEDGPU_PUBLISH_PORT": str(port),
+            # The bulk port and the dashboard too: their defaults (50052, 8080) may be taken
+            # on the host (an aggregator another test started), and one taken port stops `up`.
+            "FEDGPU_BULK_PUBLISH_PORT": str(free_port()),
+            "FEDGPU_UI_PUBLISH_PORT": str(free_port()),
             "FEDGPU_BIND": "127.0.0.1",
             "FEDGPU_TOKEN": self.token,
             "FEDGPU_OPERATOR_TOKEN": self.operator_token,

@@ -9,51 +9,16 @@ taken down with `compose down -v`, also when a test fails.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .dockerutil import NO_GPU_FILE, ComposeProject, fedgpu_cli, run
+from .admin import FEDERATION_TIMEOUT_S, TOOLKIT_HINT, admin, exited, job_cli, wait_for
+from .dockerutil import NO_GPU_FILE, ComposeProject, run
 
 pytestmark = pytest.mark.e2e
-
-FEDERATION_TIMEOUT_S = float(os.environ.get("FEDGPU_E2E_FEDERATION_TIMEOUT", "480"))
-TOOLKIT_HINT = "NVIDIA Container Toolkit"
-
-
-def admin(project: ComposeProject, command: str) -> dict[str, Any] | None:
-    """`fedgpu <command> --json` from the host against the published port; None while the
-    aggregator does not answer yet."""
-    proc = subprocess.run(
-        [fedgpu_cli(), command, "--address", project.address, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=project.admin_env,
-    )
-    if proc.returncode != 0:
-        return None
-    return json.loads(proc.stdout)
-
-
-def wait_for(what: str, probe, timeout: float, interval: float = 3.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-
-def exited(project: ComposeProject, service: str) -> dict[str, Any] | None:
-    container = project.container(service)
-    return container if container.get("State") == "exited" else None
 
 
 def test_cpu_profile_runs_a_federation_to_completion(compose_project) -> None:
@@ -178,13 +143,6 @@ def container_id(project: ComposeProject, service: str) -> str:
     found = c.get("ID") or c.get("Id")
     assert found, f"compose ps gave no container ID for {service}: {c}"
     return str(found)
-
-
-def job_cli(project: ComposeProject, *args: str) -> Any:
-    proc = subprocess.run([fedgpu_cli(), "job", *args, "--address", project.address, "--json"],
-                          capture_output=True, text=True, timeout=120, env=project.admin_env)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def test_two_jobs_on_the_same_nodes_across_an_aggregator_restart(

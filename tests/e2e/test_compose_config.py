@@ -160,6 +160,20 @@ def test_ring_peers_can_reach_each_other() -> None:
     assert job.mode == "ring" and job.min_nodes == len(nodes)
 
 
+def test_the_hetero_example_job_fits_the_hetero_profile() -> None:
+    """compose/job-hetero.toml: equal training time per site under FedNova, and a min_nodes
+    the profile still reaches when its --gpu enforce node refuses to start (no GPU)."""
+    from fedgpu.core.config import load_job
+
+    nodes = node_services(compose_config("hetero"))
+    job = load_job(REPO / "compose" / "job-hetero.toml")
+    assert job.hetero.local_work == "time" and job.strategy == "fednova"
+    assert job.hetero.round_train_s is not None
+    assert 0 < job.hetero.round_train_s < job.round_deadline_s
+    without_enforce = [n for n in nodes if GPU_MODE[kind(n)] != "enforce"]
+    assert job.min_nodes == len(without_enforce) == 2
+
+
 def test_gpu_count_comes_from_the_environment() -> None:
     config = compose_config("gpu-enforced", env={"FEDGPU_GPU_COUNT": "2"})
     for service in node_services(config).values():

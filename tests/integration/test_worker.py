@@ -99,7 +99,12 @@ def test_init_train_evaluate(tmp_path: Path, node_dir: Path) -> None:
     meta = read_json(node_dir / "meta.json")
     assert result["num_examples"] == meta["num_train"]
     assert result["num_eval_examples"] == meta["num_test"]
-    assert set(result["train_metrics"]) == {"loss", "accuracy", "steps", "examples"}
+    assert set(result["train_metrics"]) == {"loss", "accuracy", "steps", "examples",
+                                            "examples_per_s"}
+    # The runner's clock over the task's own loop: examples per second of training.
+    metrics = result["train_metrics"]
+    assert metrics["examples_per_s"] == pytest.approx(
+        metrics["examples"] / result["train_seconds"], rel=0.01)
     assert set(result["eval_metrics"]) == {"loss", "accuracy"}
     assert result["torch_peak_allocated_mib"] == -1 and result["torch_peak_reserved_mib"] == -1
     assert result["rss_peak_mib"] > 50 and result["train_seconds"] > 0

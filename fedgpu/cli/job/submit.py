@@ -19,6 +19,9 @@ from fedgpu.core.bundles import pack_dir
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
 
+# Seconds between polls while following the submitted job (status --watch's default).
+WATCH_INTERVAL_S = 2.0
+
 
 @connection_options
 def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job file (TOML).")],
@@ -31,12 +34,21 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
                help="The job file's initial_weights names a file of the aggregator's "
                     "--initial-weights-dir: nothing is uploaded (by default the file is "
                     "read here and sent with the job).")] = False,
+           watch: Annotated[bool, typer.Option(
+               "--watch", help="Then follow this job round by round until it ends, as "
+                               "'fedgpu status --watch --job ID' does (exit code 1 when it "
+                               "fails or is stopped).")] = False,
            as_json: AsJson = False) -> None:
     """Queue a job (and its task bundle and initial weights, both sent with it); it runs when
     the jobs before it have ended.
 
-    Example: fedgpu job submit compose/job.toml
+    Examples: fedgpu job submit compose/job.toml; fedgpu job submit job.toml --watch
     """
+    if watch and as_json:
+        # --json promises one document; a watch prints one per change (status --watch --json).
+        raise typer.BadParameter("--watch prints as it goes: without --json, or submit with "
+                                 "--json and then 'fedgpu status --watch --json --job ID'",
+                                 param_hint="--watch")
     try:
         size = job_file.stat().st_size
     except OSError as exc:
@@ -66,3 +78,17 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
             # On stderr: stdout stays the one line scripts read.
             typer.echo(f"{'warning: ' if est.get('long') else ''}training time: {est['text']}",
                        err=True)
+    if watch:
+        _follow(conn, doc["job_id"])
+
+
+def _follow(conn: Target, job_id: str) -> None:
+    """`fedgpu status --watch --job JOB_ID`: by its id, not "the current job", which is still
+    the previous one until the queue has started this one."""
+    from fedgpu.cli.common.watch import watch_status
+    from fedgpu.cli.status import show_status
+    from fedgpu.core.lifetime import restore_ctrl_c
+
+    restore_ctrl_c()  # as status --watch: Ctrl-C stops following, even from a script's `&`
+    watch_status(conn.address, conn.token, conn.tls, False, WATCH_INTERVAL_S, show_status,
+                 job_id)
