@@ -35,6 +35,9 @@ from typing import Any
 from benchmarks.common import ROOT, free_port
 
 OUT_MD = ROOT / "benchmarks" / "HETERO.md"
+# What follows this line in HETERO.md is written by hand (earlier runs, the aggregator's
+# accumulate) and kept when the script writes the file again.
+KEEP = "<!-- kept: written by hand below -->"
 TOKEN, OPERATOR = "bench-token", "bench-operator"
 PERIOD_S, RUN_S = 0.1, 0.02  # a 20% CPU quota: 5x slower
 
@@ -103,13 +106,14 @@ def _job_text(keys: dict[str, Any], hp: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(name: str, keys: dict[str, Any], dirs: list[Path], tmp: Path) -> dict[str, Any]:
+def run(name: str, keys: dict[str, Any], dirs: list[Path], tmp: Path,
+        model_hp: dict[str, Any]) -> dict[str, Any]:
     from fedgpu.core import admin_client
     from fedgpu.core.errors import FedgpuError
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), FEDGPU_TOKEN=TOKEN,
                FEDGPU_OPERATOR_TOKEN=OPERATOR, PYTHONUNBUFFERED="1")
-    hp = keys.pop("hyperparameters", {"lr": 0.05, "local_epochs": 5})
+    hp = {**model_hp, **keys.pop("hyperparameters", {})}
     job_text = _job_text(keys, hp)
     (tmp / f"{name}.toml").write_text(job_text)
     port = free_port()
@@ -138,7 +142,8 @@ def run(name: str, keys: dict[str, Any], dirs: list[Path], tmp: Path) -> dict[st
         quota = Quota([procs[2].pid, procs[3].pid])
         quota.start()
         warm = admin_client.submit_job(address, OPERATOR, _job_text(
-            {"rounds": 1, "evaluate": False}, {"local_epochs": 1}), "warm-up.toml")
+            {"rounds": 1, "evaluate": False, "task": keys.get("task", "digits")},
+            {**model_hp, "local_epochs": 1}), "warm-up.toml")
         assert _wait_job(address, warm["job_id"], 900)["state"] == "finished"
         job = admin_client.submit_job(address, OPERATOR, job_text, f"{name}.toml")
         _wait_job(address, job["job_id"], 1800)
@@ -174,18 +179,45 @@ def time_to(curve: list[tuple[float, float | None, int]], target: float) -> floa
     return None
 
 
+# The images task's CPU-sized model: a ResNet-8 of width 8 on 16x16 synthetic images (a ResNet-18
+# round takes minutes per site on these 2 vCPUs).
+IMAGES_HP = {"depth": 8, "width": 8, "image_size": 16, "num_workers": 0, "batch_size": 32}
+
+
+def _data(task: str, tmp: Path) -> list[Path]:
+    if task == "images":
+        from fedgpu.core.synth_images import synth_images
+
+        return synth_images(tmp / "images", 3, classes=10, per_class=60, size=16, seed=0)
+    from fedgpu.core.datasets import split_digits
+
+    return split_digits(tmp / "digits", 3, "iid", 0.5, 0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=5, help="local epochs of the sync runs")
     ap.add_argument("--budget-s", type=float, default=1.0, help="round_train_s of the time run")
+    ap.add_argument("--tasks", default="digits,images")
     a = ap.parse_args()
-    from fedgpu.core.datasets import split_digits
-
     tmp = Path(tempfile.mkdtemp(prefix="fedgpu-hetero-"))
-    dirs = split_digits(tmp / "data", 3, "iid", 0.5, 0)
+    lines = ["# Heterogeneous sites: one fast site, two 5x slower (benchmarks/hetero.py)", "",
+             __doc__.split("\n\n", 1)[1].strip(), "",
+             f"Machine: {os.cpu_count()} logical CPUs. Command: `python -m benchmarks.hetero "
+             f"--rounds {a.rounds} --epochs {a.epochs} --budget-s {a.budget_s:g} --tasks "
+             f"{a.tasks}`.", ""]
+    for task in a.tasks.split(","):
+        lines += _task_section(task, a, _data(task, tmp), tmp)
+    old = OUT_MD.read_text() if OUT_MD.exists() else ""
+    kept = old[old.index(KEEP):] if KEEP in old else KEEP + "\n"
+    OUT_MD.write_text("\n".join(lines) + "\n" + kept)
+
+
+def _task_section(task: str, a: argparse.Namespace, dirs: list[Path], tmp: Path) -> list[str]:
     r = a.rounds
-    sync_hp = {"lr": 0.05, "local_epochs": a.epochs}
+    model_hp = {"lr": 0.05, **(IMAGES_HP if task == "images" else {})}
+    sync_hp = {"local_epochs": a.epochs}
     runs = [
         (f"sync FedAvg, {a.epochs} epochs", {"rounds": r, "hyperparameters": sync_hp}),
         (f"time budget {a.budget_s:g} s + FedNova",
@@ -199,18 +231,21 @@ def main() -> None:
                                     "topk_fraction": 0.01, "hyperparameters": sync_hp}),
     ]
     results = []
+    started = os.getloadavg()[0]
     for name, keys in runs:
-        res = run(name.split(",")[0].replace(" ", "_").replace("+", ""), dict(keys), dirs, tmp)
-        res["run"] = name
+        res = run(f"{task}-" + name.split(",")[0].replace(" ", "_").replace("+", ""),
+                  {**keys, "task": task}, dirs, tmp, model_hp)
+        res["run"], res["task"] = name, task
         print(json.dumps(res), flush=True)
         results.append(res)
     target = results[0]["final_accuracy"]
     dense = results[0]["bytes_per_update"]
+    model = ("digits' CNN" if task == "digits" else
+             "a ResNet-8 of width 8 on 16x16 synthetic images, 60 a class and site")
     lines = [
-        "# Heterogeneous sites: one fast site, two 5x slower (benchmarks/hetero.py)", "",
-        __doc__.split("\n\n", 1)[1].strip(), "",
-        f"Machine: {os.cpu_count()} logical CPUs; 1-minute load average at the end: "
-        f"{os.getloadavg()[0]:.1f}. Target accuracy (sync FedAvg's final): {target:.4f}.", "",
+        f"## {task} ({model})", "",
+        f"1-minute load average at the start / end: {started:.1f} / {os.getloadavg()[0]:.1f}. "
+        f"Target accuracy (sync FedAvg's final): {target:.4f}.", "",
         "| run | rounds/steps | final accuracy | wall s | time to target s | vs sync | "
         "bytes/update | vs dense | updates fast/slow/slow |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -240,7 +275,7 @@ def main() -> None:
     for res in results:
         pts = ", ".join(f"{t:.0f}s {acc:.3f}" for t, acc, _ in res["curve"] if acc is not None)
         lines.append(f"- {res['run']}: {pts}")
-    OUT_MD.write_text("\n".join(lines) + "\n")
+    return lines + [""]
 
 
 if __name__ == "__main__":
