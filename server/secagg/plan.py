@@ -43,7 +43,8 @@ class SecAggPlan(StarPlan):
         if self.round is not None:
             self.round.cancel()
         try:
-            self.round = SecAggRound(self.config, chosen, run.global_weights)
+            self.round = SecAggRound(self.config, chosen, run.global_weights,
+                                     self.job.max_examples_per_node)
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).
             raise RunFailed(f"round {number}: secure aggregation cannot start: {exc}") from None
