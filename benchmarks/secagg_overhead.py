@@ -79,6 +79,8 @@ def _run(tmp: Path, tag: str, sites: int, params: int, rounds: int, processes: i
         out["protocol_s"] = round(statistics.median(s["protocol_s"] for s in sa), 3)
         out["unmask_s"] = round(statistics.median(s["unmask_s"] for s in sa), 3)
         out["neighbours"] = sa[0]["neighbours"]
+        # The ring the rounds used (ring_bits = "auto" picks it per round).
+        out["ring_bits"] = sorted({s.get("ring_bits") for s in sa}, key=str)
     return out
 
 

@@ -87,6 +87,11 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         await _send(link, task, stage, (await asyncio.to_thread(site.share_keys, relay)).encode())
         stage = Stage.MASKED_INPUT
         shares = ShareRelay.decode(await _wait(link, task, stage))
+        if noise is None and weight > site.params.max_weight:
+            # The round's bound comes from the sizes sites stated at registration; above it
+            # the weight is capped (a plain round would refuse the update instead).
+            log.warning("round %d: %d examples count as the round's max_weight %d",
+                        task.round, int(weight), site.params.max_weight)
         masked = await asyncio.to_thread(site.masked_input, shares, change, weight, noise,
                                          private)
         del change

@@ -147,6 +147,7 @@ class SimNode:
         self.heartbeat_s = 5
         self.max_bytes = 4 << 30
         self.state = "idle"
+        self.examples = 10 + index % 90
 
     async def register(self, deadline: float) -> None:
         req = pb.RegisterRequest(
@@ -155,6 +156,8 @@ class SimNode:
             decision=pb.GpuDecision(mode="none", device="cpu", gpu_index=-1,
                                     reason="simulated node: no training, no GPU"),
             labels={"simulated": "true"},
+            # Its training-set size, stated as an agent does: what its updates claim below.
+            num_examples=self.examples,
         )
         delay = 0.2
         while True:
@@ -252,7 +255,7 @@ class SimNode:
             update = pb.UpdateHeader(
                 node_id=self.node_id, task_id=header.task_id, round=header.round,
                 kind=header.kind, evaluated_round=header.evaluated_round,
-                num_examples=10 + self.index % 90 if header.kind != pb.TASK_KIND_EVALUATE else 0,
+                num_examples=self.examples if header.kind != pb.TASK_KIND_EVALUATE else 0,
             )
             update.decision.CopyFrom(pb.GpuDecision(mode="none", device="cpu", gpu_index=-1,
                                                     reason="simulated node"))

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 from fedgpu.core.config import Job
+from fedgpu.core.hetero_config import LocalWork
 from fedgpu.core.job_bounds import derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
@@ -126,6 +127,10 @@ class Plan(ABC):
         went wrong when it did not succeed."""
         error = rnd.error or (f"round {rnd.number} attempt {rnd.attempt} closed with "
                               f"{rnd.accepted()} of {rnd.required} required updates")
+        if record is not None and self.job.hetero.local_work is LocalWork.TIME:
+            # Equal time, unequal work: the budget marks the round, so that readers (the
+            # dashboard) show each site's steps and examples (its updates' train metrics).
+            record.extra["round_train_s"] = self.job.hetero.round_train_s
         if not ok:
             log.warning("%s; retrying", error)
         elif record is not None:

@@ -58,7 +58,8 @@ def _payload(data: bytes | bytearray) -> ModelPayload:
 
 class SecAggRound:
     def __init__(self, config: JobSecAgg, chosen: list[Node],
-                 global_weights: Mapping[str, np.ndarray], min_inputs: int = 0) -> None:
+                 global_weights: Mapping[str, np.ndarray],
+                 max_examples: int | None = None, min_inputs: int = 0) -> None:
         self.config = config
         # Distributed DP (the round's required updates; 0 without): fewer masked inputs end the
         # attempt before unmasking, and every masked input must say it carries a noise share.
@@ -67,7 +68,13 @@ class SecAggRound:
         self.node_ids = {i + 1: n.node_id for i, n in enumerate(chosen)}
         self.index = {nid: i for i, nid in self.node_ids.items()}
         self.names = {i + 1: n.name for i, n in enumerate(chosen)}
-        self.params = config.settings.resolve(len(chosen), layout.length(global_weights))
+        # What the sites stated at registration bounds their weights (an update may not claim
+        # more), and with it the sum: the ring can be 32 bits when that is small enough.
+        stated = [n.stated_examples for n in chosen]
+        if max_examples is not None:
+            stated = [min(s, max_examples) if s > 0 else max_examples for s in stated]
+        self.params = config.settings.resolve(len(chosen), layout.length(global_weights),
+                                              stated)
         self.session = AggregatorSession(self.params)
         self.setups = {self.node_ids[i]: s.encode() for i, s in self.session.start().items()}
         self.stage = Stage.ADVERTISE_KEYS
@@ -233,6 +240,9 @@ class SecAggRound:
             "threshold": self.params.threshold,
             "neighbours": self.params.degree,
             "protocol_s": round(self.protocol_s, 3),
+            # The ring ("auto" picks 32 when the sum fits) and the weight bound sites capped at.
+            "ring_bits": self.params.ring_bits,
+            "max_weight": self.params.max_weight,
         }
         if self.outcome is not None:
             rep = self.outcome.report

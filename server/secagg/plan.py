@@ -50,6 +50,7 @@ class SecAggPlan(StarPlan):
             # Distributed DP: a sum of fewer inputs than the round needs is never unmasked, so
             # no attempt releases a noised sum that the account does not count.
             self.round = SecAggRound(self.config, chosen, run.global_weights,
+                                     self.job.max_examples_per_node,
                                      min_inputs=self.required(chosen) if private else 0)
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).

@@ -22,6 +22,11 @@ MAX_SEARCH = 200
 MEMORY_ROUNDS = 20
 DEFAULT_ROUNDS = 200
 MAX_ROUNDS = 2000
+# Time-budgeted rounds: each site's steps and examples are listed for the newest rounds only
+# (the page's table shows 20), and for at most this many sites of each; older rounds and the
+# sites beyond keep the spread (min, median, max), so a refresh stays small at 1,000 sites.
+WORK_ROUNDS = 20
+WORK_SITES = 100
 
 NODE_PARAMS = frozenset({"offset", "limit", "q", "state"})
 ROUND_PARAMS = frozenset({"summary", "last"})
@@ -150,9 +155,54 @@ def _eval(ev: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"loss": ev.get("loss"), "accuracy": ev.get("accuracy"), "nodes": ev.get("nodes")}
 
 
-def round_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
+def _spread(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def secure_summary(sa: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A secure round's `secure_aggregation` (server/secagg/driver.py) with the dropped
+    sites counted by stage instead of named."""
+    if not sa:
+        return None
+    return {
+        "sites": sa.get("sites"), "masked": sa.get("masked"),
+        "dropped": {str(stage): len(names) for stage, names in (sa.get("dropped") or {}).items()},
+        "recovered": sa.get("recovered"), "protocol_s": sa.get("protocol_s"),
+        "unmask_s": sa.get("unmask_s"), "ring_bits": sa.get("ring_bits"),
+        "failed": sa.get("failed"),
+    }
+
+
+def work_summary(rec: Mapping[str, Any], per_site: bool) -> dict[str, Any] | None:
+    """A time-budgeted round's (`round_train_s` set, local_work = "time") steps and examples
+    per site, from its updates' train metrics; None for other rounds."""
+    budget = rec.get("round_train_s")
+    if budget is None:
+        return None
+    sites = []
+    for u in rec.get("updates") or ():
+        m = u.get("train_metrics") or {}
+        steps, examples = m.get("steps"), m.get("examples")
+        sites.append({"node": str(u.get("node", "")),
+                      "steps": None if steps is None else int(steps),
+                      "examples": None if examples is None else int(examples)})
+    sites.sort(key=lambda x: x["node"])
+    listed = sites[:WORK_SITES] if per_site else []
+    return {
+        "budget_s": budget,
+        "steps": _spread([x["steps"] for x in sites if x["steps"] is not None]),
+        "examples": _spread([x["examples"] for x in sites if x["examples"] is not None]),
+        "sites": listed,
+        "sites_not_listed": len(sites) - len(listed),
+    }
+
+
+def round_summary(rec: Mapping[str, Any], per_site: bool = True) -> dict[str, Any]:
     """One round record of `fedgpu rounds --json` without its per-update lists: counts,
-    losses and the upload times' max and median."""
+    losses and the upload times' max and median; a secure round's protocol figures and a
+    time-budgeted round's work per site (`per_site` False: its spread only)."""
     uploads = [u["upload_s"] for u in rec.get("updates") or () if u.get("upload_s") is not None]
     rejected = Counter(str(r.get("reason")) for r in rec.get("rejected") or ())
     return {
@@ -175,14 +225,18 @@ def round_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
         "eval": _eval(rec.get("eval")),
         # [privacy]: the epsilon spent after this round (server/strategies/private.py).
         "epsilon": (rec.get("privacy") or {}).get("epsilon"),
+        "secure_aggregation": secure_summary(rec.get("secure_aggregation")),
+        "work": work_summary(rec, per_site),
     }
 
 
 def rounds_summary(doc: Mapping[str, Any], query: RoundsQuery) -> dict[str, Any]:
     rounds = list(doc.get("rounds") or ())
+    shown = rounds[-query.last:]
     return {
         "run_id": doc.get("run_id"),
         "initial_eval": _eval(doc.get("initial_eval")),
         "total": len(rounds),
-        "rounds": [round_summary(r) for r in rounds[-query.last:]],
+        "rounds": [round_summary(r, per_site=i >= len(shown) - WORK_ROUNDS)
+                   for i, r in enumerate(shown)],
     }

@@ -39,7 +39,10 @@ def test_a_time_budgeted_fednova_job_reports_each_sites_steps(
         epoch_steps = -(-u["num_examples"] // 32)
         assert m["steps"] > 2 * epoch_steps, m
         assert m["examples"] >= m["steps"] * 8, m
-    final = federation.query("ListRounds")["rounds"][-1]
+    rounds = federation.query("ListRounds")["rounds"]
+    # The budget marks each round record (the dashboard shows such rounds' work per site).
+    assert [r.get("round_train_s") for r in rounds] == [1.5, 1.5], rounds
+    final = rounds[-1]
     assert final["eval"]["accuracy"] >= 0.8, final
     assert federation.query("GetStatus")["rejections"] == {}
 

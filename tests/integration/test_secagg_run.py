@@ -58,6 +58,9 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
         sa = rnd["secure_aggregation"]
         assert (sa["sites"], sa["masked"], sa["dropped"], sa["recovered"]) == (3, 3, {}, 0)
         assert sa["threshold"] == 2 and sa["protocol_s"] > 0
+        # ring_bits = "auto": 3 sites of under 512 digits each (stated at registration)
+        # bound the sum well inside Z_2^32.
+        assert (sa["ring_bits"], sa["max_weight"]) == (32, 512), sa
         # The example counts stay with the sites; the aggregator learns their total only.
         assert all(u["num_examples"] == 0 for u in rnd["updates"])
         assert rnd["num_examples"] == sa["total_weight"] > 0

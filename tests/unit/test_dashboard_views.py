@@ -9,6 +9,8 @@ import pytest
 from fedgpu.server.views.dashboard_pages import (
     MAX_PAGE,
     MEMORY_ROUNDS,
+    WORK_ROUNDS,
+    WORK_SITES,
     NodesQuery,
     QueryError,
     RoundsQuery,
@@ -133,3 +135,57 @@ def test_summary_of_nothing() -> None:
     assert rounds_summary({"run_id": "x", "initial_eval": None, "rounds": []},
                           RoundsQuery()) == {"run_id": "x", "initial_eval": None, "total": 0,
                                              "rounds": []}
+
+
+SECURE = {"sites": 4, "threshold": 3, "neighbours": 3, "protocol_s": 3.41, "ring_bits": 32,
+          "max_weight": 512, "masked": 3, "dropped": {"masked-input": ["site-b"]},
+          "recovered": 1, "total_weight": 1437, "unmask_s": 0.01}
+
+
+def test_a_secure_round_shows_its_protocol_with_drops_counted_by_stage() -> None:
+    s = round_summary(record(2, [update("a")], secure_aggregation=SECURE))
+    assert s["secure_aggregation"] == {
+        "sites": 4, "masked": 3, "dropped": {"masked-input": 1}, "recovered": 1,
+        "protocol_s": 3.41, "unmask_s": 0.01, "ring_bits": 32, "failed": None}
+    failed = {"sites": 3, "threshold": 2, "neighbours": 2, "protocol_s": 0.5,
+              "failed": {"stage": "share-keys", "reason": "1 of 2 shareholders"}}
+    f = round_summary(record(3, [], status="retried", secure_aggregation=failed))
+    assert f["secure_aggregation"]["failed"] == failed["failed"]
+    assert f["secure_aggregation"]["dropped"] == {} and f["secure_aggregation"]["masked"] is None
+    # A plain round (and a record from before these keys) has neither.
+    plain = round_summary(record(4, [update("a")]))
+    assert plain["secure_aggregation"] is None and plain["work"] is None
+
+
+def _worked(name: str, steps: float, examples: float) -> dict[str, Any]:
+    return {**update(name), "train_metrics": {"loss": 0.3, "steps": steps,
+                                              "examples": examples, "examples_per_s": 9.0}}
+
+
+def test_a_time_budgeted_round_shows_each_sites_steps_and_examples() -> None:
+    rec = record(5, [_worked("slow-b", 55.0, 1760.0), _worked("fast-a", 400.0, 12800.0),
+                     _worked("slow-c", 60.0, 1920.0)], round_train_s=2.0)
+    w = round_summary(rec)["work"]
+    assert w["budget_s"] == 2.0
+    assert w["sites"] == [{"node": "fast-a", "steps": 400, "examples": 12800},
+                          {"node": "slow-b", "steps": 55, "examples": 1760},
+                          {"node": "slow-c", "steps": 60, "examples": 1920}]
+    assert w["steps"] == {"min": 55, "median": 60, "max": 400}
+    assert w["examples"] == {"min": 1760, "median": 1920, "max": 12800}
+    assert w["sites_not_listed"] == 0
+    # Epoch rounds report steps too, but only a time budget shows them.
+    assert round_summary(record(6, [_worked("a", 5.0, 50.0)]))["work"] is None
+
+
+def test_work_per_site_is_bounded_in_sites_and_rounds() -> None:
+    many = [_worked(f"site-{i:04d}", 10.0 + i, 100.0) for i in range(WORK_SITES + 7)]
+    w = round_summary(record(1, many, round_train_s=1.0))["work"]
+    assert len(w["sites"]) == WORK_SITES and w["sites_not_listed"] == 7
+    assert w["steps"]["max"] == 10 + WORK_SITES + 6  # the spread counts every site
+    doc = {"run_id": "r", "initial_eval": None,
+           "rounds": [record(r, [_worked("a", 3.0, 30.0)], round_train_s=1.0)
+                      for r in range(1, WORK_ROUNDS + 11)]}
+    rounds = rounds_summary(doc, RoundsQuery(last=WORK_ROUNDS + 5))["rounds"]
+    listed = [r["round"] for r in rounds if r["work"]["sites"]]
+    assert listed == list(range(11, WORK_ROUNDS + 11))  # the newest WORK_ROUNDS
+    assert all(r["work"]["steps"] == {"min": 3, "median": 3, "max": 3} for r in rounds)

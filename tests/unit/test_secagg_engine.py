@@ -18,6 +18,7 @@ from fedgpu.core.constants import Transport
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
+from fedgpu.core.secagg.params import Settings
 from fedgpu.core.secagg.quantize import error_bound
 from fedgpu.core.secagg.site import SiteSession
 from fedgpu.proto import pb
@@ -110,6 +111,9 @@ def test_a_silent_site_is_dropped_at_the_deadline_and_the_mean_is_fedavg() -> No
         n = layout.length(GLOBAL)
         changes = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for _ in nodes]
         weights = [10, 30, 60, 99]
+        for node in nodes:
+            # Stated at registration: they bound the weights, so the sum fits 32 bits.
+            node.stated_examples = 100
         run = asyncio.create_task(orch.run())
         await asyncio.gather(*(_site(orch, node, changes[i], weights[i], silent=i == 3)
                                for i, node in enumerate(nodes)))
@@ -119,13 +123,15 @@ def test_a_silent_site_is_dropped_at_the_deadline_and_the_mean_is_fedavg() -> No
         sa = record.extra["secure_aggregation"]
         assert sa["dropped"] == {"advertise-keys": ["site-3"]}
         assert (sa["masked"], sa["total_weight"]) == (3, 100)
+        # ring_bits = "auto": 4 sites x 128 (the power of two above 100) x 2^19 fits Z_2^32.
+        assert (sa["ring_bits"], sa["max_weight"]) == (32, 128)
         assert record.num_examples == 100 and record.train_loss == 0.5
         mean = sum(w * c.astype(np.float64) for w, c in zip(weights[:3], changes[:3],
                                                              strict=True)) / 100
         want = layout.apply(GLOBAL, mean)
         got = orch.global_weights
         assert got is not None
-        tol = error_bound(1.0, 24, True) + 1e-7
+        tol = error_bound(1.0, Settings().bits, True) + 1e-7
         for name in ("a.weight", "b.bias"):
             np.testing.assert_allclose(got[name], want[name], atol=tol)
         assert got["steps"].dtype == np.int64 and got["steps"][0] == 3

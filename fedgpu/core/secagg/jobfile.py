@@ -6,9 +6,10 @@ table of settings (which turns it on unless it says `enabled = false`).
     neighbours = "all"     # or k: each site masks against k others (SecAgg+)
     clip = 1.0             # each value of a site's update (its change to the model) is
                            # clipped to [-clip, clip]
-    bits = 24              # quantisation: values become integers of this many bits
-    ring_bits = 64         # the masked sums live in Z_2^64 (or 32)
-    max_weight = 16777216  # a site's example count counts up to this
+    bits = 20              # quantisation: values become integers of this many bits
+    ring_bits = "auto"     # the masked sums live in Z_2^32 when they fit, else Z_2^64 (or 32, 64)
+    max_weight = 16777216  # a site's example count counts up to this (a round lowers it to the
+                           # power of two above the largest size its sites stated)
     stochastic = true      # unbiased stochastic rounding (false: nearest)
     stage_timeout_s = 60   # how long each protocol stage waits for the sites
 
@@ -76,7 +77,7 @@ def parse(value: Any, source: str = "job") -> JobSecAgg | None:
          lambda v: v is None or v == "all" or isinstance(v, int)),
         ("clip", "a positive number", lambda v: isinstance(v, int | float)),
         ("bits", "an integer", lambda v: isinstance(v, int)),
-        ("ring_bits", "32 or 64", lambda v: isinstance(v, int)),
+        ("ring_bits", "32, 64 or \"auto\"", lambda v: isinstance(v, int) or v == "auto"),
         ("max_weight", "a positive integer", lambda v: isinstance(v, int)),
         ("stochastic", "true or false", lambda v: isinstance(v, bool)),
     ):

@@ -34,14 +34,16 @@ Observer = Callable[[Stage, int, bytes], None]
 def run_local(updates: Sequence[np.ndarray], weights: Sequence[float], settings: Settings,
               drop: Mapping[Stage, set[int]] | None = None, observe: Observer | None = None,
               seed: int | None = None, graph_seed: bytes | None = None,
-              noise: NoiseShare | None = None,
+              noise: NoiseShare | None = None, stated: Sequence[int] | None = None,
               ) -> tuple[Outcome, AggregatorSession]:
-    """Sites 1..n hold updates[i-1] with weights[i-1]; returns the outcome and the aggregator
-    (for inspection). Raises BelowThreshold when too few sites survive a stage. `noise`: every
-    site adds its distributed-DP share (noise_share.py) before masking."""
+    """Sites 1..n hold updates[i-1] with weights[i-1] (`stated`: the training-set sizes they
+    stated at registration, which bound the round's weights); returns the outcome and the
+    aggregator (for inspection). Raises BelowThreshold when too few sites survive a stage.
+    `noise`: every site adds its distributed-DP share (noise_share.py) before masking."""
     drop = drop or {}
     n = len(updates)
-    agg = AggregatorSession(settings.resolve(n, int(updates[0].size)), graph_seed=graph_seed)
+    params = settings.resolve(n, int(updates[0].size), list(stated) if stated else None)
+    agg = AggregatorSession(params, graph_seed=graph_seed)
     rng = np.random.default_rng(seed)
     sites = {i: SiteSession(Setup.decode(s.encode()), rng)
              for i, s in agg.start().items()}

@@ -1,8 +1,16 @@
 """Secure-aggregation settings: the job's `[secure_aggregation]` table and one round's numbers.
 
-`Settings` is what an operator writes (fractions, "all"); `RoundParams` is what they mean for a
-round of n sites and a model of `length` values, resolved by the aggregator and sent to every
-site in its setup message, which checks them again (a site never trusts numbers it can verify).
+`Settings` is what an operator writes (fractions, "all", "auto"); `RoundParams` is what they
+mean for a round of n sites and a model of `length` values, resolved by the aggregator and sent
+to every site in its setup message, which checks them again (a site never trusts numbers it can
+verify).
+
+`ring_bits = "auto"` (the default) picks the smaller ring, Z_2^32, whenever the round's largest
+possible sum fits in it, else Z_2^64: the sum is exact either way, and a 32-bit masked input is
+half the bytes. What fits depends on the round's weight bound: the aggregator lowers
+`max_weight` to the power of two at or above the largest training-set size the chosen sites
+stated when they registered (updates may not claim more in a plain round either), and every
+site caps its weight at the bound it is sent, so no site can push the sum past it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,25 @@ from fedgpu.core.secagg.quantize import levels
 # Wire bounds: every count and size a decoder accepts is checked against these.
 MAX_SITES = 1 << 16
 MAX_LENGTH = 1 << 34
+AUTO = "auto"
+RINGS = (32, 64)
+
+
+def fits(n_sites: int, max_weight: int, bits: int, ring_bits: int) -> bool:
+    """True when n sites' sums cannot wrap around Z_2^ring_bits: every value of the sum is at
+    most n * max_weight * L in magnitude (L = 2^(bits-1) - 1, the quantised magnitude), the
+    weight's element at most n * max_weight, and both must stay below 2^(ring_bits - 1) to be
+    read back as signed integers."""
+    return n_sites * max_weight * levels(bits) < 1 << (ring_bits - 1)
+
+
+def weight_bound(max_weight: int, stated: list[int]) -> int:
+    """The round's weight bound: `max_weight`, lowered to the power of two at or above the
+    largest of the chosen sites' stated training-set sizes when every one of them stated its
+    size (0: not stated). A power of two tells a site the order of the largest size only."""
+    if not stated or min(stated) <= 0:
+        return max_weight
+    return min(max_weight, 1 << (max(stated) - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -30,11 +57,14 @@ class Settings:
     neighbours: int | None = None
     # Updates (the change a round made to the model) are clipped to [-clip, clip] per value.
     clip: float = 1.0
-    # Quantisation: values become integers in [-(2^(bits-1) - 1), 2^(bits-1) - 1].
-    bits: int = 24
-    # The ring Z_2^ring_bits the masked sums live in: 32 or 64.
-    ring_bits: int = 64
-    # A site's weight (its example count) counts up to this much.
+    # Quantisation: values become integers in [-(2^(bits-1) - 1), 2^(bits-1) - 1]; the mean's
+    # error per value is at most clip / (2^(bits-1) - 1) (1.9e-6 at clip 1 with 20 bits).
+    bits: int = 20
+    # The ring Z_2^ring_bits the masked sums live in: 32, 64, or "auto": 32 whenever the
+    # round's largest possible sum fits in it (sites x weight bound x 2^(bits-1)), else 64.
+    ring_bits: int | str = AUTO
+    # A site's weight (its example count) counts up to this much; a round lowers it to the
+    # power of two at or above the largest training-set size its sites stated.
     max_weight: int = 1 << 24
     # Stochastic rounding is unbiased; nearest rounding halves the worst-case error.
     stochastic: bool = True
@@ -48,26 +78,31 @@ class Settings:
             raise SecAggError(f"neighbours must be \"all\" or at least 1, got {self.neighbours}")
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise SecAggError(f"clip must be a positive number, got {self.clip}")
-        if self.ring_bits not in (32, 64):
-            raise SecAggError(f"ring_bits must be 32 or 64, got {self.ring_bits}")
-        if not 2 <= self.bits <= self.ring_bits - 2:
-            raise SecAggError(f"bits must be between 2 and {self.ring_bits - 2}, got {self.bits}")
+        if self.ring_bits not in (*RINGS, AUTO) or isinstance(self.ring_bits, bool):
+            raise SecAggError(f"ring_bits must be 32, 64 or \"auto\", got {self.ring_bits!r}")
+        widest = self.ring_bits if isinstance(self.ring_bits, int) else max(RINGS)
+        if not 2 <= self.bits <= widest - 2:
+            raise SecAggError(f"bits must be between 2 and {widest - 2}, got {self.bits}")
         if not 1 <= self.max_weight < 1 << 48:
             raise SecAggError(f"max_weight must be between 1 and 2^48, got {self.max_weight}")
 
-    def resolve(self, n: int, length: int) -> RoundParams:
-        """The round's numbers for n sites and a model of `length` values; BelowThreshold when
-        n sites cannot reach the threshold, SecAggError when the sum could overflow."""
+    def resolve(self, n: int, length: int, stated: list[int] | None = None) -> RoundParams:
+        """The round's numbers for n sites and a model of `length` values (`stated`: the sites'
+        stated training-set sizes, when known); BelowThreshold when n sites cannot reach the
+        threshold, SecAggError when the sum could overflow the ring asked for."""
         k = graph.degree(n, self.neighbours)
         holders = k + 1
         t = self.threshold
         need = t if isinstance(t, int) else max(2, math.floor(t * holders) + 1)
         if need > holders:
             raise BelowThreshold(Stage.SETUP, holders, need, "shareholders per site")
+        weight = weight_bound(self.max_weight, stated or [])
+        ring = self.ring_bits
+        if not isinstance(ring, int):
+            ring = next((r for r in RINGS if fits(n, weight, self.bits, r)), max(RINGS))
         params = RoundParams(n_sites=n, degree=k, threshold=need, clip=self.clip,
-                             bits=self.bits, ring_bits=self.ring_bits,
-                             max_weight=self.max_weight, stochastic=self.stochastic,
-                             length=length)
+                             bits=self.bits, ring_bits=ring, max_weight=weight,
+                             stochastic=self.stochastic, length=length)
         params.check()
         return params
 
@@ -103,9 +138,8 @@ class RoundParams:
         if not 1 <= self.max_weight < 1 << 48 or not 1 <= self.length <= MAX_LENGTH:
             raise SecAggError("max_weight or the model's length is out of range")
         # The largest |sum| the ring must hold without wrapping around.
-        worst = self.n_sites * self.max_weight * levels(self.bits)
-        if worst >= 1 << (self.ring_bits - 1):
+        if not fits(self.n_sites, self.max_weight, self.bits, self.ring_bits):
             raise SecAggError(
                 f"{self.n_sites} sites x max_weight {self.max_weight} x 2^{self.bits - 1} "
-                f"overflows Z_2^{self.ring_bits}: lower bits or max_weight, or use "
-                "ring_bits = 64")
+                f"overflows Z_2^{self.ring_bits}: lower bits or max_weight"
+                + (", or use ring_bits = 64 (or \"auto\")" if self.ring_bits < 64 else ""))

@@ -278,6 +278,39 @@
     replaceRows($("sites-table").tBodies[0], page.nodes.map(siteRow));
   }
 
+  // A secure round: sites masked of sampled, drops by stage, masks recovered, protocol time.
+  function secureCell(sa) {
+    if (!sa) return [dash0];
+    const drops = Object.entries(sa.dropped || {}).map(([stage, n]) => `${stage} ${n}`);
+    return [
+      h("div", {class: "masked"}, sa.masked === null || sa.masked === undefined
+        ? `${sa.sites} sites` : `${sa.masked} / ${sa.sites} masked`),
+      drops.length ? h("div", {class: "sub dropped"}, `dropped: ${drops.join(", ")}`) : null,
+      sa.recovered ? h("div", {class: "sub recovered"}, `${sa.recovered} recovered`) : null,
+      h("div", {class: "sub protocol"}, `protocol ${num(sa.protocol_s, 2)} s` +
+        (sa.unmask_s !== null && sa.unmask_s !== undefined
+          ? ` (unmask ${num(sa.unmask_s, 2)} s)` : "") +
+        (sa.ring_bits ? ` · Z_2^${sa.ring_bits}` : "")),
+      sa.failed ? h("div", {class: "sub error"}, `failed at ${sa.failed.stage}: ${sa.failed.reason}`)
+        : null];
+  }
+
+  // A time-budgeted round: the spread of steps and examples, and each site's in a fold-out.
+  function workCell(w) {
+    if (!w) return [dash0];
+    const range = (s) => (s ? (s.min === s.max ? `${s.min}` : `${s.min}–${s.max}`) : dash0);
+    const sites = w.sites || [];
+    return [
+      h("div", {class: "spread"}, `${range(w.steps)} steps · ${range(w.examples)} examples`),
+      h("div", {class: "sub"}, `budget ${num(w.budget_s, 1)} s`),
+      sites.length ? h("details", {class: "per-site"}, h("summary", {}, "per site"),
+        h("ul", {}, ...sites.map((x) => h("li", {"data-node": x.node},
+          `${x.node}: ${x.steps === null ? dash0 : x.steps} steps, ` +
+          `${x.examples === null ? dash0 : x.examples} examples`)),
+          w.sites_not_listed ? h("li", {class: "muted"}, `${w.sites_not_listed} more`) : null))
+        : null];
+  }
+
   function renderRounds(rounds) {
     text("rounds-summary", rounds.total ? `${rounds.total} closed` : "");
     const rows = rounds.rounds.slice(-ROUND_ROWS).reverse().map((r) => {
@@ -293,7 +326,9 @@
           : dash0),
         h("td", {}, num(r.aggregation_s, 3)),
         h("td", {}, rejected || (r.failures ? `${r.failures} failed` : dash0)),
-        h("td", {class: "epsilon"}, num(r.epsilon, 3)));
+        h("td", {class: "epsilon"}, num(r.epsilon, 3)),
+        h("td", {class: "secure"}, ...secureCell(r.secure_aggregation)),
+        h("td", {class: "work"}, ...workCell(r.work)));
     });
     replaceRows($("rounds-table").tBodies[0], rows);
   }
