@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from fedgpu.server.strategies.block_math import (
+    blas_on_one_thread,
     clamp,
     clamp_if_overflowed,
     fold,
     norm,
-    one_blas_thread,
     sum_into,
     write,
 )
@@ -115,7 +115,8 @@ class WeightedSum:
         exact_c = [w / total for w in weights]
         # Overflow on the fast path is expected and handled (the block goes exact): numpy's
         # warnings about it would only be noise in the log.
-        with np.errstate(over="ignore", invalid="ignore"), one_blas_thread():
+        blas_on_one_thread()
+        with np.errstate(over="ignore", invalid="ignore"):
             self._sweep(updates, fast_c, exact_c, old, total)
         self.total_weight = total
         self.count += len(updates)
@@ -191,14 +192,13 @@ class WeightedSum:
             raise ValueError("no updates were added")
         scale = self.ref_weight / self.total_weight
         out: dict[str, np.ndarray] = {}
-        with one_blas_thread():
-            for name, acc in self._acc.items():
-                if acc.size == 0:
-                    out[name] = np.zeros(acc.shape, self._dtypes[name])
-                    continue
-                self._finish(acc.reshape(-1), self._bound[name], scale,
-                             None if offset is None else np.asarray(offset[name]).reshape(-1))
-                out[name] = cast_back(acc, self._dtypes[name])
+        for name, acc in self._acc.items():
+            if acc.size == 0:
+                out[name] = np.zeros(acc.shape, self._dtypes[name])
+                continue
+            self._finish(acc.reshape(-1), self._bound[name], scale,
+                         None if offset is None else np.asarray(offset[name]).reshape(-1))
+            out[name] = cast_back(acc, self._dtypes[name])
         # The mean may share the accumulator's buffers: this sum is used up.
         self._acc = {}
         return out
@@ -218,7 +218,8 @@ class WeightedSum:
             if not math.isnan(bounds[b]) and scale != 1.0:
                 np.multiply(block, scale, out=block)
             if offset is not None:
-                np.add(block, offset[start:start + BLOCK], out=block, casting="unsafe")
+                with np.errstate(over="ignore"):  # clamped just below
+                    np.add(block, offset[start:start + BLOCK], out=block, casting="unsafe")
                 clamp_if_overflowed(block)
 
 

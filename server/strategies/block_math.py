@@ -12,8 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,42 +29,33 @@ def _axpys() -> dict[np.dtype, Axpy]:
     return {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
 
 
-@functools.cache
-def _blas_controller() -> Any:
+_limit_lock = threading.Lock()
+_limited = False
+
+
+def blas_on_one_thread() -> None:
+    """From the first sum on, numpy's and scipy's BLAS run on one thread, process-wide.
+
+    OpenBLAS splits an axpy over 10k values across every core; with the aggregator's other
+    threads (receive, digest, decode) and other processes on the same cores, its spinning
+    workers made one 11M-value update 2-10x slower than one thread (measured on 2 shared
+    vCPUs), and one thread already reads memory at the speed of a plain numpy add. Nothing
+    else the aggregator runs needs BLAS threads. Set once and kept: OpenBLAS's count is
+    process-wide, and raising it back from a thread other than the one that lowered it did
+    not take effect (measured, OpenBLAS 0.3.30), so a per-sum restore from the aggregator's
+    worker threads would not be reliable anyway. torch's threads (OpenMP) are not BLAS's."""
+    global _limited
+    if _limited:
+        return
     from threadpoolctl import ThreadpoolController
 
-    # The controller sees the BLAS libraries loaded when it is made: scipy's OpenBLAS (a
-    # library apart from numpy's) must be loaded first, or its threads are left unlimited.
-    _axpys()
-    return ThreadpoolController()
-
-
-_limit_lock = threading.Lock()
-_limit_users = 0
-_limiter: Any = None
-
-
-@contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """BLAS on one thread while a sum runs. OpenBLAS splits an axpy over 10k values across
-    every core; with the aggregator's other threads (receive, digest, decode) and other
-    processes on the same cores, its spinning workers made one 11M-value update 2-10x slower
-    than one thread (measured on 2 shared vCPUs), and one thread already reads memory at the
-    speed of a plain add. The limit is process-wide (that is how OpenBLAS keeps it): the first
-    of concurrent sums sets it and the last one restores the previous setting."""
-    global _limit_users, _limiter
     with _limit_lock:
-        if _limit_users == 0:
-            _limiter = _blas_controller().limit(limits=1, user_api="blas")
-        _limit_users += 1
-    try:
-        yield
-    finally:
-        with _limit_lock:
-            _limit_users -= 1
-            if _limit_users == 0:
-                _limiter.restore_original_limits()
-                _limiter = None
+        if not _limited:
+            # threadpoolctl sees the libraries loaded when it looks: scipy's OpenBLAS (apart
+            # from numpy's) is loaded first, or its threads would be left unlimited.
+            _axpys()
+            ThreadpoolController().limit(limits=1, user_api="blas")
+            _limited = True
 
 
 def axpy(src: np.ndarray, c: float, out: np.ndarray, tmp: np.ndarray) -> None:
@@ -133,5 +123,7 @@ def clamp_if_overflowed(block: np.ndarray) -> None:
     """clamp(block) where a value overflowed to +-inf; a dot (a read) instead of a clip (a read
     and a write) when nothing did, which is nearly always. Squares past the dtype's range
     also clamp, which leaves in-range values unchanged."""
-    if not math.isfinite(float(np.dot(block, block))):
+    with np.errstate(over="ignore"):  # squares past the range: expected, handled
+        sq = float(np.dot(block, block))
+    if not math.isfinite(sq):
         clamp(block)
