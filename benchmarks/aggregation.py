@@ -22,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", required=True,
                     choices=["fedgpu", "fedgpu_stream", "fedgpu_stream_normed", "fedgpu_int8",
-                             "fedgpu_topk", "numpy", "bound", "flower"])
+                             "fedgpu_topk", "numpy", "numpy_add", "bound", "flower"])
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--params", type=int, required=True)
     ap.add_argument("--tensors", type=int, default=20)
@@ -97,6 +97,17 @@ def main() -> None:
             for s in acc:
                 s /= total
             return acc
+    elif a.impl == "numpy_add":
+        acc_add = [np.zeros_like(x) for x in updates[0]]
+
+        def run() -> object:
+            # No weights, no checks: acc += x one update at a time, into a sum already in
+            # memory. One read of x and one read and write of the sum: the least any streamed
+            # (one update at a time) sum costs, a floor for fedgpu_stream*.
+            for u in updates:
+                for s, x in zip(acc_add, u, strict=True):
+                    np.add(s, x, out=s)
+            return acc_add
     elif a.impl == "bound":
         def run() -> object:
             # Every input byte read once, nothing written: no aggregation can beat this.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -88,6 +89,9 @@ class WeightedSum:
                          for dt in {a.dtype for a in self._acc.values()}}
         # Per block: the bound on |S| (fast path), or NaN once the block holds the exact mean.
         self._bound = {k: np.zeros(-(-a.size // BLOCK)) for k, a in self._acc.items()}
+        # Per tensor: the largest of its blocks' bounds (NaN if any is exact), so a streamed
+        # update is checked against all of them in one comparison.
+        self._top = dict.fromkeys(self._acc, 0.0)
         self.ref_weight = 0.0
         self.total_weight = 0.0
         self.count = 0
@@ -131,18 +135,23 @@ class WeightedSum:
             xs = [t[name] for t, _ in updates]
             tmp = self._scratch[acc.dtype]
             bounds = self._bound[name]
-            limit = float(np.finfo(acc.dtype).max) / 4
+            limit = _limit(acc.dtype)
             # What this call adds to |S| when every input's norm is known (measured by
             # validation's finite check, or bounded by a codec's scales): no dot per block.
             norms = [_known_norm(t, name) for t, _ in updates]
             grow = (math.fsum(c * nx for c, nx in zip(fast_c, norms, strict=True))
                     if None not in norms else math.inf)
+            top = 0.0 if fresh else self._top[name]
             if (len(xs) == 1 and isinstance(xs[0], np.ndarray) and xs[0].dtype == acc.dtype
-                    and bool(np.all((0.0 if fresh else bounds) + grow < limit))):
+                    and top + grow < limit):
                 # One update (as they stream in), every block bounded: one axpy over the whole
-                # tensor, no Python per block. NaN (exact) blocks fail the test.
+                # tensor, no Python per block. A NaN top (some block exact) fails the test.
                 (sum_into if fresh else fold)(xs, fast_c, 0, flat.size, flat, tmp)
-                bounds[:] = (0.0 if fresh else bounds) + grow
+                if fresh:
+                    bounds.fill(grow)
+                else:
+                    bounds += grow
+                self._top[name] = top + grow
                 continue
             for b, start in enumerate(range(0, flat.size, BLOCK)):
                 stop = min(start + BLOCK, flat.size)
@@ -185,6 +194,7 @@ class WeightedSum:
                     clamp(out)
                 self.exact_blocks += not math.isnan(base)
                 bounds[b] = math.nan
+            self._top[name] = float(bounds.max())  # NaN if any block is exact
 
     def mean(self, offset: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The weighted mean (plus `offset`, e.g. the global model under averaged deltas)."""
@@ -229,6 +239,11 @@ def _block_norm(x: Any, start: int, stop: int, tmp: np.ndarray) -> float:
     if isinstance(x, np.ndarray) and x.dtype == tmp.dtype:
         return norm(x.reshape(-1)[start:stop])
     return norm(write(x, 1.0, start, stop, tmp))
+
+
+@functools.cache
+def _limit(dtype: np.dtype) -> float:
+    return float(np.finfo(dtype).max) / 4
 
 
 def _known_norm(tensors: Mapping[str, Any], name: str) -> float | None:
