@@ -20,21 +20,30 @@ import numpy as np
 Axpy = Callable[..., np.ndarray]
 
 
-@functools.cache
-def _axpys() -> dict[np.dtype, Axpy]:
-    # Imported on first use: scipy.linalg takes ~0.3 s to import, paid by the first sum of a
-    # process instead of every aggregator start (scipy itself is already in the image).
-    from scipy.linalg import blas
-
-    return {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
-
-
 _limit_lock = threading.Lock()
 _limited = False
 
 
+def _one_thread_each() -> None:
+    from threadpoolctl import ThreadpoolController
+
+    with _limit_lock:  # threadpoolctl sees the BLAS libraries loaded when it looks
+        ThreadpoolController().limit(limits=1, user_api="blas")
+
+
+@functools.cache
+def _axpys() -> dict[np.dtype, Axpy]:
+    # Imported on first use: scipy.linalg takes ~0.3 s and ~24 MiB to load, paid by the
+    # first sum that needs an axpy instead of every aggregator start (top-k sums never do).
+    from scipy.linalg import blas
+
+    _one_thread_each()  # scipy's OpenBLAS is a library apart from numpy's
+    return {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
+
+
 def blas_on_one_thread() -> None:
-    """From the first sum on, numpy's and scipy's BLAS run on one thread, process-wide.
+    """From the first sum on, numpy's BLAS (and scipy's, once an axpy loads it) runs on one
+    thread, process-wide.
 
     OpenBLAS splits an axpy over 10k values across every core; with the aggregator's other
     threads (receive, digest, decode) and other processes on the same cores, its spinning
@@ -45,17 +54,9 @@ def blas_on_one_thread() -> None:
     not take effect (measured, OpenBLAS 0.3.30), so a per-sum restore from the aggregator's
     worker threads would not be reliable anyway. torch's threads (OpenMP) are not BLAS's."""
     global _limited
-    if _limited:
-        return
-    from threadpoolctl import ThreadpoolController
-
-    with _limit_lock:
-        if not _limited:
-            # threadpoolctl sees the libraries loaded when it looks: scipy's OpenBLAS (apart
-            # from numpy's) is loaded first, or its threads would be left unlimited.
-            _axpys()
-            ThreadpoolController().limit(limits=1, user_api="blas")
-            _limited = True
+    if not _limited:
+        _one_thread_each()
+        _limited = True
 
 
 def axpy(src: np.ndarray, c: float, out: np.ndarray, tmp: np.ndarray) -> None:

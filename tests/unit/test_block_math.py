@@ -45,7 +45,6 @@ def test_the_first_sum_puts_blas_on_one_thread_for_the_whole_process() -> None:
 import json, threading
 import numpy as np
 from threadpoolctl import ThreadpoolController
-from scipy.linalg import blas
 from fedgpu.server.strategies.aggregate import WeightedSum
 
 def threads():
@@ -55,6 +54,7 @@ before = threads()
 def one_sum():
     acc = WeightedSum({"w": np.zeros(100, np.float32)})
     acc.add({"w": np.ones(100, np.float32)}, 2.0)
+    acc.add({"w": np.ones(100, np.float32)}, 3.0)  # an axpy: scipy's BLAS loaded and limited
     acc.mean()
 t = threading.Thread(target=one_sum)
 t.start()
@@ -63,9 +63,10 @@ print(json.dumps({"before": before, "after": threads()}))
 """
     got = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True,
                                     text=True, check=True, timeout=120).stdout)
-    assert len(got["after"]) >= 2  # numpy's and scipy's OpenBLAS both seen
+    # numpy's OpenBLAS before; scipy's too after (a library of its own in the wheels, loaded
+    # by the axpy), every one on one thread.
+    assert got["before"] and len(got["after"]) >= len(got["before"])
     assert set(got["after"]) == {1}
-    assert len(got["before"]) == len(got["after"])
 
 
 def test_an_offset_that_overflows_the_mean_is_clamped_not_inf() -> None:
