@@ -11,12 +11,12 @@ import numpy as np
 
 from fedgpu.server.strategies.block_math import (
     blas_on_one_thread,
+    block_norm,
     clamp,
     clamp_if_overflowed,
     fold,
     norm,
     sum_into,
-    write,
 )
 
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -178,7 +178,7 @@ class WeightedSum:
                 elif not math.isnan(base):
                     # This call's norm bounded before anything lands in the block
                     # (|sum c x| <= sum c |x|, a dot per input), then the axpys.
-                    bound = base + math.fsum(c * _block_norm(x, start, stop, tmp[:n])
+                    bound = base + math.fsum(c * block_norm(x, start, stop, tmp[:n])
                                              for x, c in zip(xs, fast_c, strict=True))
                     if bound < limit:
                         fold(xs, fast_c, start, stop, out, tmp[:n])
@@ -231,14 +231,6 @@ class WeightedSum:
                 with np.errstate(over="ignore"):  # clamped just below
                     np.add(block, offset[start:start + BLOCK], out=block, casting="unsafe")
                 clamp_if_overflowed(block)
-
-
-def _block_norm(x: Any, start: int, stop: int, tmp: np.ndarray) -> float:
-    """|x[start:stop]|: a dot over the input itself where it has the sum's dtype, else over
-    its values written into tmp in that dtype (a decoded block, a widened float16 one)."""
-    if isinstance(x, np.ndarray) and x.dtype == tmp.dtype:
-        return norm(x.reshape(-1)[start:stop])
-    return norm(write(x, 1.0, start, stop, tmp))
 
 
 @functools.cache

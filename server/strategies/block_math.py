@@ -115,6 +115,14 @@ def norm(block: np.ndarray) -> float:
     return math.sqrt(sq) if sq == sq else math.inf
 
 
+def block_norm(x: Any, start: int, stop: int, tmp: np.ndarray) -> float:
+    """|x[start:stop]|: a dot over the input itself where it has the sum's dtype, else over
+    its values written into tmp in that dtype (a decoded block, a widened float16 one)."""
+    if isinstance(x, np.ndarray) and x.dtype == tmp.dtype:
+        return norm(x.reshape(-1)[start:stop])
+    return norm(write(x, 1.0, start, stop, tmp))
+
+
 def clamp(block: np.ndarray) -> None:
     top = np.finfo(block.dtype).max
     np.clip(block, -top, top, out=block)
