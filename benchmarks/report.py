@@ -112,20 +112,20 @@ def _aggregation(r: dict[str, Any]) -> list[str]:
             f" ({_ok(max(f['extra_models'], s['extra_models']) <= 2)}) |")
     out += [
         "",
-        "Chosen: pure numpy, blocked, no new dependency (the aggregator image stays numpy + "
-        "safetensors). scipy's BLAS `saxpy` was tried and was slower here (its wrapper and "
-        "OpenBLAS threads on 2 vCPUs); two numpy threads over halves of each tensor were slower "
-        "too (the 2 vCPUs share one memory path). The mean is computed in the sum's buffer, so "
-        "extra memory is one model whatever K is; Flower's `aggregate` materialises K weighted "
-        "copies (about K models of temporaries).",
+        "Chosen: numpy, blocked, with BLAS axpy from scipy for out += w * x (one fused pass; "
+        "scipy came with dp-accounting already) and OpenBLAS held to one thread by "
+        "threadpoolctl: with its default threads on 2 shared vCPUs saxpy was slower than numpy "
+        "(section 12's accumulate). No compiled code of our own. Two numpy "
+        "threads over halves of each tensor were slower (the 2 vCPUs share one memory path). "
+        "The mean is computed in the sum's buffer, so extra memory is one model whatever K is; "
+        "Flower's `aggregate` materialises K weighted copies (about K models of temporaries).",
         "",
         "On the 10x target: on this machine Flower's `aggregate` itself takes only a few times "
         "the read-once bound (the brief's reference of ~1.4 s was not reproduced here), so 10x "
         "faster than Flower would be *faster than reading the inputs once*: impossible for any "
-        "implementation. What is left between fedgpu and the bound is numpy's lack of a fused "
-        "multiply-add (w*x goes through an L2-resident scratch: 2 ufunc passes per element); a "
-        "compiled axpy kernel (a ~20-line C extension or numba) would close most of it, at the "
-        "cost of a compiled dependency in the aggregator.",
+        "implementation. What is left between the streamed sum and the bound is mostly the "
+        "read and write of the sum for every update: a bare `acc += x` one update at a time "
+        "takes 1.5-1.6x the bound on this machine (section 12).",
         "",
     ]
     return out

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from fedgpu.server.strategies.block_math import (
+    blas_on_one_thread,
+    block_norm,
+    clamp,
+    clamp_if_overflowed,
+    fold,
+    norm,
+    sum_into,
+)
+
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
-# Elements per block of the weighted sum (1 MiB of float32). numpy has no fused multiply-add,
-# so w * x goes through a scratch buffer; a block that stays in L2 means the scratch never
-# travels to memory and each update costs one read of x plus one read/write of the sum.
+# Elements per block of the weighted sum (1 MiB of float32): the unit of the overflow bound
+# and of one axpy call. Each update costs one read of x plus one read/write of the sum; the
+# block keeps the Python per block (~1 us) to a few hundred calls per 11M-value update.
 BLOCK = 1 << 18
 
 
@@ -49,10 +60,11 @@ class WeightedSum:
     any K, and no finite input (however large its values or its example count) overflows it.
 
     Fast path: S = sum (w_i / w_ref) x_i against a fixed reference weight (the first call's
-    total), one multiply and one add per 1 MiB block and update, times w_ref / W in mean().
+    total), one fused multiply-add (BLAS axpy) per 1 MiB block and update, times w_ref / W in
+    mean().
     Each block keeps a bound B >= |S| that grows by the norm of what is added (|a + b| <=
     |a| + |b|): known beforehand for Normed inputs and codec sources, else one dot product per
-    block and call. A block stays fast while B < a quarter of the dtype's largest value, so S
+    block and input. A block stays fast while B < a quarter of the dtype's largest value, so S
     cannot overflow there; an add that would break that (huge values, weights 1e15 apart)
     turns that block, exactly and for good, into the running convex mean (what is there times
     W_old / W_new, each x_i times w_i / W_new, rounding past the dtype's largest value clamped
@@ -72,11 +84,14 @@ class WeightedSum:
         # uses any more, taken over where they fit (no page faults for a fresh model's worth).
         self._acc = {k: _scratch_or_new(reuse, k, v.shape, acc_dtype(v.dtype))
                      for k, v in like.items()}
-        # Per dtype: one update's c * x, and one call's sum before it is checked and added.
-        self._scratch = {dt: np.empty((2, BLOCK), dt)
+        # Per dtype: a block of one input in the sum's dtype (int8 decoded, float16 widened).
+        self._scratch = {dt: np.empty(BLOCK, dt)
                          for dt in {a.dtype for a in self._acc.values()}}
         # Per block: the bound on |S| (fast path), or NaN once the block holds the exact mean.
         self._bound = {k: np.zeros(-(-a.size // BLOCK)) for k, a in self._acc.items()}
+        # Per tensor: the largest of its blocks' bounds (NaN if any is exact), so a streamed
+        # update is checked against all of them in one comparison.
+        self._top = dict.fromkeys(self._acc, 0.0)
         self.ref_weight = 0.0
         self.total_weight = 0.0
         self.count = 0
@@ -104,6 +119,7 @@ class WeightedSum:
         exact_c = [w / total for w in weights]
         # Overflow on the fast path is expected and handled (the block goes exact): numpy's
         # warnings about it would only be noise in the log.
+        blas_on_one_thread()
         with np.errstate(over="ignore", invalid="ignore"):
             self._sweep(updates, fast_c, exact_c, old, total)
         self.total_weight = total
@@ -117,58 +133,68 @@ class WeightedSum:
                 continue
             flat = acc.reshape(-1)
             xs = [t[name] for t, _ in updates]
-            tmp, part = self._scratch[acc.dtype]
+            tmp = self._scratch[acc.dtype]
             bounds = self._bound[name]
-            limit = float(np.finfo(acc.dtype).max) / 4
+            limit = _limit(acc.dtype)
             # What this call adds to |S| when every input's norm is known (measured by
             # validation's finite check, or bounded by a codec's scales): no dot per block.
             norms = [_known_norm(t, name) for t, _ in updates]
             grow = (math.fsum(c * nx for c, nx in zip(fast_c, norms, strict=True))
                     if None not in norms else math.inf)
+            top = 0.0 if fresh else self._top[name]
+            if (len(xs) == 1 and isinstance(xs[0], np.ndarray) and xs[0].dtype == acc.dtype
+                    and top + grow < limit):
+                # One update (as they stream in), every block bounded: one axpy over the whole
+                # tensor, no Python per block. A NaN top (some block exact) fails the test.
+                (sum_into if fresh else fold)(xs, fast_c, 0, flat.size, flat, tmp)
+                if fresh:
+                    bounds.fill(grow)
+                else:
+                    bounds += grow
+                self._top[name] = top + grow
+                continue
             for b, start in enumerate(range(0, flat.size, BLOCK)):
                 stop = min(start + BLOCK, flat.size)
                 out = flat[start:stop]
                 n = stop - start
                 base = 0.0 if fresh else bounds[b]  # NaN: the block is exact already
                 if base + grow < limit:
-                    # Bounded before it is written: one multiply and one add per update.
+                    # Bounded before it is written: one axpy per update.
                     if fresh:
-                        _sum_into(xs, fast_c, start, stop, out, tmp[:n])
+                        sum_into(xs, fast_c, start, stop, out, tmp[:n])
                     else:
-                        _fold(xs, fast_c, start, stop, out, tmp[:n])
+                        fold(xs, fast_c, start, stop, out, tmp[:n])
                     bounds[b] = base + grow
                     continue
                 if fresh:
                     # Sum straight into the block, one check at the end, recompute if it broke.
-                    _sum_into(xs, fast_c, start, stop, out, tmp[:n])
-                    bound = _norm(out)
+                    sum_into(xs, fast_c, start, stop, out, tmp[:n])
+                    bound = norm(out)
                     if bound < limit:
                         bounds[b] = bound
                         continue
-                    _sum_into(xs, exact_c, start, stop, out, tmp[:n])
-                    _clamp(out)
+                    sum_into(xs, exact_c, start, stop, out, tmp[:n])
+                    clamp(out)
                 elif not math.isnan(base):
-                    # This call's sum apart, its norm checked before it lands in the block.
-                    if len(xs) == 1:
-                        add = _write(xs[0], fast_c[0], start, stop, tmp[:n])
-                    else:
-                        add = part[:n]
-                        _sum_into(xs, fast_c, start, stop, add, tmp[:n])
-                    bound = base + _norm(add)
+                    # This call's norm bounded before anything lands in the block
+                    # (|sum c x| <= sum c |x|, a dot per input), then the axpys.
+                    bound = base + math.fsum(c * block_norm(x, start, stop, tmp[:n])
+                                             for x, c in zip(xs, fast_c, strict=True))
                     if bound < limit:
-                        np.add(out, add, out=out)
+                        fold(xs, fast_c, start, stop, out, tmp[:n])
                         bounds[b] = bound
                         continue
                     # Exact from here on: S * w_ref / W_new is the old mean's share of the new.
                     np.multiply(out, self.ref_weight / total, out=out)
-                    _fold(xs, exact_c, start, stop, out, tmp[:n])
-                    _clamp(out)
+                    fold(xs, exact_c, start, stop, out, tmp[:n])
+                    clamp(out)
                 else:
                     np.multiply(out, old / total, out=out)
-                    _fold(xs, exact_c, start, stop, out, tmp[:n])
-                    _clamp(out)
+                    fold(xs, exact_c, start, stop, out, tmp[:n])
+                    clamp(out)
                 self.exact_blocks += not math.isnan(base)
                 bounds[b] = math.nan
+            self._top[name] = float(bounds.max())  # NaN if any block is exact
 
     def mean(self, offset: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The weighted mean (plus `offset`, e.g. the global model under averaged deltas)."""
@@ -180,21 +206,36 @@ class WeightedSum:
             if acc.size == 0:
                 out[name] = np.zeros(acc.shape, self._dtypes[name])
                 continue
-            flat = acc.reshape(-1)
-            bounds = self._bound[name]
-            for b, start in enumerate(range(0, flat.size, BLOCK)):
-                block = flat[start:start + BLOCK]
-                # Fast blocks hold S: one pass to the mean (scale <= 1, nothing can overflow).
-                if not math.isnan(bounds[b]) and scale != 1.0:
-                    np.multiply(block, scale, out=block)
-                if offset is not None:
-                    base = np.asarray(offset[name]).reshape(-1)[start:start + BLOCK]
-                    np.add(block, base, out=block, casting="unsafe")
-                    _clamp(block)
+            self._finish(acc.reshape(-1), self._bound[name], scale,
+                         None if offset is None else np.asarray(offset[name]).reshape(-1))
             out[name] = cast_back(acc, self._dtypes[name])
         # The mean may share the accumulator's buffers: this sum is used up.
         self._acc = {}
         return out
+
+    @staticmethod
+    def _finish(flat: np.ndarray, bounds: np.ndarray, scale: float,
+                offset: np.ndarray | None) -> None:
+        if offset is None and not np.isnan(bounds).any():
+            if scale != 1.0:  # every block holds S: one pass over the tensor to the mean
+                np.multiply(flat, scale, out=flat)
+            return
+        # Block by block where an offset is added (the block is still in cache for the
+        # check) or some blocks hold the exact mean already.
+        for b, start in enumerate(range(0, flat.size, BLOCK)):
+            block = flat[start:start + BLOCK]
+            # Fast blocks hold S: one pass to the mean (scale <= 1, nothing can overflow).
+            if not math.isnan(bounds[b]) and scale != 1.0:
+                np.multiply(block, scale, out=block)
+            if offset is not None:
+                with np.errstate(over="ignore"):  # clamped just below
+                    np.add(block, offset[start:start + BLOCK], out=block, casting="unsafe")
+                clamp_if_overflowed(block)
+
+
+@functools.cache
+def _limit(dtype: np.dtype) -> float:
+    return float(np.finfo(dtype).max) / 4
 
 
 def _known_norm(tensors: Mapping[str, Any], name: str) -> float | None:
@@ -205,54 +246,6 @@ def _known_norm(tensors: Mapping[str, Any], name: str) -> float | None:
     if isinstance(tensors, Normed):
         return tensors.norms.get(name)
     return None
-
-
-def _write(x: Any, c: float, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-    """out = c * x[start:stop]; x an array or a block source (int8, top-k)."""
-    if isinstance(x, np.ndarray):
-        src = x.reshape(-1)[start:stop]
-        if c == 1.0:
-            np.copyto(out, src, casting="unsafe")
-        else:
-            np.multiply(src, c, out=out, dtype=out.dtype, casting="unsafe")
-    else:
-        x.write_scaled(start, stop, c, out)
-    return out
-
-
-def _sum_into(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
-              out: np.ndarray, tmp: np.ndarray) -> None:  # out = sum c_i * x_i[start:stop]
-    _write(xs[0], cs[0], start, stop, out)
-    _fold(xs[1:], cs[1:], start, stop, out, tmp)
-
-
-def _fold(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
-          out: np.ndarray, tmp: np.ndarray) -> None:
-    """out += sum c_i * x_i[start:stop], one multiply and one add per update (numpy has no
-    fused multiply-add; tmp stays in L2). Sparse sources add their few values in place."""
-    for x, c in zip(xs, cs, strict=True):
-        if isinstance(x, np.ndarray):
-            src = x.reshape(-1)[start:stop]
-            if c == 1.0 and src.dtype == out.dtype:
-                np.add(out, src, out=out)
-                continue
-            np.multiply(src, c, out=tmp, dtype=out.dtype, casting="unsafe")
-            np.add(out, tmp, out=out)
-        else:
-            x.add_scaled(start, stop, c, out, tmp)
-
-
-def _norm(block: np.ndarray) -> float:
-    """|block| >= its largest magnitude, one BLAS dot; inf if anything in it is not finite or
-    the squares overflow (the block then goes exact). The limit of a quarter of the dtype's
-    largest value leaves the dot's rounding plenty of headroom."""
-    sq = float(np.dot(block, block))
-    return math.sqrt(sq) if sq == sq else math.inf
-
-
-def _clamp(block: np.ndarray) -> None:
-    top = np.finfo(block.dtype).max
-    np.clip(block, -top, top, out=block)
 
 
 def _scratch_or_new(reuse: Mapping[str, np.ndarray] | None, name: str,

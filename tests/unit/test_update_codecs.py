@@ -152,3 +152,20 @@ def test_the_compressed_payload_is_checked() -> None:
     refused({**t, "conv.w#v": v}, tmeta, "NaN or Inf")
     refused({**q, "conv.w#i": t["conv.w#i"]}, meta, "expected q\\+s, i\\+v or d")
     refused({**q, "fc.b#d": np.zeros(11, np.float32)}, meta, "dense delta")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize(("start", "stop"), [(0, 3 * BLOCK + 100), (BLOCK, 3 * BLOCK),
+                                             (100, 2 * BLOCK + 5), (2 * BLOCK, 2 * BLOCK + 9)])
+def test_int8_add_scaled_adds_into_its_span_with_or_without_the_compiled_kernel(
+        compiled: bool, start: int, stop: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not compiled:  # scipy's private kernel missing: numpy's two passes
+        monkeypatch.setattr("fedgpu.core.update_codecs._row_scaled_add", lambda: None)
+    x = (RNG.standard_normal(4 * BLOCK) * 0.3).astype(np.float32)
+    enc, meta = encode_update({"w": x}, UpdateCodec.INT8)
+    src = decode_update(enc, meta, {"w": ("F32", (x.size,))})["w"]
+    assert isinstance(src, Int8Tensor)
+    out = RNG.standard_normal(stop - start).astype(np.float32)
+    want = out + np.float32(0.7) * dense(src)[start:stop]
+    src.add_scaled(start, stop, 0.7, out, np.full(stop - start, np.nan, np.float32))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)

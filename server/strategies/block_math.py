@@ -1,0 +1,138 @@
+"""Kernels of the weighted sum, one block of the sum at a time: out = c * x, out += c * x,
+a bound on a block's norm, and the clamp to the dtype's range. x is an array or a block source
+(fedgpu.core.update_codecs: int8 and top-k updates decoded block by block).
+
+out += c * x is BLAS axpy (scipy's OpenBLAS): one fused pass that reads x and reads and writes
+out once. numpy has no fused multiply-add; its w * x into an L2-resident scratch, then the add,
+measured 1.6-1.9x the time of axpy on 10 x 11M float32 (BENCHMARKS.md section 12).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+Axpy = Callable[..., np.ndarray]
+
+
+_limit_lock = threading.Lock()
+_limited = False
+
+
+def _one_thread_each() -> None:
+    from threadpoolctl import ThreadpoolController
+
+    with _limit_lock:  # threadpoolctl sees the BLAS libraries loaded when it looks
+        ThreadpoolController().limit(limits=1, user_api="blas")
+
+
+@functools.cache
+def _axpys() -> dict[np.dtype, Axpy]:
+    # Imported on first use: scipy.linalg takes ~0.3 s and ~24 MiB to load, paid by the
+    # first sum that needs an axpy instead of every aggregator start (top-k sums never do).
+    from scipy.linalg import blas
+
+    _one_thread_each()  # scipy's OpenBLAS is a library apart from numpy's
+    return {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
+
+
+def blas_on_one_thread() -> None:
+    """From the first sum on, numpy's BLAS (and scipy's, once an axpy loads it) runs on one
+    thread, process-wide.
+
+    OpenBLAS splits an axpy over 10k values across every core; with the aggregator's other
+    threads (receive, digest, decode) and other processes on the same cores, its spinning
+    workers made one 11M-value update 2-10x slower than one thread (measured on 2 shared
+    vCPUs), and one thread already reads memory at the speed of a plain numpy add. Nothing
+    else the aggregator runs needs BLAS threads. Set once and kept: OpenBLAS's count is
+    process-wide, and raising it back from a thread other than the one that lowered it did
+    not take effect (measured, OpenBLAS 0.3.30), so a per-sum restore from the aggregator's
+    worker threads would not be reliable anyway. torch's threads (OpenMP) are not BLAS's."""
+    global _limited
+    if not _limited:
+        _one_thread_each()
+        _limited = True
+
+
+def axpy(src: np.ndarray, c: float, out: np.ndarray, tmp: np.ndarray) -> None:
+    """out += c * src for arrays of the same length; tmp: scratch of that length (used only
+    when no BLAS routine fits, e.g. float16 inputs into a float32 sum)."""
+    fn = _axpys().get(out.dtype) if src.dtype == out.dtype else None
+    if fn is None:
+        np.multiply(src, c, out=tmp, dtype=out.dtype, casting="unsafe")
+        np.add(out, tmp, out=out)
+        return
+    got = fn(src, out, a=c)
+    if got is not out:  # f2py copies an array it cannot update in place: write it back
+        np.copyto(out, got)
+
+
+def write(x: Any, c: float, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """out = c * x[start:stop]; x an array or a block source (int8, top-k)."""
+    if isinstance(x, np.ndarray):
+        src = x.reshape(-1)[start:stop]
+        if c == 1.0:
+            np.copyto(out, src, casting="unsafe")
+        else:
+            np.multiply(src, c, out=out, dtype=out.dtype, casting="unsafe")
+    else:
+        x.write_scaled(start, stop, c, out)
+    return out
+
+
+def sum_into(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
+             out: np.ndarray, tmp: np.ndarray) -> None:
+    """out = sum c_i * x_i[start:stop]."""
+    write(xs[0], cs[0], start, stop, out)
+    fold(xs[1:], cs[1:], start, stop, out, tmp)
+
+
+def fold(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
+         out: np.ndarray, tmp: np.ndarray) -> None:
+    """out += sum c_i * x_i[start:stop]: one axpy per array; int8 sources decode into tmp
+    (L2/L3-resident) and add, sparse ones add their few values in place."""
+    for x, c in zip(xs, cs, strict=True):
+        if isinstance(x, np.ndarray):
+            src = x.reshape(-1)[start:stop]
+            if c == 1.0 and src.dtype == out.dtype:
+                np.add(out, src, out=out)
+            else:
+                axpy(src, c, out, tmp)
+        else:
+            x.add_scaled(start, stop, c, out, tmp)
+
+
+def norm(block: np.ndarray) -> float:
+    """|block| >= its largest magnitude, one BLAS dot; inf if anything in it is not finite or
+    the squares overflow (the block then goes exact). The limit of a quarter of the dtype's
+    largest value leaves the dot's rounding plenty of headroom."""
+    sq = float(np.dot(block, block))
+    return math.sqrt(sq) if sq == sq else math.inf
+
+
+def block_norm(x: Any, start: int, stop: int, tmp: np.ndarray) -> float:
+    """|x[start:stop]|: a dot over the input itself where it has the sum's dtype, else over
+    its values written into tmp in that dtype (a decoded block, a widened float16 one)."""
+    if isinstance(x, np.ndarray) and x.dtype == tmp.dtype:
+        return norm(x.reshape(-1)[start:stop])
+    return norm(write(x, 1.0, start, stop, tmp))
+
+
+def clamp(block: np.ndarray) -> None:
+    top = np.finfo(block.dtype).max
+    np.clip(block, -top, top, out=block)
+
+
+def clamp_if_overflowed(block: np.ndarray) -> None:
+    """clamp(block) where a value overflowed to +-inf; a dot (a read) instead of a clip (a read
+    and a write) when nothing did, which is nearly always. Squares past the dtype's range
+    also clamp, which leaves in-range values unchanged."""
+    with np.errstate(over="ignore"):  # squares past the range: expected, handled
+        sq = float(np.dot(block, block))
+    if not math.isfinite(sq):
+        clamp(block)
