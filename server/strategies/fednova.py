@@ -22,14 +22,19 @@ from fedgpu.server.strategies.scaled import scaled_step
 class FedNova(FedAvg):
     name = "fednova"
     # local_momentum: the momentum of the sites' SGD (the built-in tasks use 0.9); it sets how
-    # many gradients tau steps add up to. server_lr scales the normalised step.
-    defaults = {"local_momentum": 0.0, "server_lr": 1.0}
+    # many gradients tau steps add up to. server_lr scales the normalised step. max_factor caps
+    # F (hetero_math.fednova_factor): 1 keeps the new model a weighted average of the sites'
+    # models (tau_eff = the harmonic mean of the a_i). The paper's tau_eff = sum p_i a_i gives
+    # F > 1, an extrapolation past every site's model along the slow sites' few steps: with a
+    # 10x spread of steps and momentum 0.9 it sent digits to chance (benchmarks/HETERO.md).
+    defaults = {"local_momentum": 0.0, "server_lr": 1.0, "max_factor": 1.0}
     needs_local_steps: ClassVar[bool] = True
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
         self.momentum = self.param("local_momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
         self.server_lr = self.param("server_lr", lambda v: v > 0, "a positive number")
+        self.max_factor = self.param("max_factor", lambda v: v >= 1, "a number >= 1")
         self._global: Mapping[str, np.ndarray] | None = None
         self._examples: list[float] = []
         self._norms: list[float] = []
@@ -53,7 +58,8 @@ class FedNova(FedAvg):
     def finish(self) -> Weights:
         assert self._global is not None, "begin_round first"
         g = self._global
-        factor = fednova_factor(self._examples, self._norms) * self.server_lr
+        factor = min(fednova_factor(self._examples, self._norms),
+                     self.max_factor) * self.server_lr
         self.last_factor = factor
         mean = super().finish()  # M (deltas: already added to the global model)
         self._global = None

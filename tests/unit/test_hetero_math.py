@@ -32,9 +32,10 @@ def test_local_steps_norm_by_hand() -> None:
 def test_fednova_hand_computed_example() -> None:
     # Global x = 0. Site 1: 3 examples, 1 step, x1 = 1 (d1 = 1/1 = 1). Site 2: 1 example,
     # 3 steps, x2 = 6 (d2 = 6/3 = 2). p = (0.75, 0.25).
-    # tau_eff = 0.75 * 1 + 0.25 * 3 = 1.5; x_new = 1.5 * (0.75 * 1 + 0.25 * 2) = 1.875.
-    # FedAvg would give 0.75 * 1 + 0.25 * 6 = 2.25: pulled toward the site that ran longer.
-    s = make_strategy("fednova")
+    # The paper's tau_eff = 0.75 * 1 + 0.25 * 3 = 1.5; x_new = 1.5 * (0.75 * 1 + 0.25 * 2) =
+    # 1.875 (F = 1.25). FedAvg would give 0.75 * 1 + 0.25 * 6 = 2.25: pulled toward the site
+    # that ran longer.
+    s = make_strategy("fednova", {"max_factor": 10})
     g = {"w": np.array([0.0, 10.0], np.float32), "n": np.array(4, np.int64)}
     s.begin_round(g)
     s.add({"w": np.array([1.0, 11.0], np.float32), "n": np.array(5, np.int64)}, 3,
@@ -49,6 +50,30 @@ def test_fednova_hand_computed_example() -> None:
     assert out["n"] == 5
     # The factor by the closed form: (sum n a)(sum n / a) / n^2 = (3 + 3)(3 + 1/3) / 16.
     assert fednova_factor([3, 1], [1, 3]) == pytest.approx(6 * (10 / 3) / 16)
+    assert s.last_factor == pytest.approx(1.25)  # type: ignore[attr-defined]
+
+
+def test_fednova_by_default_never_steps_past_the_sites_models() -> None:
+    """F capped at max_factor = 1 (the default): the new model is the omega-weighted mean of
+    the sites' models, (3 * 1 + 1/3 * 6) / (10/3) = 1.5, inside their hull, where the paper's
+    factor (1.25 here, 3+ with a 10x spread of steps) extrapolates past them."""
+    s = make_strategy("fednova")
+    g = {"w": np.array([0.0, 10.0], np.float32)}
+    s.begin_round(g)
+    s.add({"w": np.array([1.0, 11.0], np.float32)}, 3, local_steps=1)
+    s.add({"w": np.array([6.0, 16.0], np.float32)}, 1, local_steps=3)
+    np.testing.assert_allclose(s.finish()["w"], [1.5, 11.5], rtol=1e-6)
+    assert s.last_factor == 1.0  # type: ignore[attr-defined]
+    # A fast site's 500 steps against two slow sites' 50, momentum 0.9: capped from ~3.
+    nova = make_strategy("fednova", {"local_momentum": 0.9})
+    nova.begin_round(g)
+    for steps in (500, 50, 50):
+        nova.add({"w": np.array([1.0, 11.0], np.float32)}, 100, local_steps=steps)
+    np.testing.assert_allclose(nova.finish()["w"], [1.0, 11.0], rtol=1e-6)
+    norms = [local_steps_norm(t, 0.9) for t in (500, 50, 50)]
+    assert fednova_factor([100] * 3, norms) > 2.5
+    with pytest.raises(ConfigError, match="max_factor"):
+        make_strategy("fednova", {"max_factor": 0.5})
 
 
 def test_fednova_is_fedavg_when_local_work_is_equal() -> None:
@@ -65,7 +90,7 @@ def test_fednova_is_fedavg_when_local_work_is_equal() -> None:
 
 
 def test_fednova_on_deltas_and_its_refusals() -> None:
-    s = make_strategy("fednova", {"server_lr": 0.5})
+    s = make_strategy("fednova", {"server_lr": 0.5, "max_factor": 100})
     s.deltas = True  # type: ignore[attr-defined]
     g = {"w": np.array([10.0], np.float32)}
     s.begin_round(g)
