@@ -13,8 +13,8 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from tests.fixtures.polling import poll
 
 from .dockerutil import ComposeProject, fedgpu_cli
 
@@ -46,14 +47,7 @@ def job_cli(project: ComposeProject, *args: str) -> Any:
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float,
              interval: float = 3.0) -> T:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    return poll(probe, timeout, what, interval)
 
 
 def exited(project: ComposeProject, service: str) -> dict[str, Any] | None:
