@@ -38,16 +38,14 @@ T = TypeVar("T")
 def knock(attempt: Callable[[], T], tries: int = DOOR_TRIES,
           sleep: Callable[[float], None] = time.sleep) -> T:
     """`attempt()`, again while the port turns it away; the last TurnedAway if it always does."""
-    for i in range(tries):
+    for i in range(tries - 1):
         try:
             return attempt()
         except bulk.TurnedAway:
-            if i == tries - 1:
-                raise
             pause = min(DOOR_PAUSE_MAX_S, DOOR_PAUSE_S * 2 ** i)
             # Full jitter: sites turned away together must not knock again together.
             sleep(random.uniform(pause / 2, pause))
-    raise AssertionError("unreachable")
+    return attempt()
 
 
 class BulkRpcError(grpc.RpcError):

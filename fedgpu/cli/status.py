@@ -8,7 +8,7 @@ import typer
 
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
-from fedgpu.cli.common.options import AsJson
+from fedgpu.cli.common.options import WATCH_INTERVAL_S, AsJson
 from fedgpu.cli.common.output import answer, fmt_value
 
 JobOpt = Annotated[str, typer.Option(
@@ -22,7 +22,7 @@ def status(conn: Target, as_json: AsJson = False,
                "--watch", help="Then follow the run round by round until it ends (Ctrl-C "
                "stops); with --json, one status document per line on every change.")] = False,
            interval: Annotated[float, typer.Option(
-               min=0.2, help="Seconds between polls with --watch.")] = 2.0,
+               min=0.2, help="Seconds between polls with --watch.")] = WATCH_INTERVAL_S,
            job: JobOpt = "") -> None:
     """The current job's run: state, round, nodes, latest global accuracy.
 

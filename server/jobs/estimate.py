@@ -36,9 +36,9 @@ def _hp(job: Job, key: str, fallback: float) -> float:
 
 def round_seconds(job: Job, node: Node) -> float | None:
     """One round's training time on `node`; None when it has no measured speed for the task."""
-    speed = node.throughput.get(job.task)
     if job.hetero.local_work is LocalWork.TIME and job.hetero.round_train_s:
         return job.hetero.round_train_s
+    speed = node.throughput.get(job.task)
     if not speed or not node.stated_examples:
         return None
     examples = _hp(job, "local_epochs", 1.0) * node.stated_examples

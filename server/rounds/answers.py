@@ -248,5 +248,5 @@ def _speed(header: pb.UpdateHeader, train_seconds: float, epochs: object) -> flo
         return 0.0
     if "examples" in metrics:
         return metrics["examples"] / train_seconds
-    rounds = epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else 1
-    return header.num_examples * rounds / train_seconds
+    passes = epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else 1
+    return header.num_examples * passes / train_seconds

@@ -39,3 +39,6 @@ Insecure = Annotated[bool, typer.Option(
     "--insecure", help="Plain gRPC without TLS, whatever the saved connection or the "
                        "FEDGPU_TLS_* variables say.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document, nothing else.")]
+
+# Seconds between polls: `status --watch`'s default, and `job submit --watch`'s.
+WATCH_INTERVAL_S = 2.0

@@ -12,15 +12,12 @@ import typer
 
 from fedgpu.cli.common.bundle_jobs import initial_weights_of, task_dir_of
 from fedgpu.cli.common.connect import Target, connection_options
-from fedgpu.cli.common.options import AsJson
+from fedgpu.cli.common.options import WATCH_INTERVAL_S, AsJson
 from fedgpu.cli.common.output import print_json
 from fedgpu.core import admin_client
 from fedgpu.core.bundles import pack_dir
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import ConfigError
-
-# Seconds between polls while following the submitted job (status --watch's default).
-WATCH_INTERVAL_S = 2.0
 
 
 @connection_options
