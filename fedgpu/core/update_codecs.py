@@ -22,16 +22,15 @@ are delayed, not lost. The residual stays on the node, in its work directory, as
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, fused_loops
 
 # Values per int8 scale: 1/1024 of a float32 scale per value, so int8 is 3.98x smaller than
 # float32. A power of two that divides the aggregator's 1 MiB block.
@@ -43,6 +42,7 @@ SEP = "#"
 META_CODEC = "fedgpu.update_codec"
 META_BLOCK = "fedgpu.codec_block"
 _F32_TOP = float(np.finfo(np.float32).max)
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class UpdateCodec(StrEnum):
@@ -84,18 +84,12 @@ class Int8Tensor:
     def add_scaled(self, start: int, stop: int, c: float, out: np.ndarray,
                    tmp: np.ndarray) -> None:
         """out += c * x[start:stop]; tmp: scratch of at least stop - start values."""
-        kernel = _row_scaled_add() if out.dtype == np.float32 else None
-        whole = (stop - start) // BLOCK * BLOCK if start % BLOCK == 0 else 0
-        if kernel is not None and whole:
-            # Whole scale blocks: int8 -> float into tmp, then one compiled pass scales each
-            # row and adds it to out (numpy needs two: the broadcast multiply, then the add).
-            rows = tmp[:whole]
-            np.copyto(rows, self.q[start:start + whole], casting="unsafe")
-            blk = start // BLOCK
-            kernel(self.scales[blk:blk + whole // BLOCK] * np.float32(c), rows, out[:whole])
-            start, out = start + whole, out[whole:]
-            if start == stop:
-                return
+        kernel = (fused_loops.kernel("int8_add")
+                  if out.dtype in _FUSED_DTYPES and out.flags.c_contiguous else None)
+        if kernel is not None:
+            # One compiled pass: each int8 scaled and added straight into out.
+            kernel(out, out.dtype.type(c), self.q, self.scales, start, BLOCK)
+            return
         self.write_scaled(start, stop, c, tmp[: stop - start])
         np.add(out, tmp[: stop - start], out=out)
 
@@ -111,31 +105,6 @@ class Int8Tensor:
         out = np.empty(self.q.size, np.float32)
         self.write_scaled(0, self.q.size, 1.0, out)
         return out.reshape(self.shape)
-
-
-def _csr_rows_add(d: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """out += d[i] * rows[i] for each row of BLOCK values: scipy's compiled sparse
-    matrix-times-dense kernel (it adds into its output) with d as a diagonal matrix."""
-    from scipy.sparse import _sparsetools
-
-    nb = d.size
-    ids = np.arange(nb + 1, dtype=np.int32)
-    _sparsetools.csr_matvecs(nb, nb, BLOCK, ids, ids[:nb], d, rows, out)
-
-
-@functools.cache
-def _row_scaled_add() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
-    """The compiled row-scaled add, or None (then numpy's two passes) if this scipy's private
-    kernel is missing or does not add in place as expected: checked once on a small case."""
-    try:
-        d = np.array([2.0, -3.0], np.float32)
-        rows = np.arange(2 * BLOCK, dtype=np.float32)
-        out = np.ones(2 * BLOCK, np.float32)
-        _csr_rows_add(d, rows, out)
-    except Exception:  # noqa: BLE001 - any failure of a private API means: don't use it
-        return None
-    want = 1.0 + np.repeat(d, BLOCK) * np.arange(2 * BLOCK, dtype=np.float32)
-    return _csr_rows_add if np.array_equal(out, want) else None
 
 
 class TopkTensor:

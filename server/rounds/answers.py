@@ -9,6 +9,7 @@ it is the wire-facing half, and small enough to read in one go.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from fedgpu.core import codec
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.folding import FoldQueue, Waiting
 from fedgpu.server.rounds.records import (
     EvalEntry,
     Failure,
@@ -30,7 +32,6 @@ from fedgpu.server.rounds.records import (
 )
 from fedgpu.server.rounds.states import Reject, SlotState
 from fedgpu.server.rounds.validation import UpdateRejected
-from fedgpu.server.rounds.work import add_update
 from fedgpu.server.transfer.payload import ModelPayload, wire_spec
 from fedgpu.server.transfer.wire_limits import shown
 
@@ -54,6 +55,11 @@ class Intake:
     global_spec: dict[str, tuple[str, tuple[int, ...]]] | None
     _agg_lock: asyncio.Lock
     _payload: ModelPayload | None
+
+    @functools.cached_property
+    def _folds(self) -> FoldQueue:
+        """Training updates into the strategy, several at once when they arrive together."""
+        return FoldQueue(self._agg_lock)
 
     @property
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
@@ -197,15 +203,9 @@ class Intake:
             self._payload = None
         elif header.kind == pb.TASK_KIND_TRAIN:
             assert tensors is not None
-            async with self._agg_lock:
-                if rnd.closed:
-                    raise UpdateRejected(Reject.LATE,
-                                         f"round {rnd.number} closed before aggregation")
-                t0 = time.perf_counter()
-                await asyncio.to_thread(add_update, self.strategy, tensors,
-                                        header.num_examples, dict(header.train_metrics),
-                                        rnd.number - header.round)
-                rnd.aggregation_s += time.perf_counter() - t0
+            await self._folds.fold(self.strategy, Waiting(
+                rnd, tensors, header.num_examples, dict(header.train_metrics),
+                rnd.number - header.round))
         rnd.bytes_received += payload_bytes
         resources = Resources.from_wire(header.resources)
         update = UpdateRecord(

@@ -16,6 +16,7 @@ from fedgpu.proto import pb
 from fedgpu.server.rounds.states import Reject
 from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
 from fedgpu.server.strategies.base import Strategy
+from fedgpu.server.strategies.fedavg import FedAvg
 
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
@@ -74,3 +75,25 @@ def add_update(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int
             f"strategy {strategy.name!r} needs the update's local steps (train metric 'steps' "
             f"> 0), got {steps!r}: the task must report how many optimizer steps it took")
     strategy.add(tensors, num_examples, local_steps=steps)  # type: ignore[call-arg]
+
+
+Item = tuple[Mapping[str, Any], int, Mapping[str, float], int]
+
+
+def fold_updates(strategy: Strategy, items: list[Item]) -> list[BaseException | None]:
+    """add_update for each (tensors, num_examples, train_metrics, staleness), what each one
+    raised in its place. Several updates for a strategy that only weighs by examples (FedAvg
+    and the server optimisers on its mean) go into its sum in one sweep: one pass over the
+    sum for all of them instead of one each."""
+    if len(items) > 1 and isinstance(strategy, FedAvg) and type(strategy).add is FedAvg.add:
+        strategy.add_many([(tensors, n) for tensors, n, _, _ in items])
+        return [None] * len(items)
+    errors: list[BaseException | None] = []
+    for tensors, n, metrics, staleness in items:
+        try:
+            add_update(strategy, tensors, n, metrics, staleness)
+        except Exception as exc:  # noqa: BLE001 - this update's, not its neighbours'
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors

@@ -142,10 +142,10 @@ class WeightedSum:
             grow = (math.fsum(c * nx for c, nx in zip(fast_c, norms, strict=True))
                     if None not in norms else math.inf)
             top = 0.0 if fresh else self._top[name]
-            if (len(xs) == 1 and isinstance(xs[0], np.ndarray) and xs[0].dtype == acc.dtype
-                    and top + grow < limit):
-                # One update (as they stream in), every block bounded: one axpy over the whole
-                # tensor, no Python per block. A NaN top (some block exact) fails the test.
+            if (len(xs) <= 2 and top + grow < limit
+                    and all(isinstance(x, np.ndarray) and x.dtype == acc.dtype for x in xs)):
+                # One update (as they stream in) or two, every block bounded: one pass over
+                # the whole tensor, no Python per block. A NaN top (some block exact) fails.
                 (sum_into if fresh else fold)(xs, fast_c, 0, flat.size, flat, tmp)
                 if fresh:
                     bounds.fill(grow)

@@ -4,7 +4,9 @@ a bound on a block's norm, and the clamp to the dtype's range. x is an array or 
 
 out += c * x is BLAS axpy (scipy's OpenBLAS): one fused pass that reads x and reads and writes
 out once. numpy has no fused multiply-add; its w * x into an L2-resident scratch, then the add,
-measured 1.6-1.9x the time of axpy on 10 x 11M float32 (BENCHMARKS.md section 12).
+measured 1.6-1.9x the time of axpy on 10 x 11M float32 (BENCHMARKS.md section 12). Two arrays
+at a time go through one compiled loop (fedgpu.core.fused_loops: out += c1 x1 + c2 x2), one
+pass over out for both.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from fedgpu.core import fused_loops
 
 Axpy = Callable[..., np.ndarray]
 
@@ -85,26 +89,68 @@ def write(x: Any, c: float, start: int, stop: int, out: np.ndarray) -> np.ndarra
     return out
 
 
+_PAIR_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _pairs(name: str, n: int, out: np.ndarray) -> fused_loops.Kernel | None:
+    """The compiled two-array loop `name` where n inputs may pair up in out's dtype."""
+    if n < 2 or out.dtype not in _PAIR_DTYPES or not out.flags.c_contiguous:
+        return None
+    return fused_loops.kernel(name)
+
+
+def _dense(x: Any, out: np.ndarray) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype == out.dtype
+
+
+def _run_pair(k: fused_loops.Kernel, x1: np.ndarray, c1: float, x2: np.ndarray, c2: float,
+              start: int, stop: int, out: np.ndarray) -> None:
+    t = out.dtype.type
+    k(out, t(c1), np.ascontiguousarray(x1.reshape(-1)[start:stop]),
+      t(c2), np.ascontiguousarray(x2.reshape(-1)[start:stop]))
+
+
 def sum_into(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
              out: np.ndarray, tmp: np.ndarray) -> None:
     """out = sum c_i * x_i[start:stop]."""
+    k = _pairs("write2", len(xs), out)
+    if k is not None and _dense(xs[0], out) and _dense(xs[1], out):
+        _run_pair(k, xs[0], cs[0], xs[1], cs[1], start, stop, out)
+        fold(xs[2:], cs[2:], start, stop, out, tmp)
+        return
     write(xs[0], cs[0], start, stop, out)
     fold(xs[1:], cs[1:], start, stop, out, tmp)
 
 
 def fold(xs: Sequence[Any], cs: Sequence[float], start: int, stop: int,
          out: np.ndarray, tmp: np.ndarray) -> None:
-    """out += sum c_i * x_i[start:stop]: one axpy per array; int8 sources decode into tmp
-    (L2/L3-resident) and add, sparse ones add their few values in place."""
+    """out += sum c_i * x_i[start:stop]: arrays of out's dtype two per compiled pass, others
+    one axpy each; int8 sources decode into out in one compiled pass (or into tmp, then add),
+    sparse ones add their few values in place."""
+    k = _pairs("fold2", len(xs), out)
+    held: tuple[np.ndarray, float] | None = None  # an array waiting for its partner
     for x, c in zip(xs, cs, strict=True):
-        if isinstance(x, np.ndarray):
-            src = x.reshape(-1)[start:stop]
-            if c == 1.0 and src.dtype == out.dtype:
-                np.add(out, src, out=out)
-            else:
-                axpy(src, c, out, tmp)
+        if k is None or not _dense(x, out):
+            _fold_one(x, c, start, stop, out, tmp)
+        elif held is None:
+            held = (x, c)
         else:
-            x.add_scaled(start, stop, c, out, tmp)
+            _run_pair(k, held[0], held[1], x, c, start, stop, out)
+            held = None
+    if held is not None:
+        _fold_one(held[0], held[1], start, stop, out, tmp)
+
+
+def _fold_one(x: Any, c: float, start: int, stop: int, out: np.ndarray,
+              tmp: np.ndarray) -> None:
+    if isinstance(x, np.ndarray):
+        src = x.reshape(-1)[start:stop]
+        if c == 1.0 and src.dtype == out.dtype:
+            np.add(out, src, out=out)
+        else:
+            axpy(src, c, out, tmp)
+    else:
+        x.add_scaled(start, stop, c, out, tmp)
 
 
 def norm(block: np.ndarray) -> float:

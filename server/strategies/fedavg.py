@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,11 @@ class FedAvg(Strategy):
     def add(self, tensors: Mapping[str, Any], num_examples: int) -> None:
         assert self._sum is not None, "begin_round first"
         self._sum.add(tensors, float(num_examples))
+
+    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+        """Several updates that arrived together, in one sweep over the sum."""
+        assert self._sum is not None, "begin_round first"
+        self._sum.add_many([(tensors, float(n)) for tensors, n in updates])
 
     def finish(self) -> Weights:
         assert self._sum is not None, "begin_round first"

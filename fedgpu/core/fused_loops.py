@@ -1,0 +1,81 @@
+"""Loops numpy cannot run in one pass over memory, compiled by numba on first use.
+
+The aggregator's weighted sum is bound by memory traffic, not arithmetic. numpy runs one
+operation per pass, so `out += c1 * x1 + c2 * x2` or an int8 decode-scale-add takes two to
+four passes over arrays larger than any cache; a compiled loop takes one. Measured on 10 x 11M
+float32 (one core, BENCHMARKS.md section 12): two updates folded per pass 1.1x the read-once
+bound where one BLAS axpy per update is 1.4x; int8 decoded straight into the sum 0.75x where
+int8 -> float into a scratch and then a scaled add was 3.0x.
+
+Every kernel has a numpy fallback (`None` from its getter): numba is a dependency of the
+base install, but a Python it does not support yet must still aggregate, only slower.
+
+Compilation takes ~0.3 s per kernel and argument types, once per process; the machine code
+is cached on disk
+(numba's cache, next to this file or in the user's cache directory) where one is writable,
+so later processes load it in milliseconds. Where none is (a read-only image and home), it
+compiles in memory each time.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+Kernel = Callable[..., None]
+
+_compile_lock = threading.Lock()
+
+
+def _fold2(out: Any, c1: Any, x1: Any, c2: Any, x2: Any) -> None:  # pragma: no cover - jit
+    for i in range(out.size):
+        out[i] += c1 * x1[i] + c2 * x2[i]
+
+
+def _write2(out: Any, c1: Any, x1: Any, c2: Any, x2: Any) -> None:  # pragma: no cover - jit
+    for i in range(out.size):
+        out[i] = c1 * x1[i] + c2 * x2[i]
+
+
+def _int8_add(out: Any, c: Any, q: Any, scales: Any, start: int,
+              block: int) -> None:  # pragma: no cover - jit
+    # out[i] += c * scales[(start + i) // block] * q[start + i], one scale block at a time.
+    # The inner loop runs over slices: indices it can prove non-negative, so numba adds no
+    # wraparound check and the loop vectorises (indexing q[start + k] directly ran 10x slower).
+    n = out.size
+    i = 0
+    while i < n:
+        b = (start + i) // block
+        end = min(n, (b + 1) * block - start)
+        f = c * scales[b]
+        o = out[i:end]
+        v = q[start + i:start + end]
+        for k in range(o.size):
+            o[k] += f * v[k]
+        i = end
+
+
+_LOOPS: dict[str, Callable[..., None]] = {"fold2": _fold2, "write2": _write2, "int8_add": _int8_add}
+
+
+@functools.cache
+def kernel(name: str) -> Kernel | None:
+    """The compiled kernel `name` (fold2, write2, int8_add), or None without numba.
+
+    Compiled per argument types at their first call: arrays C-contiguous (read-only inputs
+    too: decoded updates are views of received bytes), out float32 or float64, the scalars
+    in out's dtype; callers check that and fall back to numpy otherwise."""
+    with _compile_lock:  # numba's import and cache lookup, once even from two threads
+        try:
+            import numba
+        except ImportError:
+            return None
+        fn = _LOOPS[name]
+        try:
+            return numba.njit(nogil=True, cache=True)(fn)
+        except RuntimeError:
+            # numba found no writable cache location ("no locator available"): compile in
+            # memory instead.
+            return numba.njit(nogil=True)(fn)

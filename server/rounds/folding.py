@@ -1,0 +1,131 @@
+"""Training updates into the strategy, several at once when they arrive together.
+
+The weighted sum is bound by memory traffic: one update at a time costs a read of the update
+and a read and write of the sum (BLAS axpy, ~1.5x the read-once bound), two or more folded
+together share that pass over the sum (1.2-1.3x on K = 10 x 11M, BENCHMARKS.md section 12).
+Updates arrive together when it matters: the sites of a round finishing at once, their
+uploads queueing behind the one being folded. So each update waits on the round's
+aggregation lock as before, and whoever gets it folds every update then waiting for the same
+open round in one call (flat combining); the others find theirs done when their turn comes.
+
+Nothing is held longer than before: every update is folded before its upload's buffers are
+given back (its receiver waits for it, cancelled or not), and the lock is released only when
+the fold has finished (a cancelled holder waits for its thread first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.work import fold_updates
+from fedgpu.server.strategies.base import Strategy
+
+
+@dataclass(eq=False)
+class Waiting:
+    """One accepted training update waiting to be folded into its round's sum."""
+
+    rnd: RoundState
+    tensors: Mapping[str, Any]
+    num_examples: int
+    train_metrics: Mapping[str, float]
+    staleness: int
+    taken: bool = False  # in a fold now (its own or another update's holder's)
+    error: BaseException | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FoldQueue:
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self._lock = lock
+        self._waiting: list[Waiting] = []
+
+    async def fold(self, strategy: Strategy, entry: Waiting) -> None:
+        """Fold `entry` (with whatever waits beside it); raises what its fold raised:
+        UpdateRejected LATE when its round closed first."""
+        self._waiting.append(entry)
+        try:
+            while not entry.taken:
+                async with self._lock:
+                    full = _room(entry.rnd) <= 0 and not entry.rnd.closed
+                    if not entry.taken and not full:
+                        await self._fold_batch(strategy, entry)
+                if full:
+                    # Its asynchronous step holds its buffer already and is about to be
+                    # aggregated: once it closes this update is late, and its receiver sends
+                    # it on to the next step (server/rounds/receive.py).
+                    await _until_closed(entry.rnd)
+        except asyncio.CancelledError:
+            if not entry.taken:
+                self._waiting.remove(entry)
+            else:  # its tensors are being read: its caller must not free them before the end
+                await _wait_out(asyncio.ensure_future(entry.finished.wait()))
+            raise
+        if entry.error is not None:
+            raise entry.error
+
+    async def _fold_batch(self, strategy: Strategy, entry: Waiting) -> None:
+        rnd = entry.rnd
+        room = _room(rnd) if rnd.enough else len(self._waiting)
+        others = [e for e in self._waiting if e.rnd is rnd and e is not entry]
+        batch = [entry, *others[:max(room - 1, 0)]]
+        for e in batch:
+            e.taken = True
+            self._waiting.remove(e)
+        cancelled = False
+        try:
+            if rnd.closed:
+                for e in batch:
+                    e.error = UpdateRejected(Reject.LATE, f"round {rnd.number} closed before "
+                                                          "aggregation")
+                return
+            t0 = time.perf_counter()
+            items = [(e.tensors, e.num_examples, e.train_metrics, e.staleness) for e in batch]
+            fut = asyncio.ensure_future(asyncio.to_thread(fold_updates, strategy, items))
+            cancelled = await _wait_out(fut)
+            rnd.aggregation_s += time.perf_counter() - t0
+            try:
+                errors: list[BaseException | None] = list(fut.result())
+            except Exception as exc:  # noqa: BLE001 - every update of the fold gets it
+                errors = [exc] * len(batch)
+            for e, err in zip(batch, errors, strict=True):
+                e.error = err
+        finally:
+            for e in batch:
+                e.finished.set()
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+def _room(rnd: RoundState) -> int:
+    """How many more updates the round takes: an asynchronous step exactly its buffer
+    (rnd.enough; every update folded before is settled by now), a synchronous round all."""
+    return rnd.enough - rnd.accepted() if rnd.enough else 1 << 30
+
+
+async def _until_closed(rnd: RoundState) -> None:
+    # The engine closes a full step as soon as it gets the lock; bounded by the step's
+    # deadline all the same.
+    while not rnd.closed and time.time() < rnd.deadline:
+        await asyncio.sleep(0.01)
+
+
+async def _wait_out(fut: asyncio.Future[Any]) -> bool:
+    """Wait for `fut` to end even if the caller is cancelled meanwhile; True if it was.
+
+    A thread folding received buffers must finish before they are freed and before the lock
+    lets the next fold start, so a cancelled receiver (its node hung up) still waits here."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
