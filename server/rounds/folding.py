@@ -10,7 +10,8 @@ open round in one call (flat combining); the others find theirs done when their 
 
 Nothing is held longer than before: every update is folded before its upload's buffers are
 given back (its receiver waits for it, cancelled or not), and the lock is released only when
-the fold has finished (a cancelled holder waits for its thread first).
+the fold has finished (a cancelled holder waits for its thread first). An update in a fold is
+recorded even if its receiver was cancelled meanwhile: it is in the sum.
 """
 
 from __future__ import annotations
@@ -52,24 +53,41 @@ class FoldQueue:
         UpdateRejected LATE when its round closed first."""
         self._waiting.append(entry)
         try:
-            while not entry.taken:
-                async with self._lock:
-                    full = _room(entry.rnd) <= 0 and not entry.rnd.closed
-                    if not entry.taken and not full:
-                        await self._fold_batch(strategy, entry)
-                if full:
-                    # Its asynchronous step holds its buffer already and is about to be
-                    # aggregated: once it closes this update is late, and its receiver sends
-                    # it on to the next step (server/rounds/receive.py).
-                    await _until_closed(entry.rnd)
+            await self._take_turns(strategy, entry)
         except asyncio.CancelledError:
             if not entry.taken:
                 self._waiting.remove(entry)
-            else:  # its tensors are being read: its caller must not free them before the end
-                await _wait_out(asyncio.ensure_future(entry.finished.wait()))
-            raise
+                raise
+            # In a fold: its tensors are being read, so its caller must not free them before
+            # the end; and once folded the update is in the sum, so its receiver must go on
+            # to record it (were its node to send it again, it would count twice).
+            await _wait_out(asyncio.ensure_future(entry.finished.wait()))
+            if entry.error is not None:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
         if entry.error is not None:
             raise entry.error
+
+    async def _take_turns(self, strategy: Strategy, entry: Waiting) -> None:
+        while True:
+            async with self._lock:
+                if entry.taken:
+                    return  # folded by the update ahead of it
+                if _room(entry.rnd) > 0 or entry.rnd.closed:
+                    await self._fold_batch(strategy, entry)
+                    return
+            # Its asynchronous step holds its buffer already and is about to be aggregated:
+            # once it closes this update is late, and its receiver sends it on to the next
+            # step (server/rounds/receive.py).
+            await _until_closed(entry.rnd)
+            if not entry.rnd.closed:  # past the step's deadline: refused like any late one
+                self._waiting.remove(entry)
+                entry.taken = True
+                entry.error = _late(entry.rnd)
+                entry.finished.set()
+                return
 
     async def _fold_batch(self, strategy: Strategy, entry: Waiting) -> None:
         rnd = entry.rnd
@@ -83,8 +101,7 @@ class FoldQueue:
         try:
             if rnd.closed:
                 for e in batch:
-                    e.error = UpdateRejected(Reject.LATE, f"round {rnd.number} closed before "
-                                                          "aggregation")
+                    e.error = _late(rnd)
                 return
             t0 = time.perf_counter()
             items = [(e.tensors, e.num_examples, e.train_metrics, e.staleness) for e in batch]
@@ -102,6 +119,10 @@ class FoldQueue:
                 e.finished.set()
         if cancelled:
             raise asyncio.CancelledError
+
+
+def _late(rnd: RoundState) -> UpdateRejected:
+    return UpdateRejected(Reject.LATE, f"round {rnd.number} closed before aggregation")
 
 
 def _room(rnd: RoundState) -> int:
