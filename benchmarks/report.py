@@ -115,7 +115,10 @@ def _aggregation(r: dict[str, Any]) -> list[str]:
         "Chosen: numpy, blocked, with BLAS axpy from scipy for out += w * x (one fused pass; "
         "scipy came with dp-accounting already) and OpenBLAS held to one thread by "
         "threadpoolctl: with its default threads on 2 shared vCPUs saxpy was slower than numpy "
-        "(section 12's accumulate). No compiled code of our own. Two numpy "
+        "(section 12's accumulate). Updates that wait together fold together, two per pass "
+        "over the sum in one compiled loop (numba, fedgpu/core/fused_loops.py; int8 decoded "
+        "straight into the sum the same way): the rows above are measured before that and "
+        "one update at a time; section 12 has the fold of a burst. Two numpy "
         "threads over halves of each tensor were slower (the 2 vCPUs share one memory path). "
         "The mean is computed in the sum's buffer, so extra memory is one model whatever K is; "
         "Flower's `aggregate` materialises K weighted copies (about K models of temporaries).",

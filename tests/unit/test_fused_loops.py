@@ -92,3 +92,11 @@ print("ok")
                          timeout=120)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("name", ["fold2", "write2", "int8_add"])
+def test_a_kernel_that_adds_nothing_fails_its_check(name: str) -> None:
+    # What kernel() runs once before handing a compiled loop out: a loop that leaves out
+    # untouched (a miscompile) is caught, so the sum uses numpy instead.
+    assert fused_loops._CHECKS[name](fused_loops.kernel(name))  # noqa: SLF001
+    assert not fused_loops._CHECKS[name](lambda *args: None)  # noqa: SLF001
