@@ -140,7 +140,7 @@ class Blocking(Counting):
         super().add_many(updates)
 
 
-def test_a_cancelled_holder_keeps_the_lock_and_its_neighbours_until_the_fold_ends_and_both_are_kept() -> None:
+def test_a_cancelled_holder_holds_the_lock_until_its_fold_ends_and_its_updates_are_kept() -> None:
     async def main() -> None:
         lock = asyncio.Lock()
         folds = FoldQueue(lock)
