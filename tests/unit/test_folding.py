@@ -39,6 +39,13 @@ def _round(number: int = 1) -> RoundState:
                       deadline=time.time() + 60, started=time.time())
 
 
+def _start(strategy: FedAvg, number: int = 1) -> tuple[asyncio.Lock, FoldQueue, RoundState]:
+    """A round's aggregation lock, its fold queue and the open round, strategy begun."""
+    lock = asyncio.Lock()
+    strategy.begin_round(GLOBAL)
+    return lock, FoldQueue(lock), _round(number)
+
+
 def _update(rnd: RoundState, value: float, n: int, steps: float | None = 5.0) -> Waiting:
     metrics = {} if steps is None else {"steps": steps}
     return Waiting(rnd, {"w": np.full(4096, value, np.float32)}, n, metrics, 0)
@@ -46,11 +53,8 @@ def _update(rnd: RoundState, value: float, n: int, steps: float | None = 5.0) ->
 
 def test_updates_waiting_together_fold_in_one_sweep_into_the_right_mean() -> None:
     async def main() -> tuple[list[int], np.ndarray]:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = Counting()
-        strategy.begin_round(GLOBAL)
-        rnd = _round()
+        lock, folds, rnd = _start(strategy)
         async with lock:  # the update ahead of them is being folded
             tasks = [asyncio.create_task(folds.fold(strategy, _update(rnd, v, n)))
                      for v, n in ((1.0, 10), (2.0, 30), (4.0, 60))]
@@ -65,11 +69,8 @@ def test_updates_waiting_together_fold_in_one_sweep_into_the_right_mean() -> Non
 
 def test_a_round_that_closed_first_refuses_its_waiting_updates_as_late() -> None:
     async def main() -> list[BaseException | None]:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = Counting()
-        strategy.begin_round(GLOBAL)
-        rnd = _round(7)
+        lock, folds, rnd = _start(strategy, 7)
         async with lock:
             tasks = [asyncio.create_task(folds.fold(strategy, _update(rnd, 1.0, 5)))
                      for _ in range(2)]
@@ -87,11 +88,8 @@ def test_each_update_keeps_its_own_refusal_where_they_fold_one_by_one() -> None:
     # FedNova weighs by each update's steps: no shared sweep; the one without steps is
     # refused alone, its neighbour still lands.
     async def main() -> tuple[list[BaseException | None], FedNova]:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = FedNova()
-        strategy.begin_round(GLOBAL)
-        rnd = _round()
+        lock, folds, rnd = _start(strategy)
         async with lock:
             tasks = [asyncio.create_task(folds.fold(strategy, _update(rnd, 1.0, 5, steps)))
                      for steps in (None, 4.0)]
@@ -106,11 +104,8 @@ def test_each_update_keeps_its_own_refusal_where_they_fold_one_by_one() -> None:
 
 def test_a_cancelled_update_not_yet_taken_is_never_folded() -> None:
     async def main() -> list[int]:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = Counting()
-        strategy.begin_round(GLOBAL)
-        rnd = _round()
+        lock, folds, rnd = _start(strategy)
         async with lock:
             gone = asyncio.create_task(folds.fold(strategy, _update(rnd, 9.0, 5)))
             kept = asyncio.create_task(folds.fold(strategy, _update(rnd, 1.0, 5)))
@@ -142,11 +137,8 @@ class Blocking(Counting):
 
 def test_a_cancelled_holder_holds_the_lock_until_its_fold_ends_and_its_updates_are_kept() -> None:
     async def main() -> None:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = Blocking()
-        strategy.begin_round(GLOBAL)
-        rnd = _round()
+        lock, folds, rnd = _start(strategy)
         async with lock:
             tasks = [asyncio.create_task(folds.fold(strategy, _update(rnd, v, 5)))
                      for v in (1.0, 3.0)]
@@ -173,11 +165,8 @@ def test_an_asynchronous_step_folds_exactly_its_buffer_and_the_rest_are_late() -
     from fedgpu.server.rounds.states import SlotState
 
     async def main() -> tuple[list[int], list[BaseException | None]]:
-        lock = asyncio.Lock()
-        folds = FoldQueue(lock)
         strategy = Counting()
-        strategy.begin_round(GLOBAL)
-        rnd = _round(3)
+        lock, folds, rnd = _start(strategy, 3)
         rnd.enough = 2
         rnd.slots = {f"n{i}": SlotState.UPLOADING for i in range(4)}
 
