@@ -3,19 +3,18 @@
 The aggregator's weighted sum is bound by memory traffic, not arithmetic. numpy runs one
 operation per pass, so `out += c1 * x1 + c2 * x2` or an int8 decode-scale-add takes two to
 four passes over arrays larger than any cache; a compiled loop takes one. Measured on 10 x 11M
-float32 (one core, BENCHMARKS.md section 12): two updates folded per pass 1.1x the read-once
-bound where one BLAS axpy per update is 1.4x; int8 decoded straight into the sum 0.75x where
-int8 -> float into a scratch and then a scaled add was 3.0x.
+float32 (one core, BENCHMARKS.md section 12): the mean of K updates in memory 1.51x the
+read-once bound with two per pass, 1.75x with one BLAS axpy each; int8 decoded straight into
+the sum 1.20x, where int8 -> float into a scratch and then a scaled add was 2.03x.
 
 Every kernel has a numpy fallback (`None` from its getter): numba is a dependency of the
 base install, but a Python it does not support yet, or a kernel that fails its check on a
 small case (run once per process), must still let the aggregator sum, only slower.
 
 Compilation takes ~0.3 s per kernel and argument types, once per process; the machine code
-is cached on disk
-(numba's cache, next to this file or in the user's cache directory) where one is writable,
-so later processes load it in milliseconds. Where none is (a read-only image and home), it
-compiles in memory each time.
+is cached on disk (numba's cache, next to this file or in the user's cache directory) where
+one is writable, so later processes load it in milliseconds. Where none is (a read-only image
+and home), it compiles in memory each time.
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ import numpy as np
 
 Kernel = Callable[..., None]
 log = logging.getLogger("fedgpu.core.fused_loops")
+# The sums the loops are for: out (and the scalars) in one of these.
+OUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 _compile_lock = threading.Lock()
 

@@ -44,7 +44,6 @@ SEP = "#"
 META_CODEC = "fedgpu.update_codec"
 META_BLOCK = "fedgpu.codec_block"
 _F32_TOP = float(np.finfo(np.float32).max)
-_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class UpdateCodec(StrEnum):
@@ -87,7 +86,7 @@ class Int8Tensor:
                    tmp: np.ndarray) -> None:
         """out += c * x[start:stop]; tmp: scratch of at least stop - start values."""
         kernel = (fused_loops.kernel("int8_add")
-                  if out.dtype in _FUSED_DTYPES and out.flags.c_contiguous else None)
+                  if out.dtype in fused_loops.OUT_DTYPES and out.flags.c_contiguous else None)
         if kernel is not None:
             # One compiled pass: each int8 scaled and added straight into out.
             kernel(out, out.dtype.type(c), self.q, self.scales, start, BLOCK)

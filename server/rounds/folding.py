@@ -91,7 +91,7 @@ class FoldQueue:
 
     async def _fold_batch(self, strategy: Strategy, entry: Waiting) -> None:
         rnd = entry.rnd
-        room = _room(rnd) if rnd.enough else len(self._waiting)
+        room = _room(rnd)
         others = [e for e in self._waiting if e.rnd is rnd and e is not entry]
         batch = [entry, *others[:max(room - 1, 0)]]
         for e in batch:

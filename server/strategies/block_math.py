@@ -89,12 +89,9 @@ def write(x: Any, c: float, start: int, stop: int, out: np.ndarray) -> np.ndarra
     return out
 
 
-_PAIR_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def _pairs(name: str, n: int, out: np.ndarray) -> fused_loops.Kernel | None:
     """The compiled two-array loop `name` where n inputs may pair up in out's dtype."""
-    if n < 2 or out.dtype not in _PAIR_DTYPES or not out.flags.c_contiguous:
+    if n < 2 or out.dtype not in fused_loops.OUT_DTYPES or not out.flags.c_contiguous:
         return None
     return fused_loops.kernel(name)
 
