@@ -50,8 +50,24 @@ def new_table(*headers: str, ids: int = 0) -> Table:
     return table
 
 
-def print_table(table: Table) -> None:
-    Console().print(table)
+def print_table(table: Table, console: Console | None = None) -> None:
+    """The table if it fits the terminal (80 columns in a pipe), else one record per block of
+    `header: value` lines: a folded cell ("submitt/ed") is harder to read than either."""
+    console = console or Console()
+    # Measured as if the terminal had no edge: the width the table wants, not the one it gets.
+    if console.measure(table, options=console.options.update_width(1 << 16)).maximum \
+            <= console.width:
+        console.print(table)
+        return
+    headers = [str(col.header) for col in table.columns]
+    width = max((len(h) for h in headers), default=0)
+    rows = zip(*(list(col.cells) for col in table.columns), strict=True)
+    for i, row in enumerate(rows):
+        if i:
+            console.print()
+        for header, cell in zip(headers, row, strict=True):
+            console.print(f"{header + ':':<{width + 1}} {cell}", soft_wrap=True, highlight=False,
+                          markup=False)
 
 
 def answer(conn: Target, method: str, as_json: bool, show: Callable[[dict[str, Any]], None],
