@@ -45,6 +45,23 @@ while [ $# -gt 0 ]; do
 done
 case "$only" in ""|server|node) ;; *) echo "build.sh: --only takes server or node, not '$only'" >&2; exit 2 ;; esac
 
+# The offline build never resolves torch from an index: find its wheel before anything slow
+# (the base image takes minutes), and say where to put one.
+TORCH_WHEEL=${FEDGPU_TORCH_WHEEL:-}
+if [ "$offline" = 1 ]; then
+  if [ -z "$TORCH_WHEEL" ]; then
+    TORCH_WHEEL=$(ls /opt/wheels/torch-*+cpu-cp311-cp311-*x86_64.whl 2>/dev/null | sort -V | tail -1 || true)
+  fi
+  if [ ! -f "$TORCH_WHEEL" ]; then
+    echo "build.sh: the offline build needs a local torch wheel for Python 3.11 and found none" \
+         "${FEDGPU_TORCH_WHEEL:+(FEDGPU_TORCH_WHEEL=$FEDGPU_TORCH_WHEEL is not a file)}." \
+         "Put one in /opt/wheels/ (torch-<version>+cpu-cp311-cp311-linux_x86_64.whl) or point" \
+         "FEDGPU_TORCH_WHEEL at it; on a machine with an index: pip download --no-deps" \
+         "--python-version 3.11 --only-binary=:all: -d /opt/wheels 'torch==2.13.0+cpu'" >&2
+    exit 1
+  fi
+fi
+
 log() { printf '[build %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 # step NAME CMD...: run a step and report how long it took.
 step() {
@@ -107,16 +124,7 @@ ensure_base_image() {
 
 # --- offline wheelhouse -------------------------------------------------------
 ensure_wheelhouse() {
-  local torch_wheel=${FEDGPU_TORCH_WHEEL:-}
-  if [ -z "$torch_wheel" ]; then
-    torch_wheel=$(ls /opt/wheels/torch-*+cpu-cp311-cp311-*x86_64.whl 2>/dev/null | sort -V | tail -1 || true)
-  fi
-  if [ ! -f "$torch_wheel" ]; then
-    echo "build.sh: no local torch wheel (set FEDGPU_TORCH_WHEEL to a cp311 torch wheel);" \
-         "the offline build never resolves torch from an index" >&2
-    exit 1
-  fi
-  local torch_version
+  local torch_wheel=$TORCH_WHEEL torch_version
   torch_version=$(basename "$torch_wheel" | cut -d- -f2)
   TORCH_SPEC="torch==$torch_version"
 
