@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedgpu.cli.run.latest import link_latest
 from fedgpu.cli.run.run_config import LocalRunConfig, free_port, job_toml, min_nodes
 from fedgpu.core import admin_client, lifetime
 from fedgpu.core.errors import FedgpuError
@@ -136,6 +137,8 @@ class LocalRun:
         else:
             job_text = job_toml(self.cfg)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.cfg.run_dir is None:
+            link_latest(self.run_dir)
         dirs = node_dirs(task, self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
                          self.cfg.alpha, self.cfg.seed, self.cfg.data)
         job = self.run_dir / "job.toml"
