@@ -77,6 +77,19 @@ save_connection() {
     || echo "warning: connection 'compose' not saved (see above); the deployment is up" >&2
 }
 
+# `make up` made "compose" the default connection; once the deployment is down the next command
+# must not dial it (it answered WRONG_VERSION_NUMBER once, from whatever held the port next).
+retire_connection() {
+  local fedgpu
+  if [ -x "$ROOT/.venv/bin/fedgpu" ]; then fedgpu="$ROOT/.venv/bin/fedgpu"
+  elif command -v fedgpu >/dev/null 2>&1; then fedgpu=fedgpu
+  else return 0
+  fi
+  "$fedgpu" connection list --json 2>/dev/null | grep -q '"name": "compose"' || return 0
+  "$fedgpu" connection remove compose >&2 \
+    || echo "warning: connection 'compose' not removed (see above)" >&2
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -95,7 +108,8 @@ case "$cmd" in
     ;;
   down)
     check_engine
-    exec docker compose "${files[@]}" "${all_profiles[@]}" down --remove-orphans "$@"
+    docker compose "${files[@]}" "${all_profiles[@]}" down --remove-orphans "$@"
+    retire_connection
     ;;
   config)
     check_profile "${1:-}"

@@ -334,3 +334,19 @@ def save_connection(project: Project, name: str = "compose") -> str:
             tls_key=found.tls_key, token_file=token_file), make_default=True)
     return (f"saved connection {name!r} ({found.address}), the default: 'fedgpu status' "
             "asks this deployment")
+
+
+def retire_connection(name: str = "compose") -> str | None:
+    """Forget the connection save_connection made (its token file too) once the deployment is
+    down, so the next command does not dial it; what to print, or None if there was none."""
+    from fedgpu.cli.common import connections
+
+    with connections.editing() as box:
+        gone = box[0].saved.get(name)
+        if gone is None:
+            return None
+        box[0] = connections.without(box[0], name)
+    own = connections.file_path().parent / connections.TOKENS_DIR / name
+    if gone.token_file is not None and gone.token_file == own:
+        own.unlink(missing_ok=True)
+    return f"removed connection {name!r} (the deployment is down)"

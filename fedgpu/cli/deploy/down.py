@@ -26,3 +26,6 @@ def down(
     project.compose("down", "--remove-orphans", *(["--volumes"] if volumes else []),
                     profiles=list(deploy.PROFILES))
     typer.echo(f"project {project.name} is down" + (" (volumes deleted)" if volumes else ""))
+    retired = deploy.retire_connection()
+    if retired:
+        typer.echo(retired)
