@@ -86,6 +86,8 @@ class ServerConfig:
     max_queued_jobs: int = DEFAULT_MAX_QUEUED
     # Where a submitted job's `initial_weights` may name a file; None: only uploaded weights.
     initial_weights_dir: Path | None = None
+    # Each job as one MLflow run at this tracking URI (server/tracking/); None: off.
+    tracking_uri: str | None = None
 
 
 def _check(cfg: ServerConfig) -> bool:
@@ -205,6 +207,12 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
     if cfg.ui_port:
         closers.append(await _serve_dashboard(cfg, jobs))
+    if cfg.tracking_uri:
+        from fedgpu.server.tracking.follower import TrackingFollower
+
+        follower = TrackingFollower(jobs, cfg.tracking_uri)
+        await follower.start()
+        closers.append(follower)
     await server.start()
     if probe_server is not None:
         await probe_server.start()

@@ -82,6 +82,10 @@ def start(
         help="A directory of safetensors models a submitted job's initial_weights may name "
         "(by a path inside it); without it, initial weights come only with 'fedgpu job "
         "submit', which uploads the file.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TRACKING_URI",
+        help="Record each job as an MLflow run there: sqlite:///PATH (a local store), "
+        "file:PATH, or a tracking server's http(s):// URI; needs fedgpu[tracking].")] = None,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
@@ -120,5 +124,6 @@ def start(
         bulk_port=bulk_port,
         max_queued_jobs=max_queued_jobs,
         initial_weights_dir=initial_weights_dir,
+        tracking_uri=tracking_uri,
     )
     raise typer.Exit(asyncio.run(serve(cfg)))

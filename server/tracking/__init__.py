@@ -1,0 +1,1 @@
+"""Experiment tracking: each job as one MLflow run (`fedgpu server start --tracking-uri`)."""
