@@ -46,8 +46,10 @@ class DeviceRequest:
     min_free_mib: int = 0
 
     def __post_init__(self) -> None:
-        if self.workers != "all" and not (
-            isinstance(self.workers, int) and 1 <= self.workers <= MAX_WORKERS
+        # bool is an int in Python; `workers = true` in a job file is a mistake, not 1.
+        if self.workers != "all" and (
+            isinstance(self.workers, bool) or not isinstance(self.workers, int)
+            or not 1 <= self.workers <= MAX_WORKERS
         ):
             raise ValueError(f"workers must be 1..{MAX_WORKERS} or \"all\", not {self.workers!r}")
         if self.min_workers is not None:

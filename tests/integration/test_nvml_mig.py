@@ -228,4 +228,5 @@ def test_choose_devices_through_nvml(fake_nvml: FakeNvml) -> None:
     )
     two, no_refusal, four, refusal = json.loads(fake_nvml.python(code))
     assert two == [fake_mig_uuid(1, 0), fake_uuid(0)] and no_refusal is None
-    assert four == [] and refusal == "this site can give 3 of the 4 GPUs the job asks for: it has 3 devices"
+    assert four == []
+    assert refusal == "this site can give 3 of the 4 GPUs the job asks for: it has 3 devices"
