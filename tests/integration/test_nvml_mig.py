@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from tests.fixtures.fake_nvml import FakeNvml, fake_mig_uuid, fake_uuid
+from tests.fixtures.federation import FEDGPU, ROOT
 
 A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "memory_used_mib": 30000}
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "compute_capability": "9.0"}
@@ -230,3 +232,30 @@ def test_choose_devices_through_nvml(fake_nvml: FakeNvml) -> None:
     assert two == [fake_mig_uuid(1, 0), fake_uuid(0)] and no_refusal is None
     assert four == []
     assert refusal == "this site can give 3 of the 4 GPUs the job asks for: it has 3 devices"
+
+
+def test_a_federation_trains_on_a_mig_device_and_measures_it(fake_nvml: FakeNvml,
+                                                             tmp_path: Path) -> None:
+    # Whole path: the nodes' NVML layer, the decision, the worker's environment and the
+    # agent's memory sampler, with the GPU behind a MIG UUID (the worker trains on the CPU:
+    # FEDGPU_SIMULATED_GPUS, there is no CUDA here).
+    fake_nvml.write([{**H100, "mig_mode": True, "mig": [
+        {"memory_total_mib": 9856, "memory_used_mib": 12},
+        {"memory_total_mib": 40448, "memory_used_mib": 321},
+    ]}])
+    env = fake_nvml.env({"FEDGPU_SIMULATED_GPUS": "1", "PYTHONUNBUFFERED": "1"})
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*FEDGPU, "run", "--nodes", "2", "--rounds", "1", "--run-dir",
+                           str(run_dir), "--gpu", "offer"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (rnd,) = json.loads((run_dir / "rounds.json").read_text())["rounds"]
+    assert rnd["nodes_reporting"] == 2
+    big = fake_mig_uuid(0, 1)
+    for update in rnd["updates"]:
+        assert update["gpu_decision"]["gpu_uuid"] == big
+        res = update["resources"]
+        assert res["gpu_uuid"] == big
+        assert res["nvml_used_before_mib"] == res["nvml_used_after_mib"] == 321
+    log = (run_dir / "logs" / "node-1.log").read_text()
+    assert f"device=cuda uuid={big}" in log
