@@ -259,3 +259,24 @@ def test_a_federation_trains_on_a_mig_device_and_measures_it(fake_nvml: FakeNvml
         assert res["nvml_used_before_mib"] == res["nvml_used_after_mib"] == 321
     log = (run_dir / "logs" / "node-1.log").read_text()
     assert f"device=cuda uuid={big}" in log
+
+
+def test_an_nvml_call_the_library_lacks_is_function_not_found(fake_nvml: FakeNvml) -> None:
+    # The fake implements only the calls the node makes; any other (here GPU instance
+    # profiles, which the node never asks for) fails in pynvml as on a driver without it,
+    # so a new call in node/ cannot pass these tests by accident.
+    fake_nvml.write(_host())
+    out = fake_nvml.python(
+        "import pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "h = pynvml.nvmlDeviceGetHandleByIndex(1)\n"
+        "try:\n"
+        "    pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, 0)\n"
+        "except pynvml.NVMLError_FunctionNotFound:\n"
+        "    print('function not found')\n"
+        "mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)\n"
+        "print(pynvml.nvmlDeviceIsMigDeviceHandle(mig).value,"
+        " pynvml.nvmlDeviceIsMigDeviceHandle(h).value,"
+        " pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)))\n"
+    )
+    assert out.splitlines() == ["function not found", f"1 0 {fake_uuid(1)}"]
