@@ -2,22 +2,24 @@
 
 The sampler holds NVML through node/nvml.py (its one owner) for its lifetime and caches
 handles, so one sample is one driver call; the agent never imports torch, so this is how it
-measures a round.
+measures a round. A round on several devices (one worker each) is sampled per device, each
+device by its UUID: a GPU's or a MIG device's (`nvml.handle_by_uuid` finds either).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from types import ModuleType, TracebackType
 from typing import Any
 
 from fedgpu.node import nvml
 from fedgpu.node.gpu_records import MIB
-from fedgpu.node.nvml import code_name, memory_info
+from fedgpu.node.nvml import code_name, handle_by_uuid, memory_info
 
 
 class MemorySampler:
-    """Polls one GPU's used memory while a training subprocess runs.
+    """Polls the used memory of a round's devices while its training subprocesses run.
 
     NVML is held (node/nvml.py's `acquire`) for the sampler's lifetime and handles are
     cached, so a sample is one driver call. Nothing raises: a lost GPU or missing NVML
@@ -51,7 +53,8 @@ class MemorySampler:
         return self._pynvml is not None
 
     def used_mib(self, uuid: str) -> int | None:
-        """Used memory of the GPU with this UUID, or None when it cannot be read."""
+        """Used memory of the GPU or MIG device with this UUID, or None when it cannot be
+        read."""
         pynvml = self._pynvml
         if pynvml is None:
             return None
@@ -60,7 +63,7 @@ class MemorySampler:
             try:
                 handle = self._handles.get(uuid)
                 if handle is None:
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                    handle = handle_by_uuid(pynvml, uuid)
                     self._handles[uuid] = handle
                 mem = memory_info(pynvml, handle)
             except pynvml.NVMLError as err:
@@ -72,28 +75,46 @@ class MemorySampler:
                 return None
         return int(mem.used) // MIB
 
+    def used_mib_each(self, uuids: Sequence[str]) -> dict[str, int | None]:
+        """`used_mib` of each device, by UUID (a round's before and after on N devices)."""
+        return {uuid: self.used_mib(uuid) for uuid in uuids}
+
     def watch_peak(self, uuid: str, interval_s: float = 0.1) -> PeakWatch:
         """A context manager that samples in a thread and keeps the peak."""
-        return PeakWatch(self, uuid, interval_s)
+        return PeakWatch(self, (uuid,), interval_s)
+
+    def watch_peaks(self, uuids: Sequence[str], interval_s: float = 0.1) -> PeakWatch:
+        """`watch_peak` for several devices at once: ``peaks`` holds each one's."""
+        return PeakWatch(self, tuple(uuids), interval_s)
 
 
 class PeakWatch:
-    """Background sampling of one GPU; ``peak_mib`` is None if no sample succeeded."""
+    """Background sampling of a round's devices: ``peaks[uuid]`` is None for a device no
+    sample of which succeeded; ``peak_mib`` is the first device's (the one-device round)."""
 
-    def __init__(self, sampler: MemorySampler, uuid: str, interval_s: float) -> None:
+    def __init__(self, sampler: MemorySampler, uuids: tuple[str, ...], interval_s: float) -> None:
+        if not uuids:
+            raise ValueError("a peak watch needs at least one device UUID")
         self._sampler = sampler
-        self._uuid = uuid
+        self._uuids = uuids
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.peak_mib: int | None = None
+        self.peaks: dict[str, int | None] = dict.fromkeys(uuids)
         self.samples = 0
 
+    @property
+    def peak_mib(self) -> int | None:
+        return self.peaks[self._uuids[0]]
+
     def _sample(self) -> None:
-        used = self._sampler.used_mib(self._uuid)
-        if used is not None:
+        for uuid in self._uuids:
+            used = self._sampler.used_mib(uuid)
+            if used is None:
+                continue
             self.samples += 1
-            self.peak_mib = used if self.peak_mib is None else max(self.peak_mib, used)
+            peak = self.peaks[uuid]
+            self.peaks[uuid] = used if peak is None else max(peak, used)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

@@ -15,29 +15,32 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, TypeVar
 
 # The records, and the CUDA_VISIBLE_DEVICES helpers, are what a snapshot is made of; they are
 # re-exported so callers keep one import for "what NVML says".
 from fedgpu.node.gpu_records import (
     MIB,
     GpuRecord,
+    MigPlacement,
     NvmlSnapshot,
     ProcessRecord,
     from_dict,
     to_dict,
+    training_devices,
 )
 from fedgpu.node.gpu_visible import resolve_visible, visible_filter, visible_notes
+from fedgpu.node.nvml_device import code_name, field, memory_info, read_device
+from fedgpu.node.nvml_mig import handle_by_uuid, with_mig
 
 __all__ = [
-    "MIB", "GpuRecord", "NvmlSnapshot", "ProcessRecord", "from_dict", "to_dict",
-    "visible_filter", "visible_notes", "snapshot", "import_pynvml", "init_failure",
-    "memory_info", "code_name", "NO_PYNVML", "acquire", "release", "session",
+    "MIB", "GpuRecord", "MigPlacement", "NvmlSnapshot", "ProcessRecord", "from_dict", "to_dict",
+    "training_devices", "visible_filter", "visible_notes", "snapshot", "import_pynvml",
+    "init_failure", "memory_info", "code_name", "handle_by_uuid", "NO_PYNVML", "acquire",
+    "release", "session",
 ]
-_T = TypeVar("_T")
 
 
 def import_pynvml() -> ModuleType | None:
@@ -52,14 +55,6 @@ NO_PYNVML = (
     "nvidia-ml-py is not installed: install the node extra (pip install 'fedgpu[node]') "
     "or use the node image"
 )
-
-
-def code_name(pynvml: ModuleType, err: BaseException) -> str:
-    value = getattr(err, "value", None)
-    for key, const in vars(pynvml).items():
-        if key.startswith("NVML_ERROR_") and const == value:
-            return key
-    return f"NVML error {value}"
 
 
 def init_failure(pynvml: ModuleType, err: BaseException) -> str:
@@ -167,108 +162,10 @@ def session() -> Iterator[tuple[ModuleType | None, str]]:
             release()
 
 
-_LOST_HINT = "; the GPU fell off the bus (see dmesg for Xid 79): reset it (nvidia-smi -r) or reboot"
-
-
-class _DeviceFailed(Exception):
-    """A device answered with a hard error: report it unhealthy, keep the others."""
-
-
-def _soft_errors(pynvml: ModuleType) -> tuple[int, ...]:
-    # These say "this field cannot be read here", not "this GPU is broken": e.g. memory
-    # on unified-memory boards, process lists without host PID access, old drivers.
-    return (
-        pynvml.NVML_ERROR_NOT_SUPPORTED,
-        pynvml.NVML_ERROR_NO_PERMISSION,
-        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-    )
-
-
-def _field(pynvml: ModuleType, label: str, notes: list[str], read: Callable[[], _T]) -> _T | None:
-    try:
-        return read()
-    except pynvml.NVMLError as err:
-        if getattr(err, "value", None) in _soft_errors(pynvml):
-            notes.append(f"{label}: {err}")
-            return None
-        raise _DeviceFailed(f"{label}: {err} ({code_name(pynvml, err)})") from err
-
-
-def memory_info(pynvml: ModuleType, handle: Any) -> Any:
-    # The v2 struct reports driver-reserved memory apart from "used", matching what
-    # nvidia-smi shows; drivers older than r510 only have v1 (where used = total - free).
-    try:
-        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-    except pynvml.NVMLError as err:
-        fallback = (
-            pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-            pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-        )
-        if getattr(err, "value", None) not in fallback:
-            raise
-    return pynvml.nvmlDeviceGetMemoryInfo(handle)
-
-
-def _processes(pynvml: ModuleType, handle: Any) -> tuple[ProcessRecord, ...]:
-    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    records = (
-        ProcessRecord(
-            pid=int(p.pid),
-            used_mib=None if p.usedGpuMemory is None else int(p.usedGpuMemory) // MIB,
-        )
-        for p in procs
-    )
-    return tuple(sorted(records, key=lambda r: r.pid))
-
-
 def _read_gpu(pynvml: ModuleType, index: int) -> GpuRecord:
-    notes: list[str] = []
-    uuid, name = "", ""
-    try:
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except pynvml.NVMLError as err:
-            raise _DeviceFailed(f"handle: {err} ({code_name(pynvml, err)})") from err
-        uuid = _field(pynvml, "uuid", notes, lambda: pynvml.nvmlDeviceGetUUID(handle)) or ""
-        name = _field(pynvml, "name", notes, lambda: pynvml.nvmlDeviceGetName(handle)) or ""
-        mem = _field(pynvml, "memory", notes, lambda: memory_info(pynvml, handle))
-        util = _field(
-            pynvml, "utilization", notes, lambda: pynvml.nvmlDeviceGetUtilizationRates(handle)
-        )
-        cc = _field(
-            pynvml,
-            "compute capability",
-            notes,
-            lambda: pynvml.nvmlDeviceGetCudaComputeCapability(handle),
-        )
-        procs = _field(pynvml, "processes", notes, lambda: _processes(pynvml, handle))
-    except _DeviceFailed as failed:
-        return GpuRecord(
-            index=index,
-            uuid=uuid,
-            name=name,
-            memory_total_mib=None,
-            memory_used_mib=None,
-            memory_free_mib=None,
-            utilization_pct=None,
-            compute_capability=None,
-            processes=(),
-            healthy=False,
-            reason=f"unhealthy: {failed}" + (_LOST_HINT if "GPU_IS_LOST" in str(failed) else ""),
-        )
-    return GpuRecord(
-        index=index,
-        uuid=uuid,
-        name=name,
-        memory_total_mib=None if mem is None else int(mem.total) // MIB,
-        memory_used_mib=None if mem is None else int(mem.used) // MIB,
-        memory_free_mib=None if mem is None else int(mem.free) // MIB,
-        utilization_pct=None if util is None else int(util.gpu),
-        compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
-        processes=procs or (),
-        healthy=True,
-        reason="ok" if not notes else "ok; " + "; ".join(notes),
-    )
+    record, handle = read_device(pynvml, lambda: pynvml.nvmlDeviceGetHandleByIndex(index), index)
+    # An unhealthy GPU's MIG devices are not asked for: it answers nothing else either.
+    return record if handle is None else with_mig(pynvml, handle, record)
 
 
 def _cuda_version(raw: int) -> str:
@@ -297,8 +194,8 @@ def snapshot(env: Mapping[str, str] | None = None) -> NvmlSnapshot:
 
 def _read_host(pynvml: ModuleType, env: Mapping[str, str]) -> NvmlSnapshot:
     notes: list[str] = []
-    driver = _field(pynvml, "driver version", notes, pynvml.nvmlSystemGetDriverVersion)
-    cuda_raw = _field(pynvml, "CUDA driver version", notes, pynvml.nvmlSystemGetCudaDriverVersion)
+    driver = field(pynvml, "driver version", notes, pynvml.nvmlSystemGetDriverVersion)
+    cuda_raw = field(pynvml, "CUDA driver version", notes, pynvml.nvmlSystemGetCudaDriverVersion)
     try:
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as err:
@@ -309,6 +206,10 @@ def _read_host(pynvml: ModuleType, env: Mapping[str, str]) -> NvmlSnapshot:
     reason = f"NVML sees {count} GPU{'s' if count != 1 else ''}"
     if visible_value is not None:
         reason += f"; CUDA_VISIBLE_DEVICES={visible_value!r} leaves {len(kept)}"
+    in_mig = [g for g in kept if g.mig_mode]
+    if in_mig:
+        n = sum(len(g.mig_devices) for g in in_mig)
+        reason += (f"; {len(in_mig)} in MIG mode with {n} MIG device{'s' if n != 1 else ''}")
     unhealthy = sum(not g.healthy for g in kept)
     if unhealthy:
         reason += f"; {unhealthy} unhealthy"

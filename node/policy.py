@@ -1,7 +1,10 @@
 """GPU policy of a node: which device a round trains on, and why.
 
 Pure functions of NVML records and the node's flags (no NVML here), so every cell of the
-policy table in DESIGN.md is tested with plain data.
+policy table in DESIGN.md is tested with plain data. The devices are
+`gpu_records.training_devices`: whole GPUs, and the MIG devices of a GPU in MIG mode in its
+place, chosen by the same rule (most free memory). Choosing several devices for one round:
+node/device_choice.py.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Literal, cast, get_args
 from fedgpu.core import admission
 from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuMode, GpuNeed
+from fedgpu.node.gpu_records import has_room, label, rank, training_devices
 from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 
 Mode = Literal["none", "offer", "enforce"]
@@ -113,40 +117,32 @@ class Decision:
         )
 
 
-def _label(g: GpuRecord) -> str:
-    return f"GPU {g.index} ({g.uuid or 'uuid unknown'})"
-
-
-def _has_room(g: GpuRecord, min_free_mib: int) -> bool:
-    # Unknown free memory (NotSupported, e.g. unified-memory boards) cannot prove a
-    # minimum, so it only qualifies when no minimum was asked for.
-    if g.memory_free_mib is None:
-        return min_free_mib == 0
-    return g.memory_free_mib >= min_free_mib
-
-
-def _free_or_unknown(g: GpuRecord) -> int:
-    # Unknown free memory ranks below any known amount, even 0 MiB.
-    return -1 if g.memory_free_mib is None else g.memory_free_mib
-
-
-def _find(gpus: tuple[GpuRecord, ...], wanted: str) -> GpuRecord | None:
+def find_device(devices: tuple[GpuRecord, ...], wanted: str) -> GpuRecord | None | str:
+    """The device ``--gpu-index``-style ``wanted`` names: an NVML index (a whole GPU), a GPU
+    or MIG UUID, or a unique prefix of one (as CUDA_VISIBLE_DEVICES accepts); None when it
+    names none, or a note when it names a GPU in MIG mode, which cannot train whole."""
     if wanted.isdigit():
-        return next((g for g in gpus if g.index == int(wanted)), None)
-    exact = [g for g in gpus if g.uuid.lower() == wanted.lower()]
+        whole = next((g for g in devices if g.mig is None and g.index == int(wanted)), None)
+        if whole is not None:
+            return whole
+        migs = [g.uuid for g in devices if g.mig is not None and g.index == int(wanted)]
+        if migs:
+            return (f"GPU {wanted} is in MIG mode and cannot train whole: name one of its MIG "
+                    f"devices ({', '.join(migs)})")
+        return None
+    exact = [g for g in devices if g.uuid.lower() == wanted.lower()]
     if exact:
         return exact[0]
-    # A unique UUID prefix is accepted, as CUDA_VISIBLE_DEVICES accepts one.
-    prefixed = [g for g in gpus if g.uuid and g.uuid.lower().startswith(wanted.lower())]
+    prefixed = [g for g in devices if g.uuid and g.uuid.lower().startswith(wanted.lower())]
     return prefixed[0] if len(prefixed) == 1 else None
 
 
 def _none_usable(gpus: tuple[GpuRecord, ...], min_free_mib: int) -> str:
     if not gpus:
-        return "NVML sees no GPU"
+        return "NVML sees no GPU, nor a MIG device"
     healthy = [g for g in gpus if g.healthy]
     if not healthy:
-        details = "; ".join(f"{_label(g)}: {g.reason}" for g in gpus)
+        details = "; ".join(f"{label(g)}: {g.reason}" for g in gpus)
         return f"all {len(gpus)} GPUs are unhealthy ({details})"
     known = [g for g in healthy if g.memory_free_mib is not None]
     if not known:
@@ -157,46 +153,51 @@ def _none_usable(gpus: tuple[GpuRecord, ...], min_free_mib: int) -> str:
     best = max(known, key=lambda g: g.memory_free_mib or 0)
     return (
         f"all {len(healthy)} healthy GPUs have less than --gpu-min-free-mib {min_free_mib} MiB "
-        f"free (most: {_label(best)} {best.name!r} with {best.memory_free_mib} MiB)"
+        f"free (most: {label(best)} {best.name!r} with {best.memory_free_mib} MiB)"
     )
 
 
 def select_device(
     gpus: Iterable[GpuRecord], flags: GpuFlags
 ) -> tuple[GpuRecord | None, str, tuple[str, ...]]:
-    """The GPU to train on, the reason, and warnings (e.g. a requested index that failed).
+    """The device to train on (a GPU or a MIG device, from `training_devices`), the reason,
+    and warnings (e.g. a requested index that failed).
 
-    Best = most free memory among healthy GPUs with at least ``min_free_mib`` free; ties
+    Best = most free memory among healthy devices with at least ``min_free_mib`` free; ties
     go to the lower index so the choice is stable between rounds.
     """
     gpus = tuple(gpus)
     warnings: list[str] = []
     if flags.index is not None:
-        wanted = _find(gpus, flags.index)
+        found = find_device(gpus, flags.index)
+        wanted = found if isinstance(found, GpuRecord) else None
         problem = None
-        if flags.index.upper().startswith("MIG-"):
-            problem = "MIG instances are not selectable, fedgpu picks whole GPUs"
+        if isinstance(found, str):
+            problem = found
         elif wanted is None:
-            seen = ", ".join(str(g.index) for g in gpus) or "none"
-            problem = f"no such GPU (NVML indices seen: {seen})"
+            seen = ", ".join(sorted({str(g.index) for g in gpus}, key=int)) or "none"
+            problem = f"no such GPU or MIG device (NVML indices seen: {seen})"
         elif not wanted.healthy:
-            problem = f"{_label(wanted)} is unhealthy: {wanted.reason}"
-        elif not _has_room(wanted, flags.min_free_mib):
+            problem = f"{label(wanted)} is unhealthy: {wanted.reason}"
+        elif not has_room(wanted, flags.min_free_mib):
             problem = (
-                f"{_label(wanted)} has {wanted.memory_free_mib} MiB free, "
+                f"{label(wanted)} has {wanted.memory_free_mib} MiB free, "
                 f"below --gpu-min-free-mib {flags.min_free_mib}"
             )
         if wanted is not None and problem is None:
             return wanted, f"requested by --gpu-index {flags.index}", ()
         warnings.append(f"--gpu-index {flags.index}: {problem}; falling back to the best GPU")
-    usable = [g for g in gpus if g.healthy and _has_room(g, flags.min_free_mib)]
+    usable = [g for g in gpus if g.healthy and has_room(g, flags.min_free_mib)]
     if not usable:
         return None, _none_usable(gpus, flags.min_free_mib), tuple(warnings)
-    best = min(usable, key=lambda g: (-_free_or_unknown(g), g.index))
+    best = min(usable, key=rank)
+    what = "GPUs" if all(g.mig is None for g in gpus) else "devices"
     if len(usable) == 1:
-        reason = f"only usable GPU ({best.memory_free_mib} MiB free)"
+        reason = f"only usable {what[:-1]} ({best.memory_free_mib} MiB free)"
     else:
-        reason = f"most free memory ({best.memory_free_mib} MiB) of {len(usable)} usable GPUs"
+        reason = f"most free memory ({best.memory_free_mib} MiB) of {len(usable)} usable {what}"
+    if best.mig is not None:
+        reason += f", {label(best)}"
     if len(usable) < len(gpus):
         reason += f", {len(gpus)} seen"
     if flags.min_free_mib:
@@ -226,6 +227,17 @@ def _enforce_failure(snapshot: NvmlSnapshot, why: str) -> EnforceError:
     return EnforceError(f"started with --gpu enforce but no usable GPU: {why}")
 
 
+def _select(
+    snapshot: NvmlSnapshot, flags: GpuFlags
+) -> tuple[GpuRecord | None, str, tuple[str, ...]]:
+    devices = training_devices(snapshot.gpus)
+    if snapshot.gpus and not devices:
+        # Every GPU is in MIG mode without a MIG device: say so, not "no GPU".
+        details = "; ".join(f"GPU {g.index}: {g.mig_reason}" for g in snapshot.gpus)
+        return None, f"no device to train on ({details})", ()
+    return select_device(devices, flags)
+
+
 def decide(snapshot: NvmlSnapshot, flags: GpuFlags, job_use_gpu: bool) -> Decision:
     """Applies the node policy table; raises EnforceError for enforce without a usable GPU."""
     if flags.mode == "none":
@@ -233,7 +245,7 @@ def decide(snapshot: NvmlSnapshot, flags: GpuFlags, job_use_gpu: bool) -> Decisi
     if flags.mode == "offer" and not job_use_gpu:
         return _cpu(flags, "job does not ask for a GPU")
     chosen, why, warnings = (
-        select_device(snapshot.gpus, flags) if snapshot.available else (None, snapshot.reason, ())
+        _select(snapshot, flags) if snapshot.available else (None, snapshot.reason, ())
     )
     if chosen is None:
         if flags.mode == "enforce":
@@ -254,7 +266,7 @@ def capacity(snapshot: NvmlSnapshot, flags: GpuFlags) -> admission.SiteCapacity:
         nvml_available=snapshot.available,
         nvml_reason=snapshot.reason,
         gpus=tuple(admission.GpuFree(g.index, g.uuid, g.memory_free_mib, g.memory_total_mib,
-                                     g.healthy) for g in snapshot.gpus),
+                                     g.healthy) for g in training_devices(snapshot.gpus)),
     )
 
 
@@ -278,8 +290,8 @@ def decide_for_job(snapshot: NvmlSnapshot, flags: GpuFlags, need: Resources) -> 
                            f"min_gpu_free_mib {need.min_gpu_free_mib})")
     if decision.device != "cuda" or need.gpu_memory_mib is None:
         return decision
-    total = next((g.memory_total_mib for g in snapshot.gpus if g.uuid == decision.gpu_uuid),
-                 None)
+    total = next((g.memory_total_mib for g in training_devices(snapshot.gpus)
+                  if g.uuid == decision.gpu_uuid), None)
     fraction = admission.memory_fraction(need, total, flags.memory_fraction)
     if total is None:
         warning = (f"the job caps GPU memory at {need.gpu_memory_mib} MiB but "
@@ -300,7 +312,8 @@ def subprocess_env(decision: Decision, base_env: Mapping[str, str]) -> dict[str,
     """Environment for the round's training subprocess.
 
     The chosen GPU is passed by UUID: NVML indices and CUDA ordinals can differ, a UUID
-    cannot, and inside the subprocess it is then always ``cuda:0``.
+    cannot, and inside the subprocess it is then always ``cuda:0``. A MIG device is passed
+    by its ``MIG-`` UUID, which CUDA (11.1+) accepts in CUDA_VISIBLE_DEVICES the same way.
     """
     env = dict(base_env)
     env.pop("FEDGPU_MEMORY_FRACTION", None)

@@ -22,6 +22,28 @@ def _mib(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
 
+def _row(g: nvml.GpuRecord) -> list[str]:
+    health = g.reason if g.healthy else f"[red]{g.reason}[/]"
+    if g.mig_mode:
+        # The GPU itself is not a device to train on: its MIG devices, listed under it, are.
+        health += f"; [cyan]{g.mig_reason}[/]"
+    elif g.mig_mode is False and "next GPU reset" in g.mig_reason:
+        health += f"; {g.mig_reason}"
+    idx = str(g.index) if g.mig is None else f"  └ {g.index}:{g.mig.mig_index}"
+    return [
+        idx,
+        g.uuid or "?",
+        g.name or "?",
+        _mib(g.memory_free_mib),
+        _mib(g.memory_used_mib),
+        _mib(g.memory_total_mib),
+        _mib(g.utilization_pct),
+        g.compute_capability or "n/a",
+        str(len(g.processes)),
+        health,
+    ]
+
+
 def _render(snap: nvml.NvmlSnapshot, decision: Decision | None) -> None:
     out = Console()
     if snap.available:
@@ -45,24 +67,15 @@ def _render(snap: nvml.NvmlSnapshot, decision: Decision | None) -> None:
             "health",
         )
         for g in snap.gpus:
-            table.add_row(
-                str(g.index),
-                g.uuid or "?",
-                g.name or "?",
-                _mib(g.memory_free_mib),
-                _mib(g.memory_used_mib),
-                _mib(g.memory_total_mib),
-                _mib(g.utilization_pct),
-                g.compute_capability or "n/a",
-                str(len(g.processes)),
-                g.reason if g.healthy else f"[red]{g.reason}[/]",
-            )
+            table.add_row(*_row(g))
+            for mig in g.mig_devices:
+                table.add_row(*_row(mig))
         out.print(table)
     if decision is not None:
+        what = "MIG device" if (decision.gpu_uuid or "").startswith("MIG-") else "GPU"
+        on = f" of GPU {decision.gpu_index}" if what == "MIG device" else f" {decision.gpu_index}"
         target = (
-            f"GPU {decision.gpu_index} {decision.gpu_uuid} ({decision.gpu_name})"
-            if decision.use_gpu
-            else "CPU"
+            f"{what}{on} {decision.gpu_uuid} ({decision.gpu_name})" if decision.use_gpu else "CPU"
         )
         out.print(f"Decision (--gpu {decision.mode}): train on {target}", highlight=False)
         out.print(f"  reason: {decision.reason}", highlight=False)
@@ -82,7 +95,8 @@ def devices(
     ] = "offer",
     gpu_index: Annotated[
         str | None,
-        typer.Option("--gpu-index", help="Preferred GPU: NVML index or UUID (GPU-...)."),
+        typer.Option("--gpu-index", help="Preferred device: NVML index, GPU UUID (GPU-...) "
+                     "or MIG device UUID (MIG-...)."),
     ] = None,
     gpu_min_free_mib: Annotated[
         int,
@@ -98,6 +112,9 @@ def devices(
     ] = True,
 ) -> None:
     """Show this host's GPUs as NVML sees them and which device the node policy picks.
+
+    A GPU in MIG mode is listed with its MIG devices under it; those, not the GPU, are what
+    the policy picks from.
 
     Example: fedgpu devices --gpu offer --json
     """

@@ -22,8 +22,29 @@
  *   gpu.<i>.lost=1                         every query of the device answers GPU_IS_LOST
  *   gpu.<i>.handle_error=<name | code>     nvmlDeviceGetHandleByIndex fails
  *
+ * MIG (absent mig_mode: the GPU does not support MIG, nvmlDeviceGetMigMode answers
+ * NOT_SUPPORTED as on consumer boards):
+ *   gpu.<i>.mig_mode=0 | 1                 current mode
+ *   gpu.<i>.mig_pending=0 | 1              pending mode (default: the current one)
+ *   gpu.<i>.mig_max=7                      nvmlDeviceGetMaxMigDeviceCount
+ *   gpu.<i>.not_supported=...,mig_devices  the MIG device count and handles answer NOT_SUPPORTED
+ *   gpu.<i>.mig.<j>.uuid=MIG-...           MIG device <j> (an index below mig_max; holes
+ *   gpu.<i>.mig.<j>.name=...                 answer NOT_FOUND, as NVML does)
+ *   gpu.<i>.mig.<j>.memory_total_mib=4864
+ *   gpu.<i>.mig.<j>.memory_used_mib=13
+ *   gpu.<i>.mig.<j>.gpu_instance_id=7
+ *   gpu.<i>.mig.<j>.compute_instance_id=0
+ *   gpu.<i>.mig.<j>.processes=<pid>:<used MiB | NA>[,...]
+ *   gpu.<i>.mig.<j>.not_supported=memory,compute_capability,processes,name,uuid
+ *   mig_uuid_lookup=0                      nvmlDeviceGetHandleByUUID does not resolve MIG
+ *                                          UUIDs (drivers before R470), answers NOT_FOUND
+ * A MIG device answers utilization with NOT_SUPPORTED and shares its GPU's compute capability
+ * and loss, as on real boards. Its handle is distinct from every GPU handle.
+ *
  * The GPU count is one more than the highest <i> seen. A missing or unreadable config
  * file answers NVML_ERROR_UNKNOWN everywhere, so a broken test fixture fails loudly.
+ * The inventory of one call lives in thread-local storage: with MIG devices it is too large
+ * for the stack of a sampler thread, and each thread reads its own.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +70,7 @@ enum {
 };
 
 #define MAX_GPUS 64
+#define MAX_MIG 8
 #define MAX_PROCS 32
 #define MIB (1024ULL * 1024ULL)
 #define NOT_AVAILABLE_ULL (~0ULL)
@@ -60,6 +82,7 @@ typedef struct {
     unsigned long long used_bytes;
 } fake_proc;
 
+/* What a GPU and a MIG device both answer. */
 typedef struct {
     int present;
     char uuid[96];
@@ -70,13 +93,23 @@ typedef struct {
     fake_proc procs[MAX_PROCS];
     unsigned int nprocs;
     char not_supported[256];
+    unsigned int gi, ci;
+} fake_dev;
+
+typedef struct {
+    fake_dev d;
     int lost;
     int handle_error;
+    int mig_mode;       /* -1: MIG not supported */
+    int mig_pending;    /* -1: as mig_mode */
+    unsigned int mig_max;
+    fake_dev migs[MAX_MIG];
 } fake_gpu;
 
 typedef struct {
     int ok;
     int init_error;
+    int mig_uuid_lookup;
     char driver[80];
     int cuda;
     char missing[512];
@@ -84,10 +117,18 @@ typedef struct {
     fake_gpu gpus[MAX_GPUS];
 } fake_config;
 
-/* Handles only carry the index; the device state itself is re-read from the file. */
-struct fake_device { unsigned int index; };
+/* Handles only carry indices; the device state itself is re-read from the file.
+ * mig is -1 for a GPU, else the MIG device index on GPU `index`. */
+struct fake_device { unsigned int index; int mig; };
 static struct fake_device handles[MAX_GPUS];
+static struct fake_device mig_handles[MAX_GPUS][MAX_MIG];
 static int init_refcount = 0;
+
+static fake_config *this_config(void)
+{
+    static __thread fake_config config;
+    return &config;
+}
 
 static int error_code(const char *v)
 {
@@ -127,7 +168,7 @@ static void copy_str(char *dst, size_t cap, const char *src)
     snprintf(dst, cap, "%s", src);
 }
 
-static void parse_processes(fake_gpu *g, const char *v)
+static void parse_processes(fake_dev *g, const char *v)
 {
     g->nprocs = 0;
     for (const char *p = v; *p && g->nprocs < MAX_PROCS;) {
@@ -146,15 +187,9 @@ static void parse_processes(fake_gpu *g, const char *v)
     }
 }
 
-static void set_gpu_key(fake_gpu *g, unsigned int index, const char *key, const char *v)
+/* Keys a GPU and a MIG device share; returns 0 for a key that is neither's. */
+static int set_dev_key(fake_dev *g, const char *key, const char *v)
 {
-    if (!g->present) {
-        g->present = 1;
-        snprintf(g->uuid, sizeof g->uuid, "GPU-00000000-0000-0000-0000-%012x", index);
-        copy_str(g->name, sizeof g->name, "Fake GPU");
-        g->total_mib = 16384;
-        g->cc_major = 8;
-    }
     if (strcmp(key, "uuid") == 0) copy_str(g->uuid, sizeof g->uuid, v);
     else if (strcmp(key, "name") == 0) copy_str(g->name, sizeof g->name, v);
     else if (strcmp(key, "memory_total_mib") == 0) g->total_mib = strtoull(v, NULL, 10);
@@ -164,8 +199,49 @@ static void set_gpu_key(fake_gpu *g, unsigned int index, const char *key, const 
     else if (strcmp(key, "compute_capability") == 0) sscanf(v, "%d.%d", &g->cc_major, &g->cc_minor);
     else if (strcmp(key, "processes") == 0) parse_processes(g, v);
     else if (strcmp(key, "not_supported") == 0) copy_str(g->not_supported, sizeof g->not_supported, v);
-    else if (strcmp(key, "lost") == 0) g->lost = atoi(v);
+    else if (strcmp(key, "gpu_instance_id") == 0) g->gi = (unsigned int)atoi(v);
+    else if (strcmp(key, "compute_instance_id") == 0) g->ci = (unsigned int)atoi(v);
+    else return 0;
+    return 1;
+}
+
+static void set_mig_key(fake_gpu *g, unsigned int index, unsigned int j, const char *key,
+                        const char *v)
+{
+    fake_dev *m = &g->migs[j];
+    if (!m->present) {
+        m->present = 1;
+        snprintf(m->uuid, sizeof m->uuid, "MIG-00000000-0000-0000-%04x-%012x", j, index);
+        copy_str(m->name, sizeof m->name, "Fake GPU MIG 1g.5gb");
+        m->total_mib = 4864;
+        m->gi = j + 1;
+    }
+    set_dev_key(m, key, v);
+}
+
+static void set_gpu_key(fake_gpu *g, unsigned int index, const char *key, const char *v)
+{
+    if (!g->d.present) {
+        g->d.present = 1;
+        snprintf(g->d.uuid, sizeof g->d.uuid, "GPU-00000000-0000-0000-0000-%012x", index);
+        copy_str(g->d.name, sizeof g->d.name, "Fake GPU");
+        g->d.total_mib = 16384;
+        g->d.cc_major = 8;
+        g->mig_mode = -1;
+        g->mig_pending = -1;
+        g->mig_max = 7;
+    }
+    unsigned int j;
+    int consumed = 0;
+    if (sscanf(key, "mig.%u.%n", &j, &consumed) == 1 && consumed > 0) {
+        if (j < MAX_MIG)
+            set_mig_key(g, index, j, key + consumed, v);
+    } else if (set_dev_key(&g->d, key, v)) {
+    } else if (strcmp(key, "lost") == 0) g->lost = atoi(v);
     else if (strcmp(key, "handle_error") == 0) g->handle_error = error_code(v);
+    else if (strcmp(key, "mig_mode") == 0) g->mig_mode = atoi(v);
+    else if (strcmp(key, "mig_pending") == 0) g->mig_pending = atoi(v);
+    else if (strcmp(key, "mig_max") == 0) g->mig_max = (unsigned int)atoi(v);
 }
 
 static void load(fake_config *c)
@@ -178,6 +254,7 @@ static void load(fake_config *c)
     c->ok = 1;
     copy_str(c->driver, sizeof c->driver, "550.54.15");
     c->cuda = 12040;
+    c->mig_uuid_lookup = 1;
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = '\0';
@@ -200,6 +277,8 @@ static void load(fake_config *c)
             copy_str(c->driver, sizeof c->driver, v);
         } else if (strcmp(key, "cuda") == 0) {
             c->cuda = atoi(v);
+        } else if (strcmp(key, "mig_uuid_lookup") == 0) {
+            c->mig_uuid_lookup = atoi(v);
         } else if (strcmp(key, "missing") == 0) {
             copy_str(c->missing, sizeof c->missing, v);
         }
@@ -220,34 +299,65 @@ static nvmlReturn_t enter(fake_config *c, const char *fn)
     return NVML_SUCCESS;
 }
 
-/* Resolves a handle for a device query; `field` names what not_supported may switch off. */
-static nvmlReturn_t device(fake_config *c, const char *fn, nvmlDevice_t h, const char *field,
-                           fake_gpu **out)
+static int is_gpu_handle(nvmlDevice_t h)
+{
+    return h >= handles && h < handles + MAX_GPUS;
+}
+
+static int is_mig_handle(nvmlDevice_t h)
+{
+    return h >= &mig_handles[0][0] && h < &mig_handles[0][0] + MAX_GPUS * MAX_MIG;
+}
+
+/* The GPU a handle (of a GPU or of one of its MIG devices) belongs to, or NULL. */
+static fake_gpu *owner(fake_config *c, nvmlDevice_t h)
+{
+    if (!h || !(is_gpu_handle(h) || is_mig_handle(h)) || h->index >= c->count)
+        return NULL;
+    fake_gpu *g = &c->gpus[h->index];
+    if (!g->d.present)
+        return NULL;
+    if (h->mig >= 0 && (h->mig >= MAX_MIG || !g->migs[h->mig].present || g->mig_mode != 1))
+        return NULL;
+    return g;
+}
+
+/* Resolves a handle for a device query; `field` names what not_supported may switch off.
+ * A MIG handle resolves to its MIG device; `gpu` (may be NULL) gets the GPU either way. */
+static nvmlReturn_t device_of(fake_config *c, const char *fn, nvmlDevice_t h, const char *field,
+                              fake_dev **out, fake_gpu **gpu)
 {
     nvmlReturn_t r = enter(c, fn);
     if (r != NVML_SUCCESS)
         return r;
-    if (!h || h < handles || h >= handles + MAX_GPUS || h->index >= c->count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    fake_gpu *g = &c->gpus[h->index];
-    if (!g->present)
+    fake_gpu *g = owner(c, h);
+    if (!g)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (g->lost)
         return NVML_ERROR_GPU_IS_LOST;
-    if (field && in_list(g->not_supported, field))
+    fake_dev *d = h->mig >= 0 ? &g->migs[h->mig] : &g->d;
+    if (field && in_list(d->not_supported, field))
         return NVML_ERROR_NOT_SUPPORTED;
-    *out = g;
+    *out = d;
+    if (gpu)
+        *gpu = g;
     return NVML_SUCCESS;
+}
+
+static nvmlReturn_t device(fake_config *c, const char *fn, nvmlDevice_t h, const char *field,
+                           fake_dev **out)
+{
+    return device_of(c, fn, h, field, out, NULL);
 }
 
 static nvmlReturn_t do_init(void)
 {
-    fake_config c;
-    load(&c);
-    if (!c.ok)
+    fake_config *c = this_config();
+    load(c);
+    if (!c->ok)
         return NVML_ERROR_UNKNOWN;
-    if (c.init_error)
-        return c.init_error;
+    if (c->init_error)
+        return c->init_error;
     init_refcount++;
     return NVML_SUCCESS;
 }
@@ -285,23 +395,23 @@ const char *nvmlErrorString(nvmlReturn_t r)
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
-    fake_config c;
-    nvmlReturn_t r = enter(&c, "nvmlSystemGetDriverVersion");
+    fake_config *c = this_config();
+    nvmlReturn_t r = enter(c, "nvmlSystemGetDriverVersion");
     if (r != NVML_SUCCESS)
         return r;
-    if (strlen(c.driver) + 1 > length)
+    if (strlen(c->driver) + 1 > length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    copy_str(version, length, c.driver);
+    copy_str(version, length, c->driver);
     return NVML_SUCCESS;
 }
 
 static nvmlReturn_t cuda_version(const char *fn, int *v)
 {
-    fake_config c;
-    nvmlReturn_t r = enter(&c, fn);
+    fake_config *c = this_config();
+    nvmlReturn_t r = enter(c, fn);
     if (r != NVML_SUCCESS)
         return r;
-    *v = c.cuda;
+    *v = c->cuda;
     return NVML_SUCCESS;
 }
 
@@ -317,40 +427,52 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v)
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
-    fake_config c;
-    nvmlReturn_t r = enter(&c, "nvmlDeviceGetCount_v2");
+    fake_config *c = this_config();
+    nvmlReturn_t r = enter(c, "nvmlDeviceGetCount_v2");
     if (r != NVML_SUCCESS)
         return r;
-    *count = c.count;
+    *count = c->count;
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *out)
 {
-    fake_config c;
-    nvmlReturn_t r = enter(&c, "nvmlDeviceGetHandleByIndex_v2");
+    fake_config *c = this_config();
+    nvmlReturn_t r = enter(c, "nvmlDeviceGetHandleByIndex_v2");
     if (r != NVML_SUCCESS)
         return r;
-    if (index >= c.count || !c.gpus[index].present)
+    if (index >= c->count || !c->gpus[index].d.present)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (c.gpus[index].handle_error)
-        return c.gpus[index].handle_error;
+    if (c->gpus[index].handle_error)
+        return c->gpus[index].handle_error;
     handles[index].index = index;
+    handles[index].mig = -1;
     *out = &handles[index];
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *out)
 {
-    fake_config c;
-    nvmlReturn_t r = enter(&c, "nvmlDeviceGetHandleByUUID");
+    fake_config *c = this_config();
+    nvmlReturn_t r = enter(c, "nvmlDeviceGetHandleByUUID");
     if (r != NVML_SUCCESS)
         return r;
-    for (unsigned int i = 0; i < c.count; i++) {
-        if (c.gpus[i].present && strcmp(c.gpus[i].uuid, uuid) == 0) {
+    for (unsigned int i = 0; i < c->count; i++) {
+        fake_gpu *g = &c->gpus[i];
+        if (g->d.present && strcmp(g->d.uuid, uuid) == 0) {
             handles[i].index = i;
+            handles[i].mig = -1;
             *out = &handles[i];
             return NVML_SUCCESS;
+        }
+        /* R470+ drivers resolve MIG UUIDs too, to the MIG device's own handle. */
+        for (int j = 0; c->mig_uuid_lookup && g->mig_mode == 1 && j < MAX_MIG; j++) {
+            if (g->migs[j].present && strcmp(g->migs[j].uuid, uuid) == 0) {
+                mig_handles[i][j].index = i;
+                mig_handles[i][j].mig = j;
+                *out = &mig_handles[i][j];
+                return NVML_SUCCESS;
+            }
         }
     }
     return NVML_ERROR_NOT_FOUND;
@@ -358,9 +480,11 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *out)
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *index)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetIndex", h, NULL, &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetIndex", h, NULL, &g);
+    if (r == NVML_SUCCESS && h->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;  /* NVML has no index for a MIG device handle */
     if (r == NVML_SUCCESS)
         *index = h->index;
     return r;
@@ -376,17 +500,17 @@ static nvmlReturn_t copy_out(const char *src, char *dst, unsigned int length)
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int length)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetUUID", h, "uuid", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetUUID", h, "uuid", &g);
     return r == NVML_SUCCESS ? copy_out(g->uuid, uuid, length) : r;
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char *name, unsigned int length)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetName", h, "name", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetName", h, "name", &g);
     return r == NVML_SUCCESS ? copy_out(g->name, name, length) : r;
 }
 
@@ -398,9 +522,9 @@ typedef struct {
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetMemoryInfo", h, "memory", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetMemoryInfo", h, "memory", &g);
     if (r != NVML_SUCCESS)
         return r;
     /* v1 folds driver-reserved memory into "used", as real drivers do. */
@@ -413,9 +537,9 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetMemoryInfo_v2", h, "memory", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetMemoryInfo_v2", h, "memory", &g);
     if (r != NVML_SUCCESS)
         return r;
     if (m->version != NVML_MEMORY_V2)
@@ -432,11 +556,13 @@ typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetUtilizationRates", h, "utilization", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetUtilizationRates", h, "utilization", &g);
     if (r != NVML_SUCCESS)
         return r;
+    if (h->mig >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;  /* as on real boards: no utilization per MIG device */
     u->gpu = g->util;
     u->memory = 0;
     return NVML_SUCCESS;
@@ -444,13 +570,15 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u)
 
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t h, int *major, int *minor)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, "nvmlDeviceGetCudaComputeCapability", h, "compute_capability", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    fake_gpu *gpu;
+    nvmlReturn_t r = device_of(c, "nvmlDeviceGetCudaComputeCapability", h, "compute_capability",
+                               &g, &gpu);
     if (r != NVML_SUCCESS)
         return r;
-    *major = g->cc_major;
-    *minor = g->cc_minor;
+    *major = gpu->d.cc_major;
+    *minor = gpu->d.cc_minor;
     return NVML_SUCCESS;
 }
 
@@ -465,9 +593,9 @@ typedef struct {
 static nvmlReturn_t processes(const char *fn, nvmlDevice_t h, unsigned int *count,
                               nvmlProcessInfo_t *infos)
 {
-    fake_config c;
-    fake_gpu *g;
-    nvmlReturn_t r = device(&c, fn, h, "processes", &g);
+    fake_config *c = this_config();
+    fake_dev *g;
+    nvmlReturn_t r = device(c, fn, h, "processes", &g);
     if (r != NVML_SUCCESS)
         return r;
     if (!count)
@@ -480,8 +608,8 @@ static nvmlReturn_t processes(const char *fn, nvmlDevice_t h, unsigned int *coun
     for (unsigned int i = 0; i < g->nprocs; i++) {
         infos[i].pid = g->procs[i].pid;
         infos[i].usedGpuMemory = g->procs[i].used_bytes;
-        infos[i].gpuInstanceId = 0xFFFFFFFFu;
-        infos[i].computeInstanceId = 0xFFFFFFFFu;
+        infos[i].gpuInstanceId = h->mig >= 0 ? g->gi : 0xFFFFFFFFu;
+        infos[i].computeInstanceId = h->mig >= 0 ? g->ci : 0xFFFFFFFFu;
     }
     *count = g->nprocs;
     return NVML_SUCCESS;
@@ -497,4 +625,120 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t h, unsigned in
                                                      nvmlProcessInfo_t *infos)
 {
     return processes("nvmlDeviceGetComputeRunningProcesses_v2", h, count, infos);
+}
+
+/* --- MIG ---------------------------------------------------------------------------------- */
+
+/* A GPU handle (not a MIG one) for a MIG query on the GPU itself. */
+static nvmlReturn_t gpu_only(fake_config *c, const char *fn, nvmlDevice_t h, fake_gpu **out)
+{
+    fake_dev *d;
+    nvmlReturn_t r = device_of(c, fn, h, NULL, &d, out);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (h->mig >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *current, unsigned int *pending)
+{
+    fake_config *c = this_config();
+    fake_gpu *g;
+    nvmlReturn_t r = gpu_only(c, "nvmlDeviceGetMigMode", h, &g);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (g->mig_mode < 0 || in_list(g->d.not_supported, "mig"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = (unsigned int)g->mig_mode;
+    *pending = (unsigned int)(g->mig_pending < 0 ? g->mig_mode : g->mig_pending);
+    return NVML_SUCCESS;
+}
+
+/* A GPU in MIG mode whose MIG devices may be listed. */
+static nvmlReturn_t mig_parent(fake_config *c, const char *fn, nvmlDevice_t h, fake_gpu **out)
+{
+    nvmlReturn_t r = gpu_only(c, fn, h, out);
+    if (r != NVML_SUCCESS)
+        return r;
+    if ((*out)->mig_mode < 0 || in_list((*out)->d.not_supported, "mig_devices"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t h, unsigned int *count)
+{
+    fake_config *c = this_config();
+    fake_gpu *g;
+    nvmlReturn_t r = mig_parent(c, "nvmlDeviceGetMaxMigDeviceCount", h, &g);
+    if (r != NVML_SUCCESS)
+        return r;
+    *count = g->mig_max;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t h, unsigned int index,
+                                                 nvmlDevice_t *out)
+{
+    fake_config *c = this_config();
+    fake_gpu *g;
+    nvmlReturn_t r = mig_parent(c, "nvmlDeviceGetMigDeviceHandleByIndex", h, &g);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (index >= g->mig_max || index >= MAX_MIG)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode != 1 || !g->migs[index].present)
+        return NVML_ERROR_NOT_FOUND;
+    mig_handles[h->index][index].index = h->index;
+    mig_handles[h->index][index].mig = (int)index;
+    *out = &mig_handles[h->index][index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t h, unsigned int *is_mig)
+{
+    fake_config *c = this_config();
+    fake_dev *d;
+    nvmlReturn_t r = device(c, "nvmlDeviceIsMigDeviceHandle", h, NULL, &d);
+    if (r == NVML_SUCCESS)
+        *is_mig = h->mig >= 0;
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t h, nvmlDevice_t *out)
+{
+    fake_config *c = this_config();
+    fake_dev *d;
+    nvmlReturn_t r = device(c, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", h, NULL, &d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (h->mig < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    handles[h->index].index = h->index;
+    handles[h->index].mig = -1;
+    *out = &handles[h->index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t instance_id(const char *fn, nvmlDevice_t h, int compute, unsigned int *id)
+{
+    fake_config *c = this_config();
+    fake_dev *d;
+    nvmlReturn_t r = device(c, fn, h, NULL, &d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (h->mig < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;  /* only MIG device handles have instance ids */
+    *id = compute ? d->ci : d->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t h, unsigned int *id)
+{
+    return instance_id("nvmlDeviceGetGpuInstanceId", h, 0, id);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int *id)
+{
+    return instance_id("nvmlDeviceGetComputeInstanceId", h, 1, id);
 }

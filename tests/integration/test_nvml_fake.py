@@ -199,12 +199,14 @@ def test_cuda_visible_devices_limits_the_gpus(
     assert f"CUDA_VISIBLE_DEVICES={value!r} leaves {len(indices)}" in snap["reason"]
 
 
-def test_mig_entries_are_ignored_with_a_reason(fake_nvml: FakeNvml) -> None:
+def test_a_mig_entry_naming_no_mig_device_ends_the_list_as_in_cuda(fake_nvml: FakeNvml) -> None:
+    # No GPU is in MIG mode, so the MIG entry resolves to nothing: CUDA stops there.
+    # (MIG entries that do resolve: tests/integration/test_nvml_mig.py.)
     fake_nvml.write(_fleet(2))
     value = f"MIG-2a3b4c5d-0000-0000-0000-000000000000,{fake_uuid(1)}"
     snap = fake_nvml.snapshot(fake_nvml.env({"CUDA_VISIBLE_DEVICES": value}))
-    assert [g["index"] for g in snap["gpus"]] == [1]
-    assert "MIG device" in snap["reason"] and "whole GPUs" in snap["reason"]
+    assert snap["gpus"] == []
+    assert "MIG-2a3b4c5d" in snap["reason"] and "later entries ignored" in snap["reason"]
 
 
 def test_decision_respects_visible_devices_and_hands_over_the_uuid(fake_nvml: FakeNvml) -> None:
@@ -290,6 +292,10 @@ class TestDevicesCli:
             "processes",
             "healthy",
             "reason",
+            "mig_mode",
+            "mig_reason",
+            "mig_devices",
+            "mig",
         ]
         assert len(doc["nvml"]["gpus"]) == 4
         decision = doc["decision"]
