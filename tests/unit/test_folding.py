@@ -18,6 +18,7 @@ from fedgpu.server.rounds.folding import FoldQueue, Waiting
 from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.fednova import FedNova
+from fedgpu.server.strategies.update import UpdateIn
 
 GLOBAL = {"w": np.zeros(4096, np.float32)}
 
@@ -29,7 +30,7 @@ class Counting(FedAvg):
         super().__init__()
         self.sweeps: list[int] = []
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
         self.sweeps.append(len(updates))
         super().add_many(updates)
 
@@ -129,7 +130,7 @@ class Blocking(Counting):
         self.entered = threading.Event()
         self.go = threading.Event()
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
         self.entered.set()
         assert self.go.wait(30)
         super().add_many(updates)
