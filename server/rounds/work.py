@@ -1,6 +1,7 @@
 """The aggregator's side of unlike sites (fedgpu/core/hetero_config.py): the time budget sent
-with every task, each update's local steps handed to strategies that normalise by them
-(FedNova, as its table row asks), and compressed updates (int8, top-k) checked and decoded into block sources."""
+with every task, each update handed to its strategy with what the strategy's table row asks
+for (FedNova's local steps, FedBuff's staleness), and compressed updates (int8, top-k) checked
+and decoded into block sources."""
 
 from __future__ import annotations
 

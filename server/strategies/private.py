@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS, UpdateNeed
 from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
 from fedgpu.core.privacy.mechanisms import (
     AdaptiveClip,
@@ -36,7 +37,6 @@ from fedgpu.core.privacy.mechanisms import (
     noise_generator,
     update_noise_multiplier,
 )
-from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS, UpdateNeed
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.update import UpdateIn

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from fedgpu.core.job.strategies import STRATEGY_SPECS
+from fedgpu.core.privacy import parse_privacy
 from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.strategies import make_strategy
+from fedgpu.server.strategies.private import PrivateStrategy
 from fedgpu.server.strategies.update import UpdateIn
 
 RNG = np.random.default_rng(34)
@@ -197,3 +199,16 @@ def test_a_refused_round_leaves_the_moments_as_they_were() -> None:
     s.finish()  # no commit
     for n, a in before.items():
         np.testing.assert_array_equal(s.arrays["v"][n], a)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["fedyogi", "fedadagrad"])
+def test_central_dp_wraps_them_and_noises_the_mean_they_read(name: str) -> None:
+    # Their row is mean-only: DP's noise on the mean is what the optimiser reads.
+    settings = parse_privacy({"mode": "central", "clip_norm": 10.0, "noise_multiplier": 1.0})
+    private = make_strategy(name, {}, settings, 3)
+    assert isinstance(private, PrivateStrategy) and private.inner.name == name
+    g = model()
+    ups = updates_near(g, 4, 0.01)
+    noised, plain = run_round(private, g, ups), run_round(make_strategy(name), g, ups)
+    assert private.round_report()["noise_std"] > 0  # type: ignore[index]
+    assert not np.allclose(noised["fc.w"], plain["fc.w"])
