@@ -44,6 +44,7 @@ from fedgpu.node import weights
 from fedgpu.node.rounds import runner
 from fedgpu.node.rounds.workfiles import WEIGHTS_IN, WEIGHTS_OUT
 from fedgpu.server.strategies import make_strategy
+from fedgpu.server.strategies.update import UpdateIn
 
 HP = {"lr": 0.1, "local_epochs": 2, "batch_size": 32}
 # `--task images`: a ResNet-8 of width 8 on 16x16 synthetic images (fedgpu data synth-images);
@@ -114,7 +115,8 @@ def run(nodes: list[Path], rounds: int, level: str, eps: float, clip: float, see
             train_s.append(res.train_seconds)
             node_eps.append(res.train_metrics.get("dp_epsilon_total", 0.0))
             noise = res.train_metrics.get("dp_noise_multiplier", noise)
-            strategy.add(codec.decode((work / WEIGHTS_OUT).read_bytes())[0], res.num_examples)
+            strategy.add(UpdateIn(codec.decode((work / WEIGHTS_OUT).read_bytes())[0],
+                                  res.num_examples))
         if not added:
             diverged = number - 1
             break

@@ -29,6 +29,7 @@ from fedgpu.server.rounds.plans import TrainPlan
 from fedgpu.server.rounds.records import RingInfo, RoundRecord, UpdateRecord
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.strategies.base import Strategy
+from fedgpu.server.strategies.update import UpdateIn
 
 log = logging.getLogger("fedgpu.server.rounds.ring")
 
@@ -42,7 +43,7 @@ class RingAverage(Strategy):
     arrive. D-PSGD's output is the plain mean: every copy counts the same, whatever its data.
     No optimiser state: the base's empty state and checkpoint hooks serve."""
 
-    name = "ring"
+    name = "ring"  # the strategy table's internal row (mode = "ring")
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,10 +58,9 @@ class RingAverage(Strategy):
         self._sum = {}
         self._sq, self._n = 0.0, 0
 
-    def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
-        del num_examples
+    def add(self, update: UpdateIn) -> None:
         n = self._n + 1
-        for name, arr in tensors.items():
+        for name, arr in update.tensors.items():
             x = np.asarray(arr, dtype=np.float64)
             if np.issubdtype(self._dtypes.get(name, x.dtype), np.floating):
                 self._sq += float(np.vdot(x, x))

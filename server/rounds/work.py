@@ -1,6 +1,7 @@
 """The aggregator's side of unlike sites (fedgpu/core/hetero_config.py): the time budget sent
-with every task, each update's local steps handed to strategies that normalise by them
-(FedNova), and compressed updates (int8, top-k) checked and decoded into block sources."""
+with every task, each update handed to its strategy with what the strategy's table row asks
+for (FedNova's local steps, FedBuff's staleness), and compressed updates (int8, top-k) checked
+and decoded into block sources."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import Any
 from fedgpu.core import codec
 from fedgpu.core.config import Job
 from fedgpu.core.hetero_config import BUDGET_HPARAM, LocalWork
+from fedgpu.core.job.strategies import UpdateNeed
 from fedgpu.core.update_codecs import UpdateCodec, UpdateCodecError, decode_update
 from fedgpu.proto import pb
 from fedgpu.server.rounds.states import Reject
 from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
 from fedgpu.server.strategies.base import Strategy
-from fedgpu.server.strategies.fedavg import FedAvg
+from fedgpu.server.strategies.update import UpdateIn
 
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
@@ -58,40 +60,40 @@ def decode_payload(job: Job, kind: int, payload: bytes | bytearray | memoryview,
                              f"payload is not a valid tensor set: {exc}") from None
 
 
-def add_update(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int,
-               train_metrics: Mapping[str, float], staleness: int = 0) -> None:
-    """strategy.add, with the update's local steps where the strategy normalises by them, or
-    its staleness (model versions since its task) where the strategy weighs by it."""
-    if getattr(strategy, "needs_staleness", False):
-        strategy.add(tensors, num_examples, staleness=staleness)  # type: ignore[call-arg]
-        return
-    if not getattr(strategy, "needs_local_steps", False):
-        strategy.add(tensors, num_examples)
-        return
-    steps = train_metrics.get("steps")
-    if steps is None or not (math.isfinite(steps) and steps > 0):
-        raise UpdateRejected(
-            Reject.MALFORMED,
-            f"strategy {strategy.name!r} needs the update's local steps (train metric 'steps' "
-            f"> 0), got {steps!r}: the task must report how many optimizer steps it took")
-    strategy.add(tensors, num_examples, local_steps=steps)  # type: ignore[call-arg]
+def update_in(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int,
+              train_metrics: Mapping[str, float], staleness: int = 0) -> UpdateIn:
+    """The update as its strategy's table row asks for it: the local steps where it normalises
+    by them (refused when the task did not report them), its staleness (model versions since
+    its task) where it weighs by it."""
+    needs = strategy.needs
+    steps = None
+    if UpdateNeed.LOCAL_STEPS in needs:
+        steps = train_metrics.get("steps")
+        if steps is None or not (math.isfinite(steps) and steps > 0):
+            raise UpdateRejected(
+                Reject.MALFORMED,
+                f"strategy {strategy.name!r} needs the update's local steps (train metric "
+                f"'steps' > 0), got {steps!r}: the task must report how many optimizer steps "
+                f"it took")
+    return UpdateIn(tensors, num_examples, local_steps=steps,
+                    staleness=staleness if UpdateNeed.STALENESS in needs else 0)
 
 
 Item = tuple[Mapping[str, Any], int, Mapping[str, float], int]
 
 
 def fold_updates(strategy: Strategy, items: list[Item]) -> list[BaseException | None]:
-    """add_update for each (tensors, num_examples, train_metrics, staleness), what each one
-    raised in its place. Several updates for a strategy that only weighs by examples (FedAvg
-    and the server optimisers on its mean) go into its sum in one sweep: one pass over the
-    sum for all of them instead of one each."""
-    if len(items) > 1 and isinstance(strategy, FedAvg) and type(strategy).add is FedAvg.add:
-        strategy.add_many([(tensors, n) for tensors, n, _, _ in items])
+    """Each (tensors, num_examples, train_metrics, staleness) into the strategy, what each one
+    raised in its place. Several updates for a strategy that needs nothing but their examples
+    and declares add_many (FedAvg and the server optimisers on its mean) go into its sum in
+    one sweep: one pass over the sum for all of them instead of one each."""
+    if len(items) > 1 and strategy.folds_many and strategy.needs == {UpdateNeed.EXAMPLES}:
+        strategy.add_many([UpdateIn(tensors, n) for tensors, n, _, _ in items])
         return [None] * len(items)
     errors: list[BaseException | None] = []
     for tensors, n, metrics, staleness in items:
         try:
-            add_update(strategy, tensors, n, metrics, staleness)
+            strategy.add(update_in(strategy, tensors, n, metrics, staleness))
         except Exception as exc:  # noqa: BLE001 - this update's, not its neighbours'
             errors.append(exc)
         else:

@@ -29,6 +29,7 @@ from fedgpu.server.rounds.records import (
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.secagg.driver import SecAggRound
 from fedgpu.server.strategies.private import PrivateStrategy
+from fedgpu.server.strategies.update import UpdateIn
 
 
 class SecAggPlan(StarPlan):
@@ -88,7 +89,7 @@ class SecAggPlan(StarPlan):
         async with run._agg_lock:
             t0 = time.perf_counter()
             new = await asyncio.to_thread(layout.apply, run.global_weights, outcome.mean)
-            await asyncio.to_thread(run.strategy.add, new, outcome.total_weight)
+            await asyncio.to_thread(run.strategy.add, UpdateIn(new, outcome.total_weight))
             if isinstance(run.strategy, PrivateStrategy) and run.strategy.distributed:
                 run.strategy.secure_sum(sround.params.threshold, outcome.report.masked)
             rnd.aggregation_s += time.perf_counter() - t0

@@ -286,7 +286,7 @@ def _floating(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
-def _pseudo_gradients(
+def pseudo_gradients(
     global_weights: Mapping[str, np.ndarray],
     mean: Mapping[str, np.ndarray],
     out: dict[str, np.ndarray],
@@ -311,7 +311,7 @@ def momentum_step(
 ) -> dict[str, np.ndarray]:
     """FedAvgM: v <- momentum * v + delta; x <- x + lr * v. Updates `velocity` in place."""
     out: dict[str, np.ndarray] = {}
-    for name, g, delta in _pseudo_gradients(global_weights, mean, out):
+    for name, g, delta in pseudo_gradients(global_weights, mean, out):
         v = velocity.get(name)
         if v is None:
             v = velocity[name] = np.zeros(g.shape, delta.dtype)
@@ -337,7 +337,7 @@ def adam_step(
     Updates `m` and `v` in place.
     """
     out: dict[str, np.ndarray] = {}
-    for name, g, delta in _pseudo_gradients(global_weights, mean, out):
+    for name, g, delta in pseudo_gradients(global_weights, mean, out):
         dt = delta.dtype
         mm = m.setdefault(name, np.zeros(g.shape, dt))
         vv = v.setdefault(name, np.zeros(g.shape, dt))

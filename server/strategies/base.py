@@ -3,49 +3,54 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fedgpu.core.errors import ConfigError
+from fedgpu.core.job.strategies import STRATEGY_SPECS, Scalar, StrategySpec, UpdateNeed
+from fedgpu.server.strategies.update import UpdateIn
 
 Weights = dict[str, np.ndarray]
 
 
 class Strategy(ABC):
-    name: str = ""
-    # Allowed [strategy_params] keys and their defaults; anything else is refused by name.
-    defaults: ClassVar[dict[str, Any]] = {}
+    """A strategy is built from its row of the strategy table (fedgpu/core/job/strategies.py):
+    the row names and checks its [strategy_params] and says what each update must carry."""
+
+    # The table row's name; the class is registered under it (server/strategies/__init__.py).
+    name: ClassVar[str] = ""
+    # add_many(updates) folds several updates in one sweep. Used only where the row needs
+    # nothing but examples (server/rounds/work.py), so a class whose add reads more, or does
+    # more than add to a weighted sum, sets it False.
+    folds_many: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ConfigError(
-                f"job: [strategy_params] {', '.join(unknown)} not understood by strategy "
-                f"{self.name!r} (allowed: {allowed})"
-            )
-        self.params = {**self.defaults, **params}
+        self.spec: StrategySpec = STRATEGY_SPECS[self.name]
+        # Checked, typed, aliases mapped to Flower's names, defaults filled in: the table is
+        # the one place that knows them.
+        self.params: dict[str, Scalar] = self.spec.parse_params(params or {}, "job")
 
-    def param(self, key: str, check: Callable[[float], bool], expected: str) -> float:
-        """A numeric parameter, refused with the key and the valid range in the message."""
-        value = self.params[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not check(value):
-            raise ConfigError(
-                f"job: [strategy_params] {key} of strategy {self.name!r} must be {expected}, "
-                f"got {value!r}"
-            )
-        return float(value)
+    @property
+    def needs(self) -> frozenset[UpdateNeed]:
+        """What each update must carry besides its tensors (the row's `needs`)."""
+        return self.spec.needs
+
+    def number(self, key: str) -> float:
+        """A numeric parameter (checked against its range by the table already)."""
+        return float(self.params[key])  # type: ignore[arg-type]
 
     @abstractmethod
     def begin_round(self, global_weights: Mapping[str, np.ndarray]) -> None:
         """Prepare to receive the updates of one round."""
 
     @abstractmethod
-    def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
+    def add(self, update: UpdateIn) -> None:
         """Fold in one validated update; the caller serialises calls."""
+
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
+        """Several updates that arrived together (only where folds_many is True)."""
+        raise NotImplementedError(f"strategy {self.name!r} folds updates one at a time")
 
     @abstractmethod
     def finish(self) -> Weights:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
 from fedgpu.server.strategies.aggregate import WeightedSum
 from fedgpu.server.strategies.base import Strategy, Weights
+from fedgpu.server.strategies.update import UpdateIn
 
 
 class FedAvg(Strategy):
     name = "fedavg"
+    folds_many: ClassVar[bool] = True
     # Applied to the mean before anything reads it, server optimisers included: central DP's
     # noise (server/strategies/private.py).
     mean_hook: Callable[[Weights], Weights] | None = None
@@ -41,14 +43,14 @@ class FedAvg(Strategy):
         if reuse is not None:
             self._spares.remove(reuse)
 
-    def add(self, tensors: Mapping[str, Any], num_examples: int) -> None:
+    def add(self, update: UpdateIn) -> None:
         assert self._sum is not None, "begin_round first"
-        self._sum.add(tensors, float(num_examples))
+        self._sum.add(update.tensors, float(update.num_examples))
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
         """Several updates that arrived together, in one sweep over the sum."""
         assert self._sum is not None, "begin_round first"
-        self._sum.add_many([(tensors, float(n)) for tensors, n in updates])
+        self._sum.add_many([(u.tensors, float(u.num_examples)) for u in updates])
 
     def finish(self) -> Weights:
         assert self._sum is not None, "begin_round first"

@@ -14,13 +14,12 @@ from fedgpu.server.strategies.server_opt import ServerOptimizer
 
 class FedAvgM(ServerOptimizer):
     name = "fedavgm"
-    defaults = {"server_lr": 1.0, "momentum": 0.9}
     slots = ("velocity",)
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
-        self.server_lr = self.param("server_lr", lambda v: v > 0, "a positive number")
-        self.momentum = self.param("momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
+        self.server_lr = self.number("server_lr")
+        self.momentum = self.number("momentum")
 
     @property
     def velocity(self) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ hetero_math.py). Built by mode = "async" (server/rounds/buffered.py), not named 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -14,11 +14,12 @@ from fedgpu.server.strategies.base import Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.hetero_math import buffer_factor, staleness_weight
 from fedgpu.server.strategies.scaled import scaled_step
+from fedgpu.server.strategies.update import UpdateIn
 
 
 class FedBuff(FedAvg):
     name = "fedbuff"
-    needs_staleness: ClassVar[bool] = True
+    folds_many: ClassVar[bool] = False  # each update weighs by its own staleness
 
     def __init__(self, weighting: StalenessWeighting = StalenessWeighting.SQRT) -> None:
         super().__init__({})
@@ -32,11 +33,11 @@ class FedBuff(FedAvg):
         self._global = global_weights
         self._examples, self._weights = [], []
 
-    def add(self, tensors: Mapping[str, Any], num_examples: int, staleness: int = 0) -> None:
+    def add(self, update: UpdateIn) -> None:
         assert self._sum is not None, "begin_round first"
-        w = staleness_weight(staleness, self.weighting)
-        self._sum.add(tensors, num_examples * w)
-        self._examples.append(float(num_examples))
+        w = staleness_weight(update.staleness, self.weighting)
+        self._sum.add(update.tensors, update.num_examples * w)
+        self._examples.append(float(update.num_examples))
         self._weights.append(w)
 
     def finish(self) -> Weights:

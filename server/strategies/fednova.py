@@ -17,6 +17,7 @@ from fedgpu.server.strategies.hetero_math import (
     local_steps_norm,
 )
 from fedgpu.server.strategies.scaled import scaled_step
+from fedgpu.server.strategies.update import UpdateIn
 
 
 class FedNova(FedAvg):
@@ -27,14 +28,13 @@ class FedNova(FedAvg):
     # models (tau_eff = the harmonic mean of the a_i). The paper's tau_eff = sum p_i a_i gives
     # F > 1, an extrapolation past every site's model along the slow sites' few steps: with a
     # 10x spread of steps and momentum 0.9 it sent digits to chance (benchmarks/HETERO.md).
-    defaults = {"local_momentum": 0.0, "server_lr": 1.0, "max_factor": 1.0}
-    needs_local_steps: ClassVar[bool] = True
+    folds_many: ClassVar[bool] = False  # each update weighs by its own local steps
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
-        self.momentum = self.param("local_momentum", lambda v: 0 <= v < 1, "a number in [0, 1)")
-        self.server_lr = self.param("server_lr", lambda v: v > 0, "a positive number")
-        self.max_factor = self.param("max_factor", lambda v: v >= 1, "a number >= 1")
+        self.momentum = self.number("local_momentum")
+        self.server_lr = self.number("server_lr")
+        self.max_factor = self.number("max_factor")
         self._global: Mapping[str, np.ndarray] | None = None
         self._examples: list[float] = []
         self._norms: list[float] = []
@@ -45,14 +45,13 @@ class FedNova(FedAvg):
         self._global = global_weights
         self._examples, self._norms = [], []
 
-    def add(self, tensors: Mapping[str, Any], num_examples: int,
-            local_steps: float | None = None) -> None:
-        if local_steps is None:
+    def add(self, update: UpdateIn) -> None:
+        if update.local_steps is None:
             raise ValueError("fednova needs each update's local steps (train metric 'steps')")
-        a = local_steps_norm(local_steps, self.momentum)
+        a = local_steps_norm(update.local_steps, self.momentum)
         assert self._sum is not None, "begin_round first"
-        self._sum.add(tensors, fednova_weight(num_examples, a))
-        self._examples.append(float(num_examples))
+        self._sum.add(update.tensors, fednova_weight(update.num_examples, a))
+        self._examples.append(float(update.num_examples))
         self._norms.append(a)
 
     def finish(self) -> Weights:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS, UpdateNeed
 from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
 from fedgpu.core.privacy.mechanisms import (
     AdaptiveClip,
@@ -36,9 +37,9 @@ from fedgpu.core.privacy.mechanisms import (
     noise_generator,
     update_noise_multiplier,
 )
-from fedgpu.core.privacy.settings import MEAN_STRATEGIES
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
+from fedgpu.server.strategies.update import UpdateIn
 
 if TYPE_CHECKING:
     from fedgpu.core.privacy.accountant import Accountant
@@ -71,11 +72,17 @@ class PrivateStrategy(Strategy):
     name = "private"
 
     def __init__(self, inner: Strategy, privacy: PrivacySettings, rounds: int) -> None:
-        super().__init__()
-        if not isinstance(inner, FedAvg):
+        # Not a row of the strategy table: it wraps one, and its updates carry what the
+        # inner row asks for. No [strategy_params] of its own. Central mode weighs every
+        # update 1 instead of its examples, so the row must need nothing else.
+        if not (inner.spec.dp_ok and isinstance(inner, FedAvg)
+                and inner.needs == {UpdateNeed.EXAMPLES}):
+            ok = [n for n in JOB_STRATEGIES if STRATEGY_SPECS[n].dp_ok]
             raise ConfigError(
-                f"job: [privacy] needs a strategy that averages ({', '.join(MEAN_STRATEGIES)}), "
+                f"job: [privacy] needs a strategy that averages ({', '.join(ok)}), "
                 f"not {inner.name!r}: the noise is calibrated to the mean of clipped updates")
+        self.spec = inner.spec
+        self.params = {}
         self.inner = inner
         self.privacy = privacy
         self.central = privacy.mode is PrivacyMode.CENTRAL
@@ -135,15 +142,15 @@ class PrivateStrategy(Strategy):
             raise ValueError(f"a secure sum of {sites} inputs, fewer than n_min = {min_sites}")
         self._secure_sum = (min_sites, sites)
 
-    def add(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> None:
+    def add(self, update: UpdateIn) -> None:
         if not self.central:
             # Already clipped and noised by the node: weighting by examples is post-processing.
-            self.inner.add(tensors, num_examples)
+            self.inner.add(update)
             return
         assert self._global is not None, "begin_round first"
-        clipped, norm = clip_local(tensors, self._global, self.clip_norm)
+        clipped, norm = clip_local(update.tensors, self._global, self.clip_norm)
         self._norms.append(norm)
-        self.inner.add(clipped, 1)
+        self.inner.add(UpdateIn(clipped, 1))
 
     def _noise_the_mean(self, mean: Weights) -> Weights:
         m = len(self._norms)

@@ -14,7 +14,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from fedgpu.core import codec
 from fedgpu.server.strategies.aggregate import acc_dtype, cast_back
 
 Reducer = Callable[[np.ndarray], np.ndarray]
+Visitor = Callable[[str, int, np.ndarray], None]
 
 
 class UpdateSpill:
@@ -50,31 +51,51 @@ class UpdateSpill:
                 fh.write(seg)
         self._files.append((path, _offsets(path)))
 
-    def reduce(self, reducer: Reducer, budget_bytes: int) -> dict[str, np.ndarray]:
-        """reducer((K, n) block in the working dtype) -> (n,) for every tensor, slice by slice.
+    def reduce(self, reducer: Reducer, budget_bytes: int,
+               rows: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+        """reducer((K, n) block in the working dtype) -> (n,) for every tensor, slice by slice;
+        `rows`: only those updates (in that order), K = len(rows).
 
         The block may be reordered by the reducer. Memory beyond the result: one block of at
         most `budget_bytes` (at least one column).
         """
-        k = len(self._files)
-        if k == 0:
+        out: dict[str, np.ndarray] = {}
+        for name, blocks in self._tensors(budget_bytes, rows):
+            dtype, shape = self._like[name]
+            result = np.empty(int(np.prod(shape, dtype=np.int64)), acc_dtype(dtype))
+            for start, block in blocks:
+                result[start : start + block.shape[1]] = reducer(block)
+            out[name] = cast_back(result.reshape(shape), dtype)
+        return out
+
+    def scan(self, visit: Visitor, budget_bytes: int) -> None:
+        """visit(tensor name, first column, (K, n) block in the working dtype) over every
+        update's values, slice by slice: for statistics of whole updates (Krum's distances).
+        Memory: one block of at most `budget_bytes` (at least one column)."""
+        for name, blocks in self._tensors(budget_bytes, None):
+            for start, block in blocks:
+                visit(name, start, block)
+
+    def _tensors(self, budget: int, rows: Sequence[int] | None
+                 ) -> Iterator[tuple[str, Iterator[tuple[int, np.ndarray]]]]:
+        files = self._files if rows is None else [self._files[r] for r in rows]
+        if not files:
             raise ValueError("no updates were added")
-        fds = [os.open(p, os.O_RDONLY) for p, _ in self._files]
+        fds = [os.open(p, os.O_RDONLY) for p, _ in files]
         try:
-            out: dict[str, np.ndarray] = {}
             for name, (dtype, shape) in self._like.items():
-                out[name] = self._reduce_tensor(name, dtype, shape, fds, reducer, budget_bytes)
-            return out
+                yield name, self._blocks(name, dtype, shape, fds, files, budget)
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _reduce_tensor(self, name: str, dtype: np.dtype, shape: tuple[int, ...],
-                       fds: list[int], reducer: Reducer, budget: int) -> np.ndarray:
+    @staticmethod
+    def _blocks(name: str, dtype: np.dtype, shape: tuple[int, ...], fds: list[int],
+                files: list[tuple[Path, dict[str, int]]], budget: int
+                ) -> Iterator[tuple[int, np.ndarray]]:
         k = len(fds)
         work_dt = acc_dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64))
-        result = np.empty(size, work_dt)
         # A raw buffer in the file's dtype is needed only when it differs from the working one.
         per_column = k * (work_dt.itemsize + (dtype.itemsize if dtype != work_dt else 0))
         cols = max(1, min(size, budget // per_column))
@@ -82,7 +103,7 @@ class UpdateSpill:
         raw = work if dtype == work_dt else np.empty((k, cols), dtype)
         for start in range(0, size, cols):
             n = min(cols, size - start)
-            for row, (fd, (_, offsets)) in enumerate(zip(fds, self._files, strict=True)):
+            for row, (fd, (_, offsets)) in enumerate(zip(fds, files, strict=True)):
                 dest = memoryview(raw[row, :n].view(np.uint8))
                 got = os.preadv(fd, [dest], offsets[name] + start * dtype.itemsize)
                 if got != dest.nbytes:
@@ -90,8 +111,7 @@ class UpdateSpill:
             block = work[:, :n]
             if raw is not work:
                 block[...] = raw[:, :n]
-            result[start : start + n] = reducer(block)
-        return cast_back(result.reshape(shape), dtype)
+            yield start, block
 
     def cleanup(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

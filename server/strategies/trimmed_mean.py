@@ -13,11 +13,10 @@ from fedgpu.server.strategies.robust import SpilledStrategy
 
 class TrimmedMean(SpilledStrategy):
     name = "trimmed_mean"
-    defaults = {**SpilledStrategy.defaults, "trim": 0.1}
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
-        self.trim = self.param("trim", lambda v: 0 <= v < 0.5, "a number in [0, 0.5)")
+        self.trim = self.number("trim")
 
     def reduce(self, block: np.ndarray) -> np.ndarray:
         return trimmed_mean(block, self.trim)

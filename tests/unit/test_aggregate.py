@@ -9,6 +9,7 @@ import pytest
 from fedgpu.core.errors import ConfigError
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.aggregate import WeightedSum, weighted_mean, weighted_metric
+from fedgpu.server.strategies.update import UpdateIn
 
 RNG = np.random.default_rng(1)
 
@@ -102,8 +103,8 @@ def test_fedavg_strategy_rounds() -> None:
     g = model()
     s.begin_round(g)
     u1, u2 = model(), model()
-    s.add(u1, 10)
-    s.add(u2, 30)
+    s.add(UpdateIn(u1, 10))
+    s.add(UpdateIn(u2, 30))
     out = s.finish()
     np.testing.assert_allclose(out["fc.b"], (u1["fc.b"] * 10 + u2["fc.b"] * 30) / 40, rtol=1e-5)
 
@@ -148,13 +149,13 @@ def test_server_optimiser_state_changes_only_when_the_round_is_kept() -> None:
     s = make_strategy("fedadam", {"eta": 0.1})
     g = {"w": np.zeros(3, np.float32)}
     s.begin_round(g)
-    s.add({"w": np.ones(3, np.float32)}, 1)
+    s.add(UpdateIn({"w": np.ones(3, np.float32)}, 1))
     s.finish()
     s.commit()
     kept = {k: v.copy() for k, v in s.tensor_state().items()}
     # A round whose deltas square to inf in float32: the proposal is flagged and dropped.
     s.begin_round(g)
-    s.add({"w": np.full(3, 1e20, np.float32)}, 1)
+    s.add(UpdateIn({"w": np.full(3, 1e20, np.float32)}, 1))
     s.finish()
     assert s.pending_problem() == "optimiser state v/w is not finite"
     s.begin_round(g)  # the retry starts from the kept moments

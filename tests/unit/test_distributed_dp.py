@@ -27,6 +27,7 @@ from fedgpu.node.secagg import noise_share_of
 from fedgpu.proto import pb
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.private import PrivateStrategy
+from fedgpu.server.strategies.update import UpdateIn
 
 Z, C = 1.5, 0.5
 
@@ -145,7 +146,7 @@ def test_the_aggregator_adds_no_noise_and_accounts_z_per_round() -> None:
     g = {"w": np.zeros(1000, np.float32)}
     unmasked = {"w": np.full(1000, 0.25, np.float32)}
     s.begin_round(g)
-    s.add(unmasked, 4)  # the secure plan's one update: global + the unmasked mean
+    s.add(UpdateIn(unmasked, 4))  # the secure plan's one update: global + the unmasked mean
     s.secure_sum(3, 4)
     new = s.finish()
     s.commit()
@@ -161,7 +162,7 @@ def test_the_aggregator_adds_no_noise_and_accounts_z_per_round() -> None:
     # The budget stops the job as in central mode, with the same multiplier.
     while s.exhausted() is None:
         s.begin_round(g)
-        s.add(unmasked, 3)
+        s.add(UpdateIn(unmasked, 3))
         s.secure_sum(3, 3)
         s.finish()
         s.commit()

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from fedgpu.server.rounds.folding import FoldQueue, Waiting
 from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.fednova import FedNova
+from fedgpu.server.strategies.update import UpdateIn
 
 GLOBAL = {"w": np.zeros(4096, np.float32)}
 
@@ -29,7 +29,7 @@ class Counting(FedAvg):
         super().__init__()
         self.sweeps: list[int] = []
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
         self.sweeps.append(len(updates))
         super().add_many(updates)
 
@@ -129,7 +129,7 @@ class Blocking(Counting):
         self.entered = threading.Event()
         self.go = threading.Event()
 
-    def add_many(self, updates: Sequence[tuple[Mapping[str, Any], int]]) -> None:
+    def add_many(self, updates: Sequence[UpdateIn]) -> None:
         self.entered.set()
         assert self.go.wait(30)
         super().add_many(updates)

@@ -17,6 +17,7 @@ from fedgpu.server.strategies.hetero_math import (
     staleness_refusal,
     staleness_weight,
 )
+from fedgpu.server.strategies.update import UpdateIn
 
 
 def test_local_steps_norm_by_hand() -> None:
@@ -38,10 +39,10 @@ def test_fednova_hand_computed_example() -> None:
     s = make_strategy("fednova", {"max_factor": 10})
     g = {"w": np.array([0.0, 10.0], np.float32), "n": np.array(4, np.int64)}
     s.begin_round(g)
-    s.add({"w": np.array([1.0, 11.0], np.float32), "n": np.array(5, np.int64)}, 3,
-          local_steps=1)
-    s.add({"w": np.array([6.0, 16.0], np.float32), "n": np.array(9, np.int64)}, 1,
-          local_steps=3)
+    s.add(UpdateIn({"w": np.array([1.0, 11.0], np.float32), "n": np.array(5, np.int64)}, 3,
+                   local_steps=1))
+    s.add(UpdateIn({"w": np.array([6.0, 16.0], np.float32), "n": np.array(9, np.int64)}, 1,
+                   local_steps=3))
     out = s.finish()
     np.testing.assert_allclose(out["w"], [1.875, 11.875], rtol=1e-6)
     assert out["w"].dtype == np.float32
@@ -60,15 +61,15 @@ def test_fednova_by_default_never_steps_past_the_sites_models() -> None:
     s = make_strategy("fednova")
     g = {"w": np.array([0.0, 10.0], np.float32)}
     s.begin_round(g)
-    s.add({"w": np.array([1.0, 11.0], np.float32)}, 3, local_steps=1)
-    s.add({"w": np.array([6.0, 16.0], np.float32)}, 1, local_steps=3)
+    s.add(UpdateIn({"w": np.array([1.0, 11.0], np.float32)}, 3, local_steps=1))
+    s.add(UpdateIn({"w": np.array([6.0, 16.0], np.float32)}, 1, local_steps=3))
     np.testing.assert_allclose(s.finish()["w"], [1.5, 11.5], rtol=1e-6)
     assert s.last_factor == 1.0  # type: ignore[attr-defined]
     # A fast site's 500 steps against two slow sites' 50, momentum 0.9: capped from ~3.
     nova = make_strategy("fednova", {"local_momentum": 0.9})
     nova.begin_round(g)
     for steps in (500, 50, 50):
-        nova.add({"w": np.array([1.0, 11.0], np.float32)}, 100, local_steps=steps)
+        nova.add(UpdateIn({"w": np.array([1.0, 11.0], np.float32)}, 100, local_steps=steps))
     np.testing.assert_allclose(nova.finish()["w"], [1.0, 11.0], rtol=1e-6)
     norms = [local_steps_norm(t, 0.9) for t in (500, 50, 50)]
     assert fednova_factor([100] * 3, norms) > 2.5
@@ -84,8 +85,8 @@ def test_fednova_is_fedavg_when_local_work_is_equal() -> None:
     nova.begin_round(g)
     avg.begin_round(g)
     for u, n in ups:
-        nova.add(u, n, local_steps=40)
-        avg.add(u, n)
+        nova.add(UpdateIn(u, n, local_steps=40))
+        avg.add(UpdateIn(u, n))
     np.testing.assert_allclose(nova.finish()["w"], avg.finish()["w"], rtol=1e-5, atol=1e-6)
 
 
@@ -94,12 +95,12 @@ def test_fednova_on_deltas_and_its_refusals() -> None:
     s.deltas = True  # type: ignore[attr-defined]
     g = {"w": np.array([10.0], np.float32)}
     s.begin_round(g)
-    s.add({"w": np.array([1.0], np.float32)}, 3, local_steps=1)
-    s.add({"w": np.array([6.0], np.float32)}, 1, local_steps=3)
+    s.add(UpdateIn({"w": np.array([1.0], np.float32)}, 3, local_steps=1))
+    s.add(UpdateIn({"w": np.array([6.0], np.float32)}, 1, local_steps=3))
     np.testing.assert_allclose(s.finish()["w"], [10 + 0.5 * 1.875], rtol=1e-6)
     s.begin_round(g)
     with pytest.raises(ValueError, match="local steps"):
-        s.add({"w": np.array([1.0], np.float32)}, 3)
+        s.add(UpdateIn({"w": np.array([1.0], np.float32)}, 3))
     with pytest.raises(ConfigError, match="local_momentum"):
         make_strategy("fednova", {"local_momentum": 1.0})
 

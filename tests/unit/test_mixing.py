@@ -9,6 +9,7 @@ from fedgpu.core import mixing
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
 from fedgpu.server.rounds.ring import RingAverage, block_range, peer_host
+from fedgpu.server.strategies.update import UpdateIn
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
@@ -83,7 +84,7 @@ def test_streamed_average_and_consensus_distance() -> None:
     avg = RingAverage()
     avg.begin_round(copies[0])
     for c in copies:
-        avg.add(c, num_examples=1000)  # uniform, whatever the data size
+        avg.add(UpdateIn(c, num_examples=1000))  # uniform, whatever the data size
     out = avg.finish()
     stacked = np.stack([c["w"] for c in copies]).astype(np.float64)
     np.testing.assert_allclose(out["w"], stacked.mean(0), rtol=1e-6)

@@ -14,6 +14,7 @@ from fedgpu.core.privacy.accountant import RoundEvent, epsilon_of
 from fedgpu.core.privacy.mechanisms import difference, l2_norm
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.private import PrivateStrategy
+from fedgpu.server.strategies.update import UpdateIn
 
 
 def _private(strategy: str = "fedavg", rounds: int = 5, **table: object) -> PrivateStrategy:
@@ -32,7 +33,7 @@ def _round(s: PrivateStrategy, g: dict[str, np.ndarray], updates: list[dict[str,
            examples: list[int] | None = None) -> dict[str, np.ndarray]:
     s.begin_round(g)
     for u, n in zip(updates, examples or [1] * len(updates), strict=True):
-        s.add(u, n)
+        s.add(UpdateIn(u, n))
     new = s.finish()
     assert s.pending_problem() is None
     s.commit()

@@ -10,9 +10,13 @@ import pytest
 
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
 from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.rounds.ring import RingAverage
 from fedgpu.server.strategies import STRATEGIES, make_strategy
 from fedgpu.server.strategies.aggregate import coordinate_median, trim_count, trimmed_mean
+from fedgpu.server.strategies.fedbuff import FedBuff
+from fedgpu.server.strategies.update import UpdateIn
 
 RNG = np.random.default_rng(7)
 
@@ -29,7 +33,7 @@ def model() -> dict[str, np.ndarray]:
 def run_round(strategy, global_w, updates):  # type: ignore[no-untyped-def]
     strategy.begin_round(global_w)
     for tensors, n in updates:
-        strategy.add(tensors, n)
+        strategy.add(UpdateIn(tensors, n))
     new = strategy.finish()
     strategy.commit()  # what the round engine does once the result is accepted
     return new
@@ -71,6 +75,7 @@ def test_fedavgm_without_momentum_and_unit_lr_is_fedavg() -> None:
 
 
 def test_fedadam_matches_numpy_over_rounds() -> None:
+    # The old names beta1, beta2 are aliases of Flower's beta_1, beta_2.
     p = {"eta": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
     s = make_strategy("fedadam", p)
     g = model()
@@ -199,7 +204,7 @@ def test_retried_round_starts_over(tmp_path: Path) -> None:
     s = make_strategy("median", {"spill_dir": str(tmp_path)})
     g = {"w": np.zeros(3, np.float32)}
     s.begin_round(g)
-    s.add({"w": np.full(3, 100, np.float32)}, 1)
+    s.add(UpdateIn({"w": np.full(3, 100, np.float32)}, 1))
     out = run_round(s, g, [({"w": np.full(3, v, np.float32)}, 1) for v in (1, 2, 3)])
     np.testing.assert_array_equal(out["w"], 2)
 
@@ -207,15 +212,21 @@ def test_retried_round_starts_over(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("fedadam", {"eta": 0}, "eta of strategy 'fedadam' must be a positive number, got 0"),
-        ("fedadam", {"beta1": 1.0}, "beta1 of strategy 'fedadam' must be a number in [0, 1)"),
-        ("fedavgm", {"momentum": "high"}, "momentum of strategy 'fedavgm' must be a number"),
-        ("fedavgm", {"lr": 1}, "lr not understood by strategy 'fedavgm' (allowed: momentum, "
-                               "server_lr)"),
-        ("trimmed_mean", {"trim": 0.5}, "trim of strategy 'trimmed_mean' must be a number in "
-                                        "[0, 0.5), got 0.5"),
-        ("median", {"memory_budget_mib": 0}, "memory_budget_mib of strategy 'median' must be"),
+        ("fedadam", {"eta": 0}, "[strategy_params] eta must be a number > 0, got 0"),
+        ("fedadam", {"beta1": 1.0}, "[strategy_params] beta_1 must be a number in [0, 1), "
+                                    "got 1.0"),
+        ("fedadam", {"beta1": 0.8, "beta_1": 0.8}, "beta_1 and beta1 are the same parameter"),
+        ("fedavgm", {"momentum": "high"}, "[strategy_params] momentum must be a number"),
+        ("fedavgm", {"lr": 1}, "lr not understood by strategy 'fedavgm' (allowed: server_lr, "
+                               "momentum)"),
+        ("trimmed_mean", {"trim": 0.5}, "trim must be a number in [0, 0.5), got 0.5"),
+        ("median", {"memory_budget_mib": 0}, "memory_budget_mib must be an integer >= 1"),
         ("fedavg", {"eta": 1}, "eta not understood by strategy 'fedavg' (allowed: none)"),
+        ("fedyogi", {"beta_2": -0.1}, "beta_2 must be a number in [0, 1), got -0.1"),
+        ("fedadagrad", {"beta_1": 0.9}, "beta_1 not understood by strategy 'fedadagrad'"),
+        ("krum", {"num_malicious_clients": 1.5}, "num_malicious_clients must be an integer"),
+        ("multikrum", {"num_clients_to_keep": 0}, "num_clients_to_keep must be an integer "
+                                                  ">= 1, got 0"),
     ],
 )
 def test_bad_strategy_params_are_named(name: str, params: dict, message: str) -> None:
@@ -224,12 +235,18 @@ def test_bad_strategy_params_are_named(name: str, params: dict, message: str) ->
     assert message in str(err.value)
 
 
-def test_job_file_names_every_strategy() -> None:
-    for name in STRATEGIES:
-        job = parse_job({"task": "t", "strategy": name, "strategy_params": {}})
-        assert make_strategy(job.strategy, job.strategy_params).name == name
-    with pytest.raises(ConfigError, match="'strategy' must be one of"):
-        parse_job({"task": "t", "strategy": "krum"})
+def test_every_table_row_has_one_class_and_every_class_a_row() -> None:
+    # The registry is the table's job-file names, no more, no less; FedBuff and RingAverage
+    # and ring rows (mode = "async" and mode = "ring" build them).
+    assert list(STRATEGIES) == list(JOB_STRATEGIES)
+    internal = {n for n, spec in STRATEGY_SPECS.items() if spec.internal}
+    assert internal == {FedBuff.name, RingAverage.name}
+    for name in JOB_STRATEGIES:
+        s = make_strategy(name)
+        assert type(s) is STRATEGIES[name] and s.name == name
+        assert s.params == STRATEGY_SPECS[name].defaults()  # the row's defaults, filled in
+    with pytest.raises(ConfigError, match="unknown strategy 'fedbuff'"):
+        make_strategy("fedbuff")  # internal: not a job file's to name
 
 
 def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:

@@ -160,10 +160,10 @@ _INDIVIDUAL = ("it needs every site's update on its own, and secure aggregation 
                "reveals their sum")
 
 
-def _server_opt(name: str, doc: str, *, eta: float, beta_1: float | None, beta_2: float | None,
-                tau: float, aliases: bool = False) -> StrategySpec:
+def _server_opt(name: str, doc: str, *, eta: float, eta_l: float, beta_1: float | None,
+                beta_2: float | None, tau: float, aliases: bool = False) -> StrategySpec:
     params = [Param("eta", eta, "server learning rate", **_POSITIVE),
-              Param("eta_l", 0.1, "client learning rate (recorded, as in Flower; the task's "
+              Param("eta_l", eta_l, "client learning rate (recorded, as in Flower; the task's "
                     "own hyperparameters set it)", **_POSITIVE)]
     if beta_1 is not None:
         params.append(Param("beta_1", beta_1, "first-moment decay", **_UNIT,
@@ -176,6 +176,19 @@ def _server_opt(name: str, doc: str, *, eta: float, beta_1: float | None, beta_2
     return StrategySpec(name, doc, tuple(params))
 
 
+def _krum(name: str, doc: str, *, keep: int, keep_doc: str) -> StrategySpec:
+    # Flower's newer API (flwr.serverapp.strategy) names the same two num_malicious_nodes and
+    # num_nodes_to_select: accepted as aliases.
+    return StrategySpec(name, doc, (
+        Param("num_malicious_clients", 0, "sites assumed hostile (f): each update is scored "
+              "by its K - f - 2 nearest others", kind=int, lo=0,
+              aliases=("num_malicious_nodes",)),
+        Param("num_clients_to_keep", keep, keep_doc, kind=int, lo=keep,
+              aliases=("num_nodes_to_select",)),
+        *_SPILL,
+    ), mean_only=False, needs_individual=_INDIVIDUAL)
+
+
 _ROWS: tuple[StrategySpec, ...] = (
     StrategySpec("fedavg", "weighted mean of the updates by examples (McMahan et al. 2017)"),
     StrategySpec("fedavgm", "FedAvg with server momentum (Hsu et al. 2019)", (
@@ -183,28 +196,24 @@ _ROWS: tuple[StrategySpec, ...] = (
         Param("momentum", 0.9, "server momentum", **_UNIT),
     )),
     _server_opt("fedadam", "FedAvg's mean as a pseudo-gradient for Adam (Reddi et al. 2021)",
-                eta=0.01, beta_1=0.9, beta_2=0.99, tau=1e-3, aliases=True),
+                eta=0.01, eta_l=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3, aliases=True),
+    # fedyogi and fedadagrad: Flower's defaults (flwr.serverapp.strategy FedYogi, FedAdagrad;
+    # Flower's older flwr.server.strategy.FedAdagrad had tau = 1e-9).
     _server_opt("fedyogi", "FedAvg's mean as a pseudo-gradient for Yogi (Reddi et al. 2021)",
-                eta=0.01, beta_1=0.9, beta_2=0.99, tau=1e-3),
+                eta=0.01, eta_l=0.0316, beta_1=0.9, beta_2=0.99, tau=1e-3),
     _server_opt("fedadagrad", "FedAvg's mean as a pseudo-gradient for Adagrad (Reddi et al. "
-                "2021)", eta=0.1, beta_1=None, beta_2=None, tau=1e-9),
+                "2021)", eta=0.1, eta_l=0.1, beta_1=None, beta_2=None, tau=1e-3),
     StrategySpec("median", "coordinate-wise median (Yin et al. 2018)", _SPILL,
                  mean_only=False, needs_individual=_INDIVIDUAL),
     StrategySpec("trimmed_mean", "coordinate-wise trimmed mean (Yin et al. 2018)", (
         Param("trim", 0.1, "fraction cut from each end", lo=0.0, hi=0.5, hi_open=True),
         *_SPILL,
     ), mean_only=False, needs_individual=_INDIVIDUAL),
-    StrategySpec("krum", "the update closest to its neighbours (Blanchard et al. 2017)", (
-        Param("num_malicious_clients", 0, "sites assumed hostile (f)", kind=int, lo=0),
-        Param("num_clients_to_keep", 0, "0: the single best update; else the mean of that "
-              "many best (Multi-Krum)", kind=int, lo=0),
-    ), mean_only=False, needs_individual=_INDIVIDUAL),
-    StrategySpec("multikrum", "the mean of the updates closest to their neighbours (El Mhamdi "
-                 "et al. 2018)", (
-        Param("num_malicious_clients", 0, "sites assumed hostile (f)", kind=int, lo=0),
-        Param("num_clients_to_keep", 0, "updates averaged (0: all but num_malicious_clients)",
-              kind=int, lo=0),
-    ), mean_only=False, needs_individual=_INDIVIDUAL),
+    _krum("krum", "the update closest to its neighbours (Blanchard et al. 2017)", keep=0,
+          keep_doc="0: the single best update; else the mean of that many best (Multi-Krum)"),
+    _krum("multikrum", "the mean of the updates closest to their neighbours (Blanchard et "
+          "al. 2017)", keep=1, keep_doc="updates averaged, best first (1, Flower's default: "
+          "Krum)"),
     StrategySpec("fednova", "normalised averaging for unequal local steps (Wang et al. 2020)", (
         Param("local_momentum", 0.0, "the sites' optimizer momentum", **_UNIT),
         Param("server_lr", 1.0, "server learning rate", **_POSITIVE),
@@ -215,6 +224,8 @@ _ROWS: tuple[StrategySpec, ...] = (
     StrategySpec("fedbuff", "staleness-weighted FedAvg of a buffer (Nguyen et al. 2022); "
                  "mode = \"async\" runs it", mean_only=False,
                  needs=frozenset({UpdateNeed.EXAMPLES, UpdateNeed.STALENESS}), internal=True),
+    StrategySpec("ring", "the uniform mean of the ring's copies (D-PSGD's output); mode = "
+                 "\"ring\" runs it", mean_only=False, internal=True),
 )
 
 STRATEGY_SPECS: dict[str, StrategySpec] = {row.name: row for row in _ROWS}
