@@ -26,11 +26,10 @@ from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull
+from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import check_header, ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import Received, Uploads
@@ -39,18 +38,6 @@ from fedgpu.server.transfer.wire_limits import WireError, shown
 log = logging.getLogger("fedgpu.server.federation")
 
 MAX_POLL_S = 30
-
-# The gRPC status each refusal is answered with; anything else is INVALID_ARGUMENT.
-STATUS_OF: dict[Reject, grpc.StatusCode] = {
-    Reject.LATE: grpc.StatusCode.FAILED_PRECONDITION,
-    Reject.STALE_ROUND: grpc.StatusCode.FAILED_PRECONDITION,
-    Reject.DUPLICATE: grpc.StatusCode.ALREADY_EXISTS,
-    Reject.NOT_SELECTED: grpc.StatusCode.PERMISSION_DENIED,
-    Reject.WRONG_TASK: grpc.StatusCode.PERMISSION_DENIED,
-    Reject.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reject.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 
 def _as_dict(msg: Any) -> dict[str, Any]:
     return MessageToDict(msg, preserving_proto_field_name=True,

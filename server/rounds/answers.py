@@ -19,6 +19,7 @@ import numpy as np
 from fedgpu.core import codec
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.folding import FoldQueue, Waiting
 from fedgpu.server.rounds.records import (
@@ -30,8 +31,7 @@ from fedgpu.server.rounds.records import (
     UpdateRecord,
     list_rejection,
 )
-from fedgpu.server.rounds.states import Reject, SlotState
-from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.transfer.payload import ModelPayload, wire_spec
 from fedgpu.server.transfer.wire_limits import shown
 

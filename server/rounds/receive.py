@@ -15,11 +15,10 @@ from google.protobuf.json_format import MessageToDict
 from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.rounds.work import decode_payload
 from fedgpu.server.secagg import intake as secagg_intake
 from fedgpu.server.transfer import wire_limits

@@ -15,10 +15,10 @@ from fedgpu.core.constants import Transport
 from fedgpu.core.secagg.errors import SecAggError
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.records import Rejection, list_rejection
-from fedgpu.server.rounds.states import Reject, SlotState
-from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.secagg.driver import STAGE_OF, SecAggRound
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.wire_limits import WireError, shown

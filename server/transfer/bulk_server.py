@@ -25,11 +25,10 @@ from cryptography.x509.oid import NameOID
 from fedgpu.core import bulk
 from fedgpu.core.bulk import Direction, Status
 from fedgpu.core.constants import Transport
-from fedgpu.server.federation_service import STATUS_OF, FederationService
+from fedgpu.server.federation_service import FederationService
+from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer.bulk_gate import PreTicketGate, Watchdog
 from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
 from fedgpu.server.transfer.uploads import Received

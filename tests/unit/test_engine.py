@@ -24,11 +24,10 @@ from fedgpu.proto import pb
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.memory_store import MemoryStore
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer.uploads import Received
 
 W0 = {"w": np.zeros(4, np.float32)}

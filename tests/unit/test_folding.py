@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from fedgpu.proto import pb
+from fedgpu.server.rejections import UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.folding import FoldQueue, Waiting
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.fednova import FedNova
 

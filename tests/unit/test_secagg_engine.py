@@ -23,9 +23,9 @@ from fedgpu.core.secagg.quantize import error_bound
 from fedgpu.core.secagg.site import SiteSession
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import UpdateRejected
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer.uploads import Received
 
 KIND = {Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
