@@ -21,10 +21,10 @@ from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
 from fedgpu.proto import pb
-from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Intake
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
+from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
