@@ -31,6 +31,8 @@ from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import check_header, ingest
 from fedgpu.server.transfer import wire_limits
+from fedgpu.server.transfer.bulk_server import ReceiveBy
+from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import Received, Uploads
 from fedgpu.server.transfer.wire_limits import WireError, shown
@@ -295,6 +297,30 @@ class FederationService(pb_grpc.FederationServicer):
                                     request.task_id, request.payload_size, request)
         return pb.BulkTicket(ticket=ticket.token, port=self.bulk_port,
                              expires_in_s=self.tickets.ttl_s)
+
+    # ---- what the bulk port asks (UpdateDesk, server/transfer/bulk_server.py) --------------
+
+    def open_payload(self, node_id: str, task_id: str) -> ModelPayload | None:
+        node = self.registry.get(node_id)
+        task = self.orch.task_for(node) if node is not None else None
+        return task.payload if task is not None and task.task_id == task_id else None
+
+    def downloaded(self, node_id: str) -> None:
+        node = self.registry.get(node_id)
+        if node is not None:
+            node.transport = Transport.BULK
+
+    async def take_update(self, node_id: str, header: pb.UpdateHeader,
+                          receive: ReceiveBy) -> str:
+        orch = self.orch
+        node = self.registry.get(node_id)
+        if node is None:
+            exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "
+                                 "no longer registered")
+            orch.reject(None, header, exc)
+            raise exc
+        return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
+                            Transport.BULK)
 
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:
