@@ -1,14 +1,13 @@
 """Taking one update, whichever path carried its bytes: check its header against the open
 round, claim the node's slot, receive the payload within the upload limits, validate it and
 fold it into the round. PushUpdate (gRPC chunks) and the bulk port (server/transfer/bulk_server.py)
-differ only in how the bytes arrive: the `receive` they pass in.
+differ only in how the bytes arrive: the `receive` they pass in. Answers of a kind the job's
+plan owns (secure aggregation's messages) go to the plan's own intake (server/rounds/intakes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 
 from google.protobuf.json_format import MessageToDict
 
@@ -19,21 +18,17 @@ from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
+from fedgpu.server.rounds.intakes import Receive
 from fedgpu.server.rounds.work import decode_payload
-from fedgpu.server.secagg import intake as secagg_intake
 from fedgpu.server.transfer import wire_limits
-from fedgpu.server.transfer.uploads import Received
 from fedgpu.server.transfer.wire_limits import WireError
-
-# What a path does to hand over the payload: an async context manager yielding it (None for
-# an answer that carries no weights), for the round it answers.
-Receive = Callable[[RoundState], AbstractAsyncContextManager[Received | None]]
 
 
 def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> RoundState:
     """The open round `header` answers, once it is within bounds; UpdateRejected if not."""
-    if header.kind in secagg_intake.SECAGG_KINDS:
-        return secagg_intake.check(orch, node, header)[0]
+    own = orch.plan.intake(header.kind)
+    if own is not None:
+        return own.check(node, header)
     try:
         wire_limits.check_update_header(header)
     except WireError as exc:
@@ -46,8 +41,9 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
     server stops) gives the slot back to the node, which may send again."""
-    if header.kind in secagg_intake.SECAGG_KINDS:
-        return await secagg_intake.ingest(orch, node, header, receive, transport)
+    own = orch.plan.intake(header.kind)
+    if own is not None:
+        return await own.ingest(node, header, receive, transport)
     rnd: RoundState | None = None
     claimed = False
     try:
