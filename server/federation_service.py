@@ -174,7 +174,7 @@ class FederationService(pb_grpc.FederationServicer):
             self.registry.report_capacity(node, capacity)
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
-        abandon = bool(request.task_id) and not self.orch.wants(node, request.task_id)
+        abandon = bool(request.task_id) and not self.orch.answers.wants(node, request.task_id)
         offers = self._offers_for(node)
         # Only answers about bundles still offered are kept: the map stays bounded.
         offered = {o.sha256 for o in offers}
@@ -291,7 +291,7 @@ class FederationService(pb_grpc.FederationServicer):
             check_header(orch, node, request)
             self.uploads.assembler(request)  # size limit and digest algorithm
         except UpdateRejected as exc:
-            orch.reject(node, request, exc)
+            orch.answers.reject(node, request, exc)
             await self._abort(context, exc)
         ticket = self.tickets.issue(Direction.UPLOAD, node.node_id, node.name,
                                     request.task_id, request.payload_size, request)
@@ -317,7 +317,7 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "
                                  "no longer registered")
-            orch.reject(None, header, exc)
+            orch.answers.reject(None, header, exc)
             raise exc
         return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
                             Transport.BULK)
@@ -326,7 +326,7 @@ class FederationService(pb_grpc.FederationServicer):
                            context: grpc.aio.ServicerContext) -> Node:
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
-            orch.reject(None, header, UpdateRejected(
+            orch.answers.reject(None, header, UpdateRejected(
                 Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
         return await self._node(header.node_id, context)
 

@@ -33,7 +33,7 @@ def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> Rou
         wire_limits.check_update_header(header)
     except WireError as exc:
         raise UpdateRejected(exc.reason, str(exc)) from None
-    return orch.check_update(node, header)
+    return orch.answers.check_update(node, header)
 
 
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
@@ -51,10 +51,10 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         await next_step(orch, header.task_id, orch.job.round_deadline_s)
         rnd = check_header(orch, node, header)
         if header.ineligible:
-            orch.record_ineligible(node, header, rnd)
+            orch.answers.record_ineligible(node, header, rnd)
             return "ineligibility noted"
         if header.failed:
-            orch.record_failure(node, header, rnd)
+            orch.answers.record_failure(node, header, rnd)
             return "failure recorded"
         if header.HasField("decision"):
             # Decided for this task (the job's [resources], the GPUs now): the update's
@@ -62,33 +62,33 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
             node.decision = MessageToDict(header.decision, preserving_proto_field_name=True,
                                           always_print_fields_with_no_presence=True)
         # From here on this upload holds the node's slot; others are duplicates.
-        orch.claim(node, rnd)
+        orch.answers.claim(node, rnd)
         claimed = True
         async with receive(rnd) as got:
             tensors = None
             if got is not None:
                 rnd.upload_s[node.node_id] = got.seconds
                 rnd.transport[node.node_id] = transport
-                spec = orch.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
+                spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
                                                   got.payload, spec)
             try:
-                await orch.accept(node, header, rnd, tensors, header.payload_size)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             except UpdateRejected as exc:
                 # Async: the step closed while this update streamed; it joins the next one.
                 if exc.reason != Reject.LATE or not await next_step(
                         orch, header.task_id, orch.job.round_deadline_s):
                     raise
                 rnd = check_header(orch, node, header)
-                orch.claim(node, rnd)
-                await orch.accept(node, header, rnd, tensors, header.payload_size)
+                orch.answers.claim(node, rnd)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
-        orch.reject(node, header, exc, rnd, claimed=claimed)
+        orch.answers.reject(node, header, exc, rnd, claimed=claimed)
         raise
     except BaseException:
         if claimed and rnd is not None:
-            orch.release(node, rnd)
+            orch.answers.release(node, rnd)
         raise
     if got is not None:
         node.transport = transport

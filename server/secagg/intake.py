@@ -90,7 +90,7 @@ class SecAggIntake:
                 rnd: RoundState | None) -> None:
         orch = self._orch
         if not isinstance(exc, Untimely):
-            orch.reject(node, header, exc, rnd)
+            orch.answers.reject(node, header, exc, rnd)
             return
         orch.history.count_rejection(exc.reason)
         current = orch.current
@@ -109,7 +109,7 @@ class SecAggIntake:
         try:
             rnd, sround = self._check(node, header)
             if header.failed:
-                orch.record_failure(node, header, rnd)
+                orch.answers.record_failure(node, header, rnd)
                 return "failure recorded"
             async with receive(rnd) as got:
                 if got is None:

@@ -171,7 +171,7 @@ def test_a_refused_update_is_listed_and_leaves_the_model_alone(tmp_path: Path) -
     assert h.orch.rejections == {"shape": 1}
     # Sent again once the round closed, the same answer is refused as late.
     with pytest.raises(UpdateRejected) as again:
-        h.orch.check_update(h.nodes["c"], h.headers["c"])
+        h.orch.answers.check_update(h.nodes["c"], h.headers["c"])
     assert again.value.reason == Reject.LATE
 
 

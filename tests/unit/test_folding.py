@@ -170,7 +170,7 @@ def test_an_asynchronous_step_folds_exactly_its_buffer_and_the_rest_are_late() -
         rnd.enough = 2
         rnd.slots = {f"n{i}": SlotState.UPLOADING for i in range(4)}
 
-        async def answer(i: int) -> None:  # as Intake.accept does: settle once folded
+        async def answer(i: int) -> None:  # as Answers.accept does: settle once folded
             await folds.fold(strategy, _update(rnd, float(i), 5))
             rnd.settle(f"n{i}", SlotState.ACCEPTED, time.time())
 
