@@ -52,6 +52,7 @@ $(CHECKOV_VENV)/.installed:
 lint: venv
 	$(BIN)/ruff check fedgpu node server tests benchmarks tools
 	$(BIN)/python tools/lint_layers.py
+	$(BIN)/python tools/import_cycles.py
 	$(BIN)/hadolint images/*.Dockerfile
 
 # The documentation site (MkDocs + Material, pinned in docs/requirements.txt and the dev extra)

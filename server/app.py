@@ -177,7 +177,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     # By default beside the port gRPC got (which --port 0 leaves to the system to pick).
     wanted_bulk = cfg.bulk_port if cfg.bulk_port is not None else bound + 1
     if tickets is not None and wanted_bulk <= 65535:
-        bulk = BulkServer(federation, tickets, cfg.host, wanted_bulk,
+        bulk = BulkServer(federation, federation.uploads, tickets, cfg.host, wanted_bulk,
                           ssl_server_context(cfg.tls) if cfg.tls is not None else None, mutual)
         try:
             federation.bulk_port = await bulk.start()

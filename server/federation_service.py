@@ -26,12 +26,13 @@ from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull
+from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import check_header, ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer import wire_limits
+from fedgpu.server.transfer.bulk_server import ReceiveBy
+from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import Received, Uploads
 from fedgpu.server.transfer.wire_limits import WireError, shown
@@ -39,18 +40,6 @@ from fedgpu.server.transfer.wire_limits import WireError, shown
 log = logging.getLogger("fedgpu.server.federation")
 
 MAX_POLL_S = 30
-
-# The gRPC status each refusal is answered with; anything else is INVALID_ARGUMENT.
-STATUS_OF: dict[Reject, grpc.StatusCode] = {
-    Reject.LATE: grpc.StatusCode.FAILED_PRECONDITION,
-    Reject.STALE_ROUND: grpc.StatusCode.FAILED_PRECONDITION,
-    Reject.DUPLICATE: grpc.StatusCode.ALREADY_EXISTS,
-    Reject.NOT_SELECTED: grpc.StatusCode.PERMISSION_DENIED,
-    Reject.WRONG_TASK: grpc.StatusCode.PERMISSION_DENIED,
-    Reject.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reject.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 
 def _as_dict(msg: Any) -> dict[str, Any]:
     return MessageToDict(msg, preserving_proto_field_name=True,
@@ -185,7 +174,7 @@ class FederationService(pb_grpc.FederationServicer):
             self.registry.report_capacity(node, capacity)
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
-        abandon = bool(request.task_id) and not self.orch.wants(node, request.task_id)
+        abandon = bool(request.task_id) and not self.orch.answers.wants(node, request.task_id)
         offers = self._offers_for(node)
         # Only answers about bundles still offered are kept: the map stays bounded.
         offered = {o.sha256 for o in offers}
@@ -302,18 +291,42 @@ class FederationService(pb_grpc.FederationServicer):
             check_header(orch, node, request)
             self.uploads.assembler(request)  # size limit and digest algorithm
         except UpdateRejected as exc:
-            orch.reject(node, request, exc)
+            orch.answers.reject(node, request, exc)
             await self._abort(context, exc)
         ticket = self.tickets.issue(Direction.UPLOAD, node.node_id, node.name,
                                     request.task_id, request.payload_size, request)
         return pb.BulkTicket(ticket=ticket.token, port=self.bulk_port,
                              expires_in_s=self.tickets.ttl_s)
 
+    # ---- what the bulk port asks (UpdateDesk, server/transfer/bulk_server.py) --------------
+
+    def open_payload(self, node_id: str, task_id: str) -> ModelPayload | None:
+        node = self.registry.get(node_id)
+        task = self.orch.task_for(node) if node is not None else None
+        return task.payload if task is not None and task.task_id == task_id else None
+
+    def downloaded(self, node_id: str) -> None:
+        node = self.registry.get(node_id)
+        if node is not None:
+            node.transport = Transport.BULK
+
+    async def take_update(self, node_id: str, header: pb.UpdateHeader,
+                          receive: ReceiveBy) -> str:
+        orch = self.orch
+        node = self.registry.get(node_id)
+        if node is None:
+            exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "
+                                 "no longer registered")
+            orch.answers.reject(None, header, exc)
+            raise exc
+        return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
+                            Transport.BULK)
+
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:
         if self.registry.get(header.node_id) is None:
             # Counted like any other rejection, so probing with made-up ids shows in status.
-            orch.reject(None, header, UpdateRejected(
+            orch.answers.reject(None, header, UpdateRejected(
                 Reject.UNKNOWN_NODE, f"unknown node id {shown(header.node_id)}"))
         return await self._node(header.node_id, context)
 

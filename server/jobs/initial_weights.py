@@ -27,7 +27,7 @@ import numpy as np
 
 from fedgpu.core import codec
 from fedgpu.core.errors import ConfigError
-from fedgpu.server.jobs.checkpoint import map_weights
+from fedgpu.server.rounds.checkpoint import map_weights
 
 # The job's directory holds its initial weights under this name.
 STORED = "initial.safetensors"

@@ -26,9 +26,9 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore
-from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.jobs.state import JobRow, SavedHistory, StateStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs")

@@ -1,6 +1,6 @@
 """One job's checkpoint, split once between its two homes: the round history goes to the state
 store (server/jobs/state.py), the weights and the engine's own state to the checkpoint
-directory (server/jobs/checkpoint.py, state.json). Resuming reads both back as one state.
+directory (server/rounds/checkpoint.py, state.json). Resuming reads both back as one state.
 
 The engine (server/rounds/engine.py) hands its whole state to `save` and gets it back from
 `load`; it does not know where each part lives.
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights
 from fedgpu.server.jobs.state import HISTORY_KEYS, SavedHistory, StateStore
+from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights
 
 
 def engine_state(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,25 +2,29 @@
 answers a task. Checks an update's header against the open round, records failures and
 refusals, and folds accepted updates into the strategy.
 
-A mixin of the engine (server/rounds/engine.py), which owns the state it reads: kept apart because
-it is the wire-facing half, and small enough to read in one go.
+`Answers` is a collaborator the engine (server/rounds/engine.py) holds as `orch.answers`: it
+reads the run through the narrow `Run` view below and changes the open attempt, its nodes'
+records and the history (the strategy through the fold queue); the engine keeps the loop,
+the global model (a starting model comes back through `take_initial`) and the checkpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core.config import Job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.folding import FoldQueue, Waiting
+from fedgpu.server.rounds.history import History
+from fedgpu.server.rounds.plans import Plan
 from fedgpu.server.rounds.records import (
     EvalEntry,
     Failure,
@@ -30,51 +34,55 @@ from fedgpu.server.rounds.records import (
     UpdateRecord,
     list_rejection,
 )
-from fedgpu.server.rounds.states import Reject, SlotState
-from fedgpu.server.rounds.validation import UpdateRejected
-from fedgpu.server.transfer.payload import ModelPayload, wire_spec
+from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.strategies.base import Strategy
+from fedgpu.server.transfer.payload import wire_spec
 from fedgpu.server.transfer.wire_limits import shown
-
-if TYPE_CHECKING:
-    from fedgpu.core.config import Job
-    from fedgpu.server.rounds.history import History
-    from fedgpu.server.rounds.plans import Plan
-    from fedgpu.server.strategies.base import Strategy
 
 log = logging.getLogger("fedgpu.server.rounds.engine")
 
 
-class Intake:
-    # Owned by the engine (server/rounds/engine.py).
-    job: Job
-    current: RoundState | None
-    current_plan: Plan
-    history: History
-    strategy: Strategy
-    global_weights: dict[str, np.ndarray] | None
-    global_spec: dict[str, tuple[str, tuple[int, ...]]] | None
-    _agg_lock: asyncio.Lock
-    _payload: ModelPayload | None
+class Run(Protocol):
+    """What the answers read of the run they serve (the engine, server/rounds/engine.py)."""
 
-    @functools.cached_property
-    def _folds(self) -> FoldQueue:
-        """Training updates into the strategy, several at once when they arrive together."""
-        return FoldQueue(self._agg_lock)
+    @property
+    def job(self) -> Job: ...
+    @property
+    def current(self) -> RoundState | None: ...
+    @property
+    def current_plan(self) -> Plan: ...
+    @property
+    def history(self) -> History: ...
+    @property
+    def strategy(self) -> Strategy: ...
+    @property
+    def global_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None: ...
+
+    def take_initial(self, tensors: dict[str, np.ndarray]) -> None:
+        """The starting model a node sent (an INIT task's answer) becomes the global one."""
+
+
+class Answers:
+    def __init__(self, run: Run, lock: asyncio.Lock) -> None:
+        self.run = run
+        # Training updates into the strategy, several at once when they arrive together; the
+        # lock is the engine's, held while it begins or finishes the strategy's round.
+        self._folds = FoldQueue(lock)
 
     @property
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
         """What a training update must match: the global model's names, shapes and dtypes,
         float32 as the job's wire_dtype when it has one."""
-        return wire_spec(self.global_spec, self.job.wire_dtype)
+        return wire_spec(self.run.global_spec, self.run.job.wire_dtype)
 
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""
-        rnd = self.current
-        stale = rnd is not None and self.current_plan.stale_reason(rnd, header.round)
+        rnd = self.run.current
+        stale = rnd is not None and self.run.current_plan.stale_reason(rnd, header.round)
         if stale:
             raise UpdateRejected(Reject.STALE_ROUND, stale)
-        if rnd is None or not self.current_plan.answers(rnd, header.round):
-            if self.history.last_of(header.round) is not None:
+        if rnd is None or not self.run.current_plan.answers(rnd, header.round):
+            if self.run.history.last_of(header.round) is not None:
                 raise UpdateRejected(
                     Reject.LATE, f"round {header.round} already closed: the update arrived "
                     "after its deadline and was dropped")
@@ -91,10 +99,10 @@ class Intake:
         if state != SlotState.ASSIGNED:
             raise UpdateRejected(Reject.DUPLICATE, f"{node.name} already sent its update for "
                                  f"round {rnd.number} ({state})")
-        if len(header.iteration_loss) > self.current_plan.series_length():
+        if len(header.iteration_loss) > self.run.current_plan.series_length():
             raise UpdateRejected(Reject.MALFORMED, f"iteration_loss has "
                                  f"{len(header.iteration_loss)} values; this round runs "
-                                 f"{self.current_plan.series_length()} iterations")
+                                 f"{self.run.current_plan.series_length()} iterations")
         if header.kind != rnd.kind:
             raise UpdateRejected(Reject.WRONG_KIND, "update kind does not match the task")
         if header.kind == pb.TASK_KIND_TRAIN and not (header.failed or header.ineligible):
@@ -105,7 +113,7 @@ class Intake:
         # FedAvg weighs an update by this claim: unbounded, one node could outweigh all.
         if claimed <= 0:
             raise UpdateRejected(Reject.NUM_EXAMPLES, "num_examples must be positive")
-        cap = self.job.max_examples_per_node
+        cap = self.run.job.max_examples_per_node
         if cap is not None and claimed > cap:
             raise UpdateRejected(Reject.NUM_EXAMPLES, f"{node.name} claims {claimed} examples; "
                                  f"this job counts at most {cap} per node "
@@ -134,7 +142,7 @@ class Intake:
         """Count and list a refusal. A refused answer to the node's own open task ends its
         part in the attempt, unless another stream of that node holds the slot (`claimed`
         says whether the refused stream is the one holding it)."""
-        self.history.count_rejection(exc.reason)
+        self.run.history.count_rejection(exc.reason)
         entry = Rejection(
             node_id=node.node_id if node else None,
             node=node.name if node else None,
@@ -142,7 +150,7 @@ class Intake:
             reason=exc.reason,
             message=exc.message,
         )
-        rnd = rnd or self.current
+        rnd = rnd or self.run.current
         if (rnd is not None and not rnd.closed and node is not None and header is not None
                 and rnd.task_ids.get(node.node_id) == header.task_id
                 and rnd.number == header.round):
@@ -157,7 +165,7 @@ class Intake:
             if rnd is not None and not rnd.closed and rnd.number == header.round:
                 list_rejection(rnd, entry)
             else:
-                self.history.file_rejection(entry)
+                self.run.history.file_rejection(entry)
         log.warning("rejected update from %s: %s", entry.node or "an unknown node", exc.message)
 
     def record_failure(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
@@ -176,7 +184,7 @@ class Intake:
         (server/rounds/eligibility.py) so the next attempt samples among the others."""
         reason = header.ineligible_reason or "no reason given"
         rnd.ineligible.append(Ineligibility(node.node_id, node.name, reason))
-        node.refusal = (self.job.needs, reason)
+        node.refusal = (self.run.job.needs, reason)
         node.pending = None
         log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
                  extra={"node": node.name})
@@ -185,7 +193,7 @@ class Intake:
     def wants(self, node: Node, task_id: str) -> bool:
         """Is `task_id` `node`'s task in the open round? Else a heartbeat tells the node to
         abandon it: its job was stopped, or its round closed (an answer would be refused)."""
-        rnd = self.current
+        rnd = self.run.current
         return rnd is not None and not rnd.closed and rnd.task_ids.get(node.node_id) == task_id
 
     async def accept(
@@ -198,12 +206,10 @@ class Intake:
                                  f"round {rnd.number} closed while the update streamed")
         if header.kind == pb.TASK_KIND_INIT:
             assert tensors is not None
-            self.global_weights = {k: np.array(v) for k, v in tensors.items()}
-            self.global_spec = codec.spec(self.global_weights)
-            self._payload = None
+            self.run.take_initial(tensors)
         elif header.kind == pb.TASK_KIND_TRAIN:
             assert tensors is not None
-            await self._folds.fold(self.strategy, Waiting(
+            await self._folds.fold(self.run.strategy, Waiting(
                 rnd, tensors, header.num_examples, dict(header.train_metrics),
                 rnd.number - header.round))
         rnd.bytes_received += payload_bytes
@@ -220,19 +226,19 @@ class Intake:
             gpu_decision=node.decision,
             transport=rnd.transport.get(node.node_id),
         )
-        self.current_plan.on_update(update, header)
+        self.run.current_plan.on_update(update, header)
         rnd.updates.append(update)
         node.pending = None
         node.last_round = rnd.number
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:
             node.rounds_completed += 1
-            node.measured(self.job.task, _speed(header, resources.train_seconds,
-                                                self.job.hyperparameters.get("local_epochs")))
+            node.measured(self.run.job.task, _speed(header, resources.train_seconds,
+                                                self.run.job.hyperparameters.get("local_epochs")))
             # A node that stated no size at registration states it with its first update.
             node.stated_examples = node.stated_examples or header.num_examples
         if header.eval_metrics:
-            self.history.attach_eval(header.evaluated_round, EvalEntry(
+            self.run.history.attach_eval(header.evaluated_round, EvalEntry(
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
         rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from fedgpu.core.constants import Transport
+from fedgpu.core.constants import RoundStatus, Transport
 from fedgpu.proto import pb
-from fedgpu.server.rounds.records import Failure, Ineligibility, Rejection, UpdateRecord
+from fedgpu.server.rounds.records import (
+    Failure,
+    Ineligibility,
+    Rejection,
+    RoundRecord,
+    UpdateRecord,
+)
 from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.strategies.aggregate import weighted_metric
 from fedgpu.server.transfer.payload import ModelPayload
 
 # A slot is open while its node's answer may still come (or is still arriving).
@@ -93,3 +100,27 @@ class RoundState:
             self.first_failure_at = now
         if self.outstanding() == 0 or self.enough and self.accepted() >= self.enough:
             self.done.set()
+
+    def record(self, status: RoundStatus, now: float) -> RoundRecord:
+        """The closed attempt as its round record (`fedgpu rounds --json`)."""
+        return RoundRecord(
+            round=self.number,
+            attempt=self.attempt,
+            status=status,
+            started_at=self.started,
+            duration_s=round(now - self.started, 3),
+            participants=sorted(self.slots),
+            nodes_reporting=self.accepted(),
+            dropped=self.in_state(SlotState.DROPPED),
+            train_loss=weighted_metric([(u.train_metrics["loss"], u.num_examples)
+                                        for u in self.updates if "loss" in u.train_metrics]),
+            num_examples=sum(u.num_examples for u in self.updates),
+            bytes_received=self.bytes_received,
+            aggregation_s=round(self.aggregation_s, 4),
+            updates=self.updates,
+            rejected=self.rejected,
+            failures=self.failures,
+            rejected_not_listed=self.rejected_not_listed,
+            error=self.error,
+            ineligible=self.ineligible,
+        )

@@ -1,6 +1,7 @@
 """The round engine: one loop (wait for nodes, open, await, close, record, commit, retry) that
 every kind of round runs through, driven by a plan (server/rounds/plans.py) that says which nodes,
-which task headers and what success means. Updates arrive through server/rounds/answers.py."""
+which task headers and what success means. Updates arrive through its `answers`
+(server/rounds/answers.py), a collaborator that reads the run through a narrow view."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
 from fedgpu.proto import pb
-from fedgpu.server.jobs.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.registry import Node, Registry
-from fedgpu.server.rounds.answers import Intake
+from fedgpu.server.rounds.answers import Answers
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
+from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
@@ -32,13 +33,12 @@ from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.rounds.validation import first_non_finite
 from fedgpu.server.rounds.work import configure, task_hyperparameters
-from fedgpu.server.strategies.aggregate import weighted_metric
 from fedgpu.server.transfer.payload import ModelPayload, to_wire
 
 log = logging.getLogger("fedgpu.server.rounds.engine")
 
 
-class Orchestrator(Intake):
+class Orchestrator:
     def __init__(
         self,
         job: Job,
@@ -82,6 +82,8 @@ class Orchestrator(Intake):
         self.current_plan: Plan = self.plan
         self.finished = asyncio.Event()
         self._agg_lock = asyncio.Lock()
+        # Checks, refusals and accepted updates of the open attempt (what nodes' answers meet).
+        self.answers = Answers(self, self._agg_lock)
         self._payload: ModelPayload | None = None
         # The file the global model was last adopted from, and the arrays mapped from it.
         self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
@@ -242,6 +244,11 @@ class Orchestrator(Intake):
             except TimeoutError:
                 pass
 
+    def take_initial(self, tensors: dict[str, np.ndarray]) -> None:
+        self.global_weights = {k: np.array(v) for k, v in tensors.items()}
+        self.global_spec = codec.spec(self.global_weights)
+        self._payload = None
+
     def _model_payload(self) -> ModelPayload:
         # Encoded once per global model and shared by every node's download; after a
         # checkpoint it is the checkpoint's file (set in commit).
@@ -312,27 +319,7 @@ class Orchestrator(Intake):
         self.current = None
 
     def _record(self, rnd: RoundState, status: RoundStatus) -> RoundRecord:
-        record = RoundRecord(
-            round=rnd.number,
-            attempt=rnd.attempt,
-            status=status,
-            started_at=rnd.started,
-            duration_s=round(time.time() - rnd.started, 3),
-            participants=sorted(rnd.slots),
-            nodes_reporting=rnd.accepted(),
-            dropped=rnd.in_state(SlotState.DROPPED),
-            train_loss=weighted_metric([(u.train_metrics["loss"], u.num_examples)
-                                        for u in rnd.updates if "loss" in u.train_metrics]),
-            num_examples=sum(u.num_examples for u in rnd.updates),
-            bytes_received=rnd.bytes_received,
-            aggregation_s=round(rnd.aggregation_s, 4),
-            updates=rnd.updates,
-            rejected=rnd.rejected,
-            failures=rnd.failures,
-            rejected_not_listed=rnd.rejected_not_listed,
-            error=rnd.error,
-            ineligible=rnd.ineligible,
-        )
+        record = rnd.record(status, time.time())
         self.history.append(record)
         return record
 

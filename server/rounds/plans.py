@@ -19,6 +19,7 @@ from fedgpu.core.job_bounds import derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState
+from fedgpu.server.rounds.intakes import Intake
 from fedgpu.server.rounds.records import RoundRecord, UpdateRecord
 from fedgpu.server.rounds.sampling import sample
 from fedgpu.server.strategies import make_strategy
@@ -145,6 +146,11 @@ class Plan(ABC):
 
     def checkpoint_extra(self) -> dict[str, Any]:
         return {}
+
+    def intake(self, kind: int) -> Intake | None:
+        """Who takes answers of `kind` that this plan owns beyond plain updates (secure
+        aggregation's messages); None: server/rounds/receive.py takes them as updates."""
+        return None
 
 
 class TrainPlan(Plan):

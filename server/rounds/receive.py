@@ -1,45 +1,39 @@
 """Taking one update, whichever path carried its bytes: check its header against the open
 round, claim the node's slot, receive the payload within the upload limits, validate it and
 fold it into the round. PushUpdate (gRPC chunks) and the bulk port (server/transfer/bulk_server.py)
-differ only in how the bytes arrive: the `receive` they pass in.
+differ only in how the bytes arrive: the `receive` they pass in. Answers of a kind the job's
+plan owns (secure aggregation's messages) go to the plan's own intake (server/rounds/intakes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 
 from google.protobuf.json_format import MessageToDict
 
 from fedgpu.core.constants import Transport
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rounds.intakes import Receive
 from fedgpu.server.rounds.work import decode_payload
-from fedgpu.server.secagg import intake as secagg_intake
 from fedgpu.server.transfer import wire_limits
-from fedgpu.server.transfer.uploads import Received
 from fedgpu.server.transfer.wire_limits import WireError
-
-# What a path does to hand over the payload: an async context manager yielding it (None for
-# an answer that carries no weights), for the round it answers.
-Receive = Callable[[RoundState], AbstractAsyncContextManager[Received | None]]
 
 
 def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> RoundState:
     """The open round `header` answers, once it is within bounds; UpdateRejected if not."""
-    if header.kind in secagg_intake.SECAGG_KINDS:
-        return secagg_intake.check(orch, node, header)[0]
+    own = orch.plan.intake(header.kind)
+    if own is not None:
+        return own.check(node, header)
     try:
         wire_limits.check_update_header(header)
     except WireError as exc:
         raise UpdateRejected(exc.reason, str(exc)) from None
-    return orch.check_update(node, header)
+    return orch.answers.check_update(node, header)
 
 
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
@@ -47,8 +41,9 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
     server stops) gives the slot back to the node, which may send again."""
-    if header.kind in secagg_intake.SECAGG_KINDS:
-        return await secagg_intake.ingest(orch, node, header, receive, transport)
+    own = orch.plan.intake(header.kind)
+    if own is not None:
+        return await own.ingest(node, header, receive, transport)
     rnd: RoundState | None = None
     claimed = False
     try:
@@ -56,10 +51,10 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         await next_step(orch, header.task_id, orch.job.round_deadline_s)
         rnd = check_header(orch, node, header)
         if header.ineligible:
-            orch.record_ineligible(node, header, rnd)
+            orch.answers.record_ineligible(node, header, rnd)
             return "ineligibility noted"
         if header.failed:
-            orch.record_failure(node, header, rnd)
+            orch.answers.record_failure(node, header, rnd)
             return "failure recorded"
         if header.HasField("decision"):
             # Decided for this task (the job's [resources], the GPUs now): the update's
@@ -67,33 +62,33 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
             node.decision = MessageToDict(header.decision, preserving_proto_field_name=True,
                                           always_print_fields_with_no_presence=True)
         # From here on this upload holds the node's slot; others are duplicates.
-        orch.claim(node, rnd)
+        orch.answers.claim(node, rnd)
         claimed = True
         async with receive(rnd) as got:
             tensors = None
             if got is not None:
                 rnd.upload_s[node.node_id] = got.seconds
                 rnd.transport[node.node_id] = transport
-                spec = orch.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
+                spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
                                                   got.payload, spec)
             try:
-                await orch.accept(node, header, rnd, tensors, header.payload_size)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             except UpdateRejected as exc:
                 # Async: the step closed while this update streamed; it joins the next one.
                 if exc.reason != Reject.LATE or not await next_step(
                         orch, header.task_id, orch.job.round_deadline_s):
                     raise
                 rnd = check_header(orch, node, header)
-                orch.claim(node, rnd)
-                await orch.accept(node, header, rnd, tensors, header.payload_size)
+                orch.answers.claim(node, rnd)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
-        orch.reject(node, header, exc, rnd, claimed=claimed)
+        orch.answers.reject(node, header, exc, rnd, claimed=claimed)
         raise
     except BaseException:
         if claimed and rnd is not None:
-            orch.release(node, rnd)
+            orch.answers.release(node, rnd)
         raise
     if got is not None:
         node.transport = transport

@@ -1,5 +1,5 @@
-"""The aggregator's own states and reasons, defined once. (Run states and round statuses,
-which the CLI reads too, live in fedgpu.core.constants.)"""
+"""The aggregator's own states, defined once. (Run states and round statuses, which the CLI
+reads too, live in fedgpu.core.constants; why an update is refused in server/rejections.py.)"""
 
 from __future__ import annotations
 
@@ -16,26 +16,3 @@ class SlotState(StrEnum):
     REJECTED = "rejected"   # its answer was refused; its part in the attempt is over
     DROPPED = "dropped"     # no answer by the deadline
     INELIGIBLE = "ineligible"  # it cannot take the job now (its GPUs, its policy): no fault
-
-
-class Reject(StrEnum):
-    """Why an update was refused: the counter keys of `status --json` `rejections` and the
-    `reason` of `rounds --json` `rejected` entries (docs/reference/json.md lists them)."""
-
-    UNKNOWN_NODE = "unknown_node"
-    STALE_ROUND = "stale_round"
-    LATE = "late"
-    NOT_SELECTED = "not_selected"
-    WRONG_TASK = "wrong_task"
-    DUPLICATE = "duplicate"
-    WRONG_KIND = "wrong_kind"
-    NUM_EXAMPLES = "num_examples"
-    TOO_LARGE = "too_large"
-    TRUNCATED = "truncated"
-    DIGEST = "digest"
-    MALFORMED = "malformed"
-    NAMES = "names"
-    SHAPE = "shape"
-    DTYPE = "dtype"
-    NON_FINITE = "non_finite"
-    TIMEOUT = "timeout"      # the upload stalled or outlived its round's deadline

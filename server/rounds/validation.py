@@ -8,17 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from fedgpu.core import codec
-from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.strategies.aggregate import Normed
-
-
-class UpdateRejected(Exception):
-    """An update that must not be aggregated; `reason` is its counter key."""
-
-    def __init__(self, reason: Reject, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 def decode_and_check(

@@ -15,8 +15,8 @@ from fedgpu.core.hetero_config import BUDGET_HPARAM, LocalWork
 from fedgpu.core.job.strategies import UpdateNeed
 from fedgpu.core.update_codecs import UpdateCodec, UpdateCodecError, decode_update
 from fedgpu.proto import pb
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.rejections import Reject, UpdateRejected
+from fedgpu.server.rounds.validation import decode_and_check
 from fedgpu.server.strategies.base import Strategy
 from fedgpu.server.strategies.update import UpdateIn
 

@@ -32,8 +32,9 @@ from fedgpu.core.secagg.messages import (
 )
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import Reject
 from fedgpu.server.rounds.attempt import RoundState, Task
-from fedgpu.server.rounds.states import Reject, SlotState
+from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.transfer.payload import ModelPayload
 
 log = logging.getLogger("fedgpu.server.secagg")

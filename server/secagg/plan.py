@@ -19,6 +19,7 @@ from fedgpu.core.secagg.errors import SecAggError
 from fedgpu.core.secagg.noise_share import NoiseShare
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState, RunFailed
+from fedgpu.server.rounds.intakes import Intake
 from fedgpu.server.rounds.plans import StarPlan
 from fedgpu.server.rounds.records import (
     EvalEntry,
@@ -28,6 +29,7 @@ from fedgpu.server.rounds.records import (
 )
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.secagg.driver import SecAggRound
+from fedgpu.server.secagg.intake import SECAGG_KINDS, SecAggIntake
 from fedgpu.server.strategies.private import PrivateStrategy
 from fedgpu.server.strategies.update import UpdateIn
 
@@ -38,6 +40,11 @@ class SecAggPlan(StarPlan):
         assert job.secure_aggregation is not None
         self.config = job.secure_aggregation
         self.round: SecAggRound | None = None
+        self._intake = SecAggIntake(self)
+
+    def intake(self, kind: int) -> Intake | None:
+        # Its messages, by either path, are this plan's to take (server/secagg/intake.py).
+        return self._intake if kind in SECAGG_KINDS else None
 
     def task_fields(self, number: int, attempt: int, chosen: list[Node]
                     ) -> list[dict[str, Any]]:

@@ -17,22 +17,20 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeVar
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from fedgpu.core import bulk
 from fedgpu.core.bulk import Direction, Status
-from fedgpu.core.constants import Transport
-from fedgpu.server.federation_service import STATUS_OF, FederationService
-from fedgpu.server.rounds.attempt import RoundState
-from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.proto import pb
+from fedgpu.server.rejections import STATUS_OF, UpdateRejected
 from fedgpu.server.transfer.bulk_gate import PreTicketGate, Watchdog
+from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
-from fedgpu.server.transfer.uploads import Received
+from fedgpu.server.transfer.uploads import Received, Uploads
 
 log = logging.getLogger("fedgpu.server.bulk")
 
@@ -42,6 +40,27 @@ MAX_CONNECTIONS = 64
 HANDSHAKE_S = 10.0
 
 T = TypeVar("T")
+
+# How the bulk port hands an upload's payload over: read from the connection by the round's
+# deadline (the argument).
+ReceiveBy = Callable[[float], AbstractAsyncContextManager[Received]]
+
+
+class UpdateDesk(Protocol):
+    """All the bulk port asks of the aggregator (server/federation_service.py answers): the
+    port moves bytes and knows nothing of rounds, jobs or the gRPC service."""
+
+    def open_payload(self, node_id: str, task_id: str) -> ModelPayload | None:
+        """The model payload of `node_id`'s open task `task_id`; None when that task is no
+        longer open (or carries no model)."""
+
+    def downloaded(self, node_id: str) -> None:
+        """`node_id` received its task's payload over this port."""
+
+    async def take_update(self, node_id: str, header: pb.UpdateHeader,
+                          receive: ReceiveBy) -> str:
+        """Take the update `header` announces, its payload read by `receive`; the reply's
+        message. A refusal is counted and raised as UpdateRejected."""
 
 
 def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
@@ -62,16 +81,17 @@ def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
 
 
 class BulkServer:
-    def __init__(self, service: FederationService, tickets: TicketBook, host: str, port: int,
-                 tls: ssl.SSLContext | None = None, mutual: bool = False,
+    def __init__(self, desk: UpdateDesk, uploads: Uploads, tickets: TicketBook, host: str,
+                 port: int, tls: ssl.SSLContext | None = None, mutual: bool = False,
                  max_connections: int = MAX_CONNECTIONS,
                  gate: PreTicketGate | None = None) -> None:
-        self.service = service
+        self.desk = desk
+        self.upload_limits = uploads
         self.tickets = tickets
         self.host, self.port = host, port
         self.tls, self.mutual = tls, mutual
         self.max_connections = max_connections
-        self.handshake_s = min(HANDSHAKE_S, service.uploads.idle_s)
+        self.handshake_s = min(HANDSHAKE_S, uploads.idle_s)
         self.downloads = 0
         self.uploads = 0
         self.bytes_sent = 0
@@ -234,17 +254,14 @@ class BulkServer:
 
     async def _download(self, sock: socket.socket, shadow: socket.socket,
                         ticket: Ticket) -> None:
-        node = self.service.registry.get(ticket.node_id)
-        task = self.service.orch.task_for(node) if node is not None else None
-        if (node is None or task is None or task.task_id != ticket.task_id
-                or task.payload is None or task.payload.size != ticket.size):
+        payload = self.desk.open_payload(ticket.node_id, ticket.task_id)
+        if payload is None or payload.size != ticket.size:
             await self._blocking(bulk.write_status, sock, Status(
                 False, "FAILED_PRECONDITION", "stale",
                 "the task this ticket was issued for is no longer open: ask for work again"))
             return
-        payload = task.payload
         await self._blocking(bulk.write_status, sock, Status(True))
-        sock.settimeout(self.service.uploads.idle_s)
+        sock.settimeout(self.upload_limits.idle_s)
         # A reader slower than the minimum rate is cut off: it would hold a slot for hours.
         dog = Watchdog(shadow, bulk.RATE_GRACE_S + payload.size / bulk.MIN_RATE_BPS)
         try:
@@ -258,29 +275,20 @@ class BulkServer:
             dog.cancel()
         self.downloads += 1
         self.bytes_sent += payload.size
-        node.transport = Transport.BULK
+        self.desk.downloaded(ticket.node_id)
 
     async def _upload(self, sock: socket.socket, ticket: Ticket) -> None:
-        svc = self.service
-        orch = svc.orch
         header = ticket.header
         assert header is not None
-        node = svc.registry.get(ticket.node_id)
-        if node is None:
-            exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "
-                                 "no longer registered")
-            orch.reject(None, header, exc)
-            await self._verdict(sock, exc)
-            return
 
         @contextlib.asynccontextmanager
-        async def receive(rnd: RoundState) -> AsyncIterator[Received]:
-            async with svc.uploads.receive_socket(node.name, header, sock, rnd.deadline,
-                                                  self._blocking) as got:
+        async def receive(deadline: float) -> AsyncIterator[Received]:
+            async with self.upload_limits.receive_socket(ticket.node_name, header, sock,
+                                                         deadline, self._blocking) as got:
                 yield got
 
         try:
-            message = await ingest(orch, node, header, receive, Transport.BULK)
+            message = await self.desk.take_update(ticket.node_id, header, receive)
         except UpdateRejected as exc:
             await self._verdict(sock, exc)
             return

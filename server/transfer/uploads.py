@@ -26,8 +26,7 @@ from typing import Any
 from fedgpu.core import bulk, codec, digests
 from fedgpu.core.buffers import BufferPool
 from fedgpu.proto import pb
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
+from fedgpu.server.rejections import Reject, UpdateRejected
 
 DEFAULT_IDLE_S = 60.0
 DEFAULT_BUDGET_BYTES = 4 << 30

@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from fedgpu.core.constants import BUNDLE_STATES, TASK_APPROVALS
 from fedgpu.proto import pb
-from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rejections import Reject
 
 MAX_NAME = 128          # node names
 MAX_TEXT = 1024         # any other string: versions, GPU names, reasons, ids

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedgpu.core.config import load_job
-from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from tests.fixtures import fault_tasks
 from tests.fixtures.federation import ROOT, Federation, base_env, free_port, write_job
 

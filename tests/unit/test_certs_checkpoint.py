@@ -17,7 +17,7 @@ from fedgpu.core import certs
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
 from fedgpu.server.jobs import resume
-from fedgpu.server.jobs.checkpoint import Checkpointer, CheckpointError
+from fedgpu.server.rounds.checkpoint import Checkpointer, CheckpointError
 
 
 def test_issued_certs_chain_to_the_ca_and_carry_names(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fedgpu.core import codec
-from fedgpu.server.rounds.validation import UpdateRejected, decode_and_check
+from fedgpu.server.rejections import UpdateRejected
+from fedgpu.server.rounds.validation import decode_and_check
 
 DTYPES = [np.dtype(n) for n in ("<f4", "<f2", "<f8", "<i8", "<i4", "u1", "?")]
 

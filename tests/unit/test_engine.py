@@ -24,11 +24,10 @@ from fedgpu.proto import pb
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.memory_store import MemoryStore
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.states import Reject
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer.uploads import Received
 
 W0 = {"w": np.zeros(4, np.float32)}
@@ -172,7 +171,7 @@ def test_a_refused_update_is_listed_and_leaves_the_model_alone(tmp_path: Path) -
     assert h.orch.rejections == {"shape": 1}
     # Sent again once the round closed, the same answer is refused as late.
     with pytest.raises(UpdateRejected) as again:
-        h.orch.check_update(h.nodes["c"], h.headers["c"])
+        h.orch.answers.check_update(h.nodes["c"], h.headers["c"])
     assert again.value.reason == Reject.LATE
 
 

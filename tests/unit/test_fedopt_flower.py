@@ -16,7 +16,7 @@ import pytest
 
 from fedgpu.core.job.strategies import STRATEGY_SPECS
 from fedgpu.core.privacy import parse_privacy
-from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.strategies import make_strategy
 from fedgpu.server.strategies.private import PrivateStrategy
 from fedgpu.server.strategies.update import UpdateIn

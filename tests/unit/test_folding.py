@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from fedgpu.proto import pb
+from fedgpu.server.rejections import UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.folding import FoldQueue, Waiting
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.fednova import FedNova
 from fedgpu.server.strategies.update import UpdateIn
@@ -170,7 +170,7 @@ def test_an_asynchronous_step_folds_exactly_its_buffer_and_the_rest_are_late() -
         rnd.enough = 2
         rnd.slots = {f"n{i}": SlotState.UPLOADING for i in range(4)}
 
-        async def answer(i: int) -> None:  # as Intake.accept does: settle once folded
+        async def answer(i: int) -> None:  # as Answers.accept does: settle once folded
             await folds.fold(strategy, _update(rnd, float(i), 5))
             rnd.settle(f"n{i}", SlotState.ACCEPTED, time.time())
 

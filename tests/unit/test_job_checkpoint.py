@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from fedgpu.core.config import parse_job
-from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.memory_store import MemoryStore
 from fedgpu.server.jobs.state import HISTORY_KEYS, SavedHistory
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.records import EvalEntry, RoundRecord
 

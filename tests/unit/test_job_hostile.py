@@ -24,11 +24,11 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.job_bounds import INT64_MAX, INT64_MIN, MAX_RING_NODES, derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
-from fedgpu.server.jobs.checkpoint import Checkpointer
 from fedgpu.server.jobs.intake import QueueFull
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import StarPlan
 

@@ -16,8 +16,8 @@ from fedgpu.core.secagg.site import SiteSession
 from fedgpu.node.secagg import noise_share_of
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import UpdateRejected
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.secagg.plan import SecAggPlan
 from tests.unit.test_secagg_engine import GLOBAL, _payload, _send, _task
 

@@ -23,9 +23,9 @@ from fedgpu.core.secagg.quantize import error_bound
 from fedgpu.core.secagg.site import SiteSession
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rejections import UpdateRejected
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import ingest
-from fedgpu.server.rounds.validation import UpdateRejected
 from fedgpu.server.transfer.uploads import Received
 
 KIND = {Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
@@ -151,3 +151,21 @@ def test_layout_round_trips_every_dtype() -> None:
         np.testing.assert_allclose(back[k], v, atol=1e-6)
         assert back[k].dtype == v.dtype
     assert back["steps"][0] == 4  # integers come back rounded, exact
+
+
+def test_the_secure_plan_owns_its_messages_and_refuses_them_between_rounds() -> None:
+    # The round engine names no secure-aggregation kind: the job's plan says whose they are.
+    from fedgpu.server.rounds.plans import StarPlan
+
+    orch, nodes = _orchestrator(deadline_s=5.0, timeout_s=1.0)
+    assert all(orch.plan.intake(kind) is not None for kind in KIND.values())
+    assert orch.plan.intake(pb.TASK_KIND_TRAIN) is None  # plain updates: rounds/receive.py
+    assert all(StarPlan(orch.job).intake(kind) is None for kind in KIND.values())
+    # No attempt is open: its intake refuses the message, and the refusal is counted.
+    header = pb.UpdateHeader(node_id=nodes[0].node_id, task_id="t", round=1,
+                             kind=KIND[Stage.ADVERTISE_KEYS], payload_size=3)
+    with pytest.raises(UpdateRejected) as refused:
+        asyncio.run(ingest(orch, nodes[0], header, _receiver(b"abc"), Transport.GRPC))
+    assert refused.value.reason == "stale_round"
+    assert "not an open secure round" in refused.value.message
+    assert orch.rejections["stale_round"] == 1

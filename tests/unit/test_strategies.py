@@ -11,7 +11,7 @@ import pytest
 from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
-from fedgpu.server.jobs.checkpoint import Checkpointer
+from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.rounds.ring import RingAverage
 from fedgpu.server.strategies import STRATEGIES, make_strategy
 from fedgpu.server.strategies.aggregate import coordinate_median, trim_count, trimmed_mean

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedgpu.server.rounds.validation import UpdateRejected, check_finite, finite_norms
+from fedgpu.server.rejections import UpdateRejected
+from fedgpu.server.rounds.validation import check_finite, finite_norms
 from fedgpu.server.strategies.aggregate import Normed, WeightedSum, weighted_mean
 
 RNG = np.random.default_rng(7)

@@ -9,7 +9,7 @@ import pytest
 from fedgpu.core import jsondoc
 from fedgpu.proto import pb
 from fedgpu.server.registry import Registry, RegistryFull
-from fedgpu.server.rounds.states import Reject
+from fedgpu.server.rejections import Reject
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.views import paging
 
