@@ -36,7 +36,7 @@ from fedgpu.core.privacy.mechanisms import (
     noise_generator,
     update_noise_multiplier,
 )
-from fedgpu.core.privacy.settings import MEAN_STRATEGIES
+from fedgpu.core.privacy.settings import dp_strategies
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 
@@ -74,7 +74,7 @@ class PrivateStrategy(Strategy):
         super().__init__()
         if not isinstance(inner, FedAvg):
             raise ConfigError(
-                f"job: [privacy] needs a strategy that averages ({', '.join(MEAN_STRATEGIES)}), "
+                f"job: [privacy] needs a strategy that averages ({', '.join(dp_strategies())}), "
                 f"not {inner.name!r}: the noise is calibrated to the mean of clipped updates")
         self.inner = inner
         self.privacy = privacy
