@@ -95,14 +95,21 @@ class Key:
         if self.choices:
             return ", ".join(f"`{c}`" for c in self.choices)
         if self.bound is not None and self.lo is None and self.hi is None:
-            return f"{self.bound[0]:,g} to {self.bound[1]:,g}"
+            return f"{_num(self.bound[0])} to {_num(self.bound[1])}"
         if self.lo is None and self.hi is None:
             return ""
         left = "(" if self.lo_open else "["
         right = ")" if self.hi_open else "]"
-        hi = self.hi if self.hi is not None else (self.bound[1] if self.bound else math.inf)
-        lo = "-inf" if self.lo is None else f"{self.lo:,g}"
-        return f"{left}{lo}, {hi:,g}{right}" if math.isfinite(hi) else f"{left}{lo}, inf)"
+        hi = self.hi if self.hi is not None else (self.bound[1] if self.bound else None)
+        lo = "-inf" if self.lo is None else _num(self.lo)
+        return f"{left}{lo}, {_num(hi)}{right}" if hi is not None else f"{left}{lo}, inf)"
+
+
+def _num(value: float) -> str:
+    """A bound as people read it: 2,147,483,647 rather than 2.14748e+09."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:g}"
 
 
 REQUIRED: Any = dataclasses.MISSING
