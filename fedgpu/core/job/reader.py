@@ -7,6 +7,8 @@ caller peeks into the TOML with rules of its own.
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,3 +77,48 @@ def loads_toml(text: str, source: str = "job") -> dict[str, Any]:
             from None
     except ValueError as exc:  # tomllib lets int()'s own refusals through (4,300+ digits)
         raise ConfigError(f"{source}: not valid TOML: {str(exc)[:200]}") from None
+
+
+def dumps_job(job: Job) -> str:
+    """The job as a job file (TOML) that parses back to an equal Job: what `fedgpu run` hands
+    its aggregator (`server start --job`), built from a Job, never from strings of its own."""
+    # Enums become their values, tuples lists; None (TOML has none) means "absent", and so
+    # does the empty task of a job its bundle names.
+    values = json.loads(json.dumps(job.to_dict()))
+    if not values["task"]:
+        del values["task"]
+    return _table(values, ())
+
+
+def _table(values: dict[str, Any], path: tuple[str, ...]) -> str:
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            tables.append((name, value))
+        else:
+            lines.append(f"{_key(name)} = {_value(value)}")
+    out = ""
+    if path:
+        out += f"\n[{'.'.join(_key(p) for p in path)}]\n"
+    out += "".join(line + "\n" for line in lines)
+    for name, table in tables:
+        if table:
+            out += _table(table, (*path, name))
+    return out
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
