@@ -184,8 +184,13 @@ class JobManager:
             initial = await asyncio.to_thread(self._initial_weights, row, job)
             orch = self._orchestrator(row, job, initial)
         except Exception as exc:  # noqa: BLE001 - whatever it is ends this job, not the queue
-            self._fail(row.job_id, exc)
+            if not self._stopped_meanwhile(row.job_id):
+                self._fail(row.job_id, exc)
             return
+        if self._stopped_meanwhile(row.job_id):
+            return
+        # From here to `self.active` nothing awaits: a stop now finds the job active, and
+        # cancels its engine (the row and the engine never disagree).
         task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
         self.active = ActiveJob(row, job, orch, task)
         if not row.started_at:
@@ -218,6 +223,16 @@ class JobManager:
             self._fail(row.job_id, crash)
             return
         self._end(row.job_id, state, orch.error, orch.end_reason)
+
+    def _stopped_meanwhile(self, job_id: str) -> bool:
+        """A `job stop` that came while the job was being set up (its weights read in a
+        thread) ended the row: the job does not start, and the queue moves on."""
+        fresh = self.store.get(job_id)
+        if fresh is None or not fresh.ended:
+            return False
+        log.info("job %s was %s while it was being started; not started", job_id, fresh.state)
+        self._offers = None
+        return True
 
     def _fail(self, job_id: str, exc: Exception) -> None:
         if isinstance(exc, FedgpuError):

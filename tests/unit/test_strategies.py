@@ -229,7 +229,7 @@ def test_job_file_names_every_strategy() -> None:
         job = parse_job({"task": "t", "strategy": name, "strategy_params": {}})
         assert make_strategy(job.strategy, job.strategy_params).name == name
     with pytest.raises(ConfigError, match="'strategy' must be one of"):
-        parse_job({"task": "t", "strategy": "krum"})
+        parse_job({"task": "t", "strategy": "bulyan"})  # not in the strategy table
 
 
 def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
