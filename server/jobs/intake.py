@@ -49,8 +49,16 @@ JOBS_DIR = "jobs"
 DEFAULT_MAX_QUEUED = 100
 
 
+# Submissions being received at once (each may hold a temporary file of initial weights).
+MAX_IN_FLIGHT = 8
+
+
 class QueueFull(FedgpuError):
     """--max-queued-jobs jobs already wait: a submission is refused until some have run."""
+
+
+class TooManySubmissions(QueueFull):
+    """MAX_IN_FLIGHT submissions are being received: another is refused until one is done."""
 
 
 @dataclass
@@ -82,6 +90,7 @@ class Intake:
         self.max_initial_bytes = max_initial_bytes
         self._running = running
         self._queued = queued
+        self.in_flight = 0
 
     def prepare(self, job_toml: str, filename: str, bundle: Bundle | None = None) -> Job:
         """Validate a job file (with the task bundle it came with, checked by the caller):
@@ -197,6 +206,18 @@ class Intake:
         and weights received (bounded), the job parsed once and queued. Nothing is left
         behind on any refusal."""
         self.check_room()
+        if self.in_flight >= MAX_IN_FLIGHT:
+            raise TooManySubmissions(f"{self.in_flight} job submissions are being received "
+                                     "by this aggregator; try again when one is done")
+        self.in_flight += 1
+        try:
+            return await self._receive(head, stream, submitted_by)
+        finally:
+            self.in_flight -= 1
+
+    async def _receive(self, head: admin_pb2.SubmitJobHeader,
+                       stream: AsyncIterator[admin_pb2.SubmitJobChunk],
+                       submitted_by: str) -> Submitted:
         got = await submission.receive(head, stream, self.state_dir, self.max_initial_bytes)
         filename = (head.filename or "job.toml")[:256]
         weights = got.weights

@@ -4,13 +4,16 @@ COUNT; a job needing more sites than are registered is queued with a warning."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fedgpu.core.constants import JobState
 from fedgpu.core.job import parse_job
+from fedgpu.proto import admin_pb2
 from fedgpu.server.jobs.intake import QueueFull
 from fedgpu.server.jobs.memory_store import MemoryStore
 from fedgpu.server.jobs.queue import JobManager, job_from_row
@@ -19,7 +22,7 @@ from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
 
 
-def _manager(tmp_path: Path, sites: int = 0, **kw: int) -> JobManager:
+def _manager(tmp_path: Path, sites: int = 0, **kw: Any) -> JobManager:
     registry = Registry()
     for i in range(sites):
         registry.register(name=f"n{i}", peer="p", version="t", devices={}, decision={},
@@ -101,3 +104,82 @@ def test_more_min_nodes_than_registered_sites_is_queued_with_a_warning(tmp_path:
     assert jobs.intake.shortfall(parse_job({"task": "digits", "min_nodes": 2})) is None
     wide = parse_job({"task": "digits", "min_nodes": 1, "min_available_nodes": 4})
     assert "min_available_nodes = 4" in (jobs.intake.shortfall(wide) or "")
+
+
+# ---- initial weights: every bad file is the same clean refusal; uploads cannot trickle ------
+# Threat model: an operator (trusted to run jobs, not to break the aggregator) submitting an
+# empty or damaged model, or an upload that trickles or stalls to hold temporary files and
+# the aggregator's attention. What they get: a ConfigError naming the problem, and nothing
+# left in the state directory; a stalled or trickling upload is cut off, and only
+# MAX_IN_FLIGHT submissions are received at once.
+
+
+def test_an_empty_weights_file_is_a_clean_refusal(tmp_path: Path) -> None:
+    from fedgpu.core.errors import ConfigError
+    from fedgpu.server.jobs import initial_weights as iw
+
+    serving = tmp_path / "models"
+    serving.mkdir()
+    (serving / "empty.safetensors").write_bytes(b"")
+    jobs = _manager(tmp_path / "state", initial_weights_dir=serving)
+    with pytest.raises(ConfigError, match="serves no safetensors file"):
+        jobs.intake.submit('task = "digits"\ninitial_weights = "empty.safetensors"\n', "j.toml",
+                           "op")
+    assert list((tmp_path / "state" / iw.INCOMING).iterdir()) == []
+    assert jobs.store.jobs() == []
+    empty = tmp_path / "e.safetensors"
+    empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match="it is empty"):
+        iw.check(empty, "initial_weights (uploaded)")
+
+
+async def _stream(chunks: list[bytes], pause_s: float = 0.0, hold: Any = None) -> Any:
+    for data in chunks:
+        if hold is not None:
+            await hold.wait()
+        await asyncio.sleep(pause_s)
+        yield admin_pb2.SubmitJobChunk(data=data)
+
+
+def _head(weights: bytes) -> Any:
+    return admin_pb2.SubmitJobHeader(
+        job_toml='task = "digits"\n', filename="j.toml", initial_weights_size=len(weights),
+        initial_weights_sha256=hashlib.sha256(weights).hexdigest())
+
+
+def test_a_stalled_or_trickling_upload_is_cut_off_and_leaves_nothing(tmp_path: Path) -> None:
+    from fedgpu.server.jobs import initial_weights as iw
+    from fedgpu.server.jobs import submission
+
+    weights = b"x" * 4096
+    stalled = submission.receive(_head(weights), _stream([weights[:10], weights[10:]], 0.5),
+                                 tmp_path, 1 << 20, idle_s=0.2)
+    with pytest.raises(submission.SubmissionError, match="no data for 0.2 s"):
+        asyncio.run(stalled)
+    trickle = [weights[i:i + 64] for i in range(0, len(weights), 64)]
+    slow = submission.receive(_head(weights), _stream(trickle, 0.01), tmp_path, 1 << 20,
+                              min_rate_bps=1 << 30, rate_grace_s=0.0)
+    with pytest.raises(submission.SubmissionError, match="slower than"):
+        asyncio.run(slow)
+    assert list((tmp_path / iw.INCOMING).iterdir()) == []
+
+
+def test_submissions_in_flight_are_capped(tmp_path: Path) -> None:
+    from fedgpu.server.jobs.intake import MAX_IN_FLIGHT, TooManySubmissions
+
+    jobs = _manager(tmp_path)
+    weights = b"x" * 128
+
+    async def main() -> None:
+        hold = asyncio.Event()
+        held = [asyncio.create_task(jobs.intake.receive(
+            _head(weights), _stream([weights], hold=hold), "op")) for _ in range(MAX_IN_FLIGHT)]
+        await asyncio.sleep(0.2)
+        with pytest.raises(TooManySubmissions, match=f"{MAX_IN_FLIGHT} job submissions"):
+            await jobs.intake.receive(_head(weights), _stream([weights]), "op")
+        hold.set()
+        # Not safetensors: each is refused, and each frees its place.
+        await asyncio.gather(*held, return_exceptions=True)
+        assert jobs.intake.in_flight == 0
+
+    asyncio.run(main())
