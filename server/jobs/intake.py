@@ -21,17 +21,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedgpu.core import task_schemas
 from fedgpu.core.bundles import Bundle, pack_dir
 from fedgpu.core.constants import BUILTIN_TASKS, JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.job import (
     MAX_JOB_FILE_BYTES,
     Job,
+    for_submission,
     loads_toml,
     parse_job,
     read_job_file,
-    with_bundle_task,
 )
 from fedgpu.core.suggest import did_you_mean
 from fedgpu.proto import admin_pb2
@@ -99,15 +98,8 @@ class Intake:
             raise ConfigError(f"{filename}: the job file is larger than {MAX_JOB_FILE_BYTES} "
                               "bytes")
         job = parse_job(loads_toml(job_toml, filename), filename)
-        if bundle is not None:
-            job = with_bundle_task(job, bundle.manifest.name, filename)
-        elif job.task_dir is not None:
-            raise ConfigError(f"{filename}: 'task_dir' names a task bundle directory, but no "
-                              "bundle came with the job: submit it with 'fedgpu job submit' "
-                              "(which packs the directory and sends it)")
-        else:
-            # A built-in task's hyperparameters, checked as its nodes would (names, kinds).
-            task_schemas.check(job.task, job.hyperparameters, filename)
+        job = for_submission(job, bundle.manifest.name if bundle is not None else None,
+                             filename)
         from fedgpu.server.strategies import make_strategy
 
         make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now

@@ -14,7 +14,8 @@ from typing import Any
 
 _WHERE = {
     "Job": "job", "Scalar": "job", "parse_job": "job", "resume_keys": "job",
-    "with_bundle_task": "job", "Resources": "resources", "MAX_GPU_MIB": "resources",
+    "with_bundle_task": "job", "for_submission": "job", "Resources": "resources",
+    "MAX_GPU_MIB": "resources",
     "MAX_JOB_FILE_BYTES": "reader", "JobFile": "reader", "load_job": "reader",
     "loads_toml": "reader", "read_job_file": "reader", "read_text": "reader",
 }

@@ -213,6 +213,23 @@ def with_bundle_task(job: Job, bundle_name: str, source: str = "job") -> Job:
     return dataclasses.replace(job, task=bundle_name)
 
 
+def for_submission(job: Job, bundle_name: str | None, source: str = "job") -> Job:
+    """What the aggregator checks of a submitted job beyond its file: the task bundle that
+    came with it names the task (`with_bundle_task`); a `task_dir` without a bundle is
+    refused; a built-in task's `[hyperparameters]` are checked against the task's schema
+    (fedgpu/core/task_schemas.py), as its nodes would."""
+    from fedgpu.core import task_schemas
+
+    if bundle_name is not None:
+        return with_bundle_task(job, bundle_name, source)
+    if job.task_dir is not None:
+        raise ConfigError(f"{source}: 'task_dir' names a task bundle directory, but no "
+                          "bundle came with the job: submit it with 'fedgpu job submit' "
+                          "(which packs the directory and sends it)")
+    task_schemas.check(job.task, job.hyperparameters, source)
+    return job
+
+
 def resume_keys() -> tuple[str, ...]:
     """The keys a resumed job must keep (declared `resume=True`)."""
     return tuple(k.name for k in top_keys() if k.resume) + tuple(
