@@ -1,5 +1,5 @@
 """Jobs with task bundles on the aggregator (server/jobs/queue.py, server/jobs/bundles.py)
-and in the job file (fedgpu/core/config.py): what is queued, kept, offered to nodes and refused."""
+and in the job file (fedgpu/core/job/): what is queued, kept, offered to nodes and refused."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedgpu.core.bundles import Bundle, open_archive, pack_files
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.core.config import Job, loads_toml, parse_job
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, loads_toml, parse_job
 from fedgpu.core.job_bounds import INT64_MAX, INT64_MIN, MAX_RING_NODES, derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
