@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedgpu.cli.run.launcher import LocalRun, LocalRunConfig
+from fedgpu.cli.run.launcher import LocalRun, LocalRunConfig, demo_job
 
 
 def smi_used_mib(index: int = 0) -> int | None:
@@ -77,9 +77,9 @@ class PresplitRun(LocalRun):
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         dirs = sorted(self.presplit.glob("node-*"))[: self.cfg.nodes]
         job = self.run_dir / "job.toml"
-        from fedgpu.cli.run.launcher import _job_toml
+        from fedgpu.core.job.reader import dumps_job
 
-        job.write_text(_job_toml(self.cfg))
+        job.write_text(dumps_job(self.cfg.job))
         return job, dirs
 
 
@@ -144,14 +144,15 @@ def main() -> None:
     smi = SmiSampler()
     smi.start()
     results = []
+    def cfg(nodes: int, **knobs: Any) -> LocalRunConfig:
+        return LocalRunConfig(nodes=nodes, job=demo_job(nodes=nodes, rounds=args.rounds), **knobs)
+
     scenarios = [
-        ("gpu-1node", LocalRunConfig(nodes=1, rounds=args.rounds, gpu="offer")),
+        ("gpu-1node", cfg(1, gpu="offer")),
         # The same without pre-started workers: what a round pays for starting its process.
-        ("gpu-1node-no-prestart", LocalRunConfig(nodes=1, rounds=args.rounds, gpu="offer",
-                                                 node_env={"FEDGPU_PRESTART": "0"})),
-        ("gpu-3nodes-shared-0.3", LocalRunConfig(nodes=3, rounds=args.rounds, gpu="offer",
-                                                 gpu_memory_fraction=0.3)),
-        ("cpu-3nodes", LocalRunConfig(nodes=3, rounds=args.rounds, gpu="none")),
+        ("gpu-1node-no-prestart", cfg(1, gpu="offer", node_env={"FEDGPU_PRESTART": "0"})),
+        ("gpu-3nodes-shared-0.3", cfg(3, gpu="offer", gpu_memory_fraction=0.3)),
+        ("cpu-3nodes", cfg(3, gpu="none")),
     ]
     if args.only:
         scenarios = [s for s in scenarios if s[0] in args.only.split(",")]

@@ -14,11 +14,11 @@ import grpc
 
 from fedgpu.core import jsondoc
 from fedgpu.core.bundles import BundleError
-from fedgpu.core.config import MAX_JOB_FILE_BYTES
+from fedgpu.core.job import MAX_JOB_FILE_BYTES
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from fedgpu.server.admin_guard import bounded, guarded, status_of
 from fedgpu.server.auth import Auth, Caller
-from fedgpu.server.jobs import estimate, submission
+from fedgpu.server.jobs import estimate
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
@@ -110,28 +110,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the job file is larger than {MAX_JOB_FILE_BYTES} bytes")
         jobs = self.jobs
-        jobs.check_room()  # before a byte more is read
         try:
-            got = await submission.receive(head, request_iterator, jobs.state_dir,
-                                           jobs.max_initial_bytes)
+            got = await jobs.intake.receive(head, request_iterator, _who(caller))
         except BundleError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 bounded(f"task bundle refused: {exc}"))
             raise
-        filename = (head.filename or "job.toml")[:256]
-        weights = got.weights
-        try:
-            # Parsing (and a ring's mixing matrix) and copying weights run off the loop.
-            job = await asyncio.to_thread(jobs.prepare, head.job_toml, filename, got.bundle)
-            if weights is None and job.initial_weights is not None:
-                weights = await asyncio.to_thread(jobs.weights_from_dir, job)
-            row = jobs.enqueue(job, head.job_toml, filename, _who(caller), bundle=got.bundle,
-                               weights=weights)
-        except BaseException:
-            if weights is not None:
-                weights.unlink(missing_ok=True)
-            raise
+        row, job = got.row, got.job
         doc = docs.job_summary(jobs, row)
+        if got.warnings:
+            # The job is queued; its submitter hears now what would hold it (`job submit`
+            # prints these on stderr).
+            doc["warnings"] = got.warnings
         # Off the critical path of the queue: a rough training time from the sites' speed.
         doc["estimate"] = est = estimate.estimate(job, jobs.registry.alive())
         if est is not None:

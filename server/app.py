@@ -144,9 +144,9 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                                      cfg.upload_idle_s)
     events = JobLogHandler(jobs)
     logging.getLogger("fedgpu.server").addHandler(events)
-    jobs.adopt_legacy(cfg.job_file)
+    jobs.intake.adopt_legacy(cfg.job_file)
     if cfg.job_file is not None:
-        jobs.submit_at_start(cfg.job_file)
+        jobs.intake.submit_at_start(cfg.job_file)
     federation_id = secrets.token_hex(6)
     auth = Auth(None if cfg.insecure else cfg.token,
                 None if cfg.insecure else cfg.operator_token,

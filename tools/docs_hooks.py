@@ -25,7 +25,8 @@ MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
 
 
 def _generators() -> dict[str, Callable[[], str]]:
-    return {"cli": cli_reference.markdown, "job-keys": job_keys.markdown}
+    return {"cli": cli_reference.markdown, "job-keys": job_keys.markdown,
+            "strategies": job_keys.strategies}
 
 
 def expand(markdown: str) -> str:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuMode, GpuNeed
+from fedgpu.core.job.resources import Resources
 
 # GPUs named in a reason; a host with more is summarised.
 _SHOWN = 8

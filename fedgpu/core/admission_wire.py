@@ -5,8 +5,8 @@ them, so both conversions live here, once."""
 from __future__ import annotations
 
 from fedgpu.core.admission import GpuFree, SiteCapacity
-from fedgpu.core.config import MAX_GPU_MIB, Resources
 from fedgpu.core.constants import GPU_NEEDS, GpuMode, GpuNeed
+from fedgpu.core.job.resources import MAX_GPU_MIB, Resources
 from fedgpu.proto import pb
 
 _MODES = tuple(m.value for m in GpuMode)

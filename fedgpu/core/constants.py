@@ -1,6 +1,6 @@
 """Names and defaults that more than one part of fedgpu uses: each is defined here once.
 
-Compose profiles, task kinds, partitions, strategies, modes, the node's status file and the
+Compose profiles, task kinds, partitions, modes, the node's status file and the
 ring port are read by the node, the aggregator, the CLI and the tests; a copy elsewhere would
 drift (it did: `fedgpu doctor` once refused the `ring` profile that `fedgpu up` took).
 """
@@ -97,10 +97,6 @@ class RoundStatus(StrEnum):
     FINISHED = "finished"
     RETRIED = "retried"   # too few updates, or no usable result: the round runs again
 
-
-# Implemented in fedgpu/server/strategies/, one module each; a test checks they agree.
-STRATEGIES: tuple[str, ...] = ("fedavg", "fedavgm", "fedadam", "median", "trimmed_mean",
-                               "fednova")
 
 # Where `fedgpu node start` keeps its status file (FEDGPU_NODE_STATUS); the container
 # HEALTHCHECK (`fedgpu node health`) and `fedgpu ps` read it.

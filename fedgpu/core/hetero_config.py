@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job.strategies import STRATEGY_SPECS
 from fedgpu.core.job_bounds import INT32_MAX, MAX_JOB_NODES
 from fedgpu.core.update_codecs import UpdateCodec
 
@@ -43,8 +44,6 @@ class StalenessWeighting(StrEnum):
 
 # The hyperparameter that carries the budget to the nodes' runner (node/rounds/runner.py).
 BUDGET_HPARAM = "round_train_s"
-# Strategies that need every update dense in memory (they spill and sort): no codec there.
-_DENSE_ONLY = ("median", "trimmed_mean")
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
         if mode == "ring":
             raise ConfigError(f"{source}: update_codec = \"{kind}\" is not for ring jobs: in "
                               "ring mode nodes average among themselves")
-        if strategy in _DENSE_ONLY:
+        if _dense_only(strategy):
             raise ConfigError(f"{source}: update_codec = \"{kind}\" does not go with strategy "
                               f"{strategy!r}, which needs every update dense")
         if wire_dtype is not None:
@@ -135,6 +134,13 @@ def parse_hetero(raw: Mapping[str, Any], source: str, *, mode: str, strategy: st
                               "codec already decides how updates travel)")
     buffered = _parse_async(raw, source, mode, strategy, min_nodes, fail)
     return HeteroWork(work, budget, kind, float(fraction), *buffered)
+
+
+def _dense_only(strategy: str) -> bool:
+    """The strategy needs every update dense in memory (it spills and sorts): no codec, no
+    buffer (the strategy table's `dense_only`)."""
+    spec = STRATEGY_SPECS.get(strategy)
+    return spec is not None and spec.dense_only
 
 
 def _parse_async(raw: Mapping[str, Any], source: str, mode: str, strategy: str, min_nodes: int,
@@ -146,7 +152,7 @@ def _parse_async(raw: Mapping[str, Any], source: str, mode: str, strategy: str, 
         return 0, 4, StalenessWeighting.SQRT
     if strategy != "fedavg":
         why = ("needs every update of a synchronised round"
-               if strategy in _DENSE_ONLY else "is not supported in async mode yet")
+               if _dense_only(strategy) else "is not supported in async mode yet")
         raise ConfigError(f"{source}: mode = \"async\" runs FedBuff, whose step is the "
                           f"staleness-weighted FedAvg of a buffer: strategy {strategy!r} {why}; "
                           "use strategy = \"fedavg\"")

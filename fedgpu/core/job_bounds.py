@@ -6,11 +6,13 @@ the int64 seed of a task once multiplied, `rounds = 10**20` failed inside SQLite
 `min_nodes = 30000` made a 6.9 GB mixing matrix. Every integer of a job file (top-level keys,
 `[resources]`, `[strategy_params]`, `[hyperparameters]`) is refused here, naming its key and
 its range, when it would not fit where it goes; so is a deadline past any meaningful wait.
-`parse_job` then checks what each key means (positive, >= min_nodes...).
+Each key declares its range (`bound`) where it is declared (fedgpu/core/job/job.py); the
+parse loop then checks what each key means (positive, >= min_nodes...).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fedgpu.core.errors import ConfigError
@@ -29,22 +31,6 @@ MAX_WAIT_S = 30 * 24 * 3600.0
 # Retries of a failed round: each is a full deadline's wait.
 MAX_ROUND_RETRIES = 1000
 
-# key -> (lowest, highest): where the value goes decides the range.
-INT_RANGES: dict[str, tuple[int, int]] = {
-    "rounds": (1, INT32_MAX),                 # TaskHeader.round is an int32
-    "min_nodes": (1, MAX_JOB_NODES),
-    "min_available_nodes": (1, MAX_JOB_NODES),
-    "seed": (INT64_MIN, INT64_MAX),           # TaskHeader.seed is an int64
-    "round_retries": (0, MAX_ROUND_RETRIES),
-    "max_examples_per_node": (1, INT64_MAX),  # UpdateHeader.num_examples is an int64
-    "local_steps": (1, INT32_MAX),            # RingAssignment.local_steps is an int32
-    "iterations": (1, INT64_MAX),             # RingAssignment.iterations is an int64
-}
-FLOAT_RANGES: dict[str, tuple[float, float]] = {
-    "round_deadline_s": (0.0, MAX_WAIT_S),
-    "queue_timeout_s": (0.0, MAX_WAIT_S),
-    "ring_timeout_s": (0.0, MAX_WAIT_S),
-}
 # Tables of free-form scalars: their integers travel as JSON to the nodes and sit in SQLite.
 SCALAR_TABLES = ("strategy_params", "hyperparameters")
 
@@ -62,19 +48,22 @@ def _range_error(source: str, key: str, lo: float, hi: float, value: object) -> 
     return ConfigError(f"{source}: '{key}' must be from {lo:,} to {hi:,}, got {shown}")
 
 
-def check_bounds(raw: dict[str, Any], source: str = "job") -> None:
+def check_bounds(raw: dict[str, Any], source: str, keys: Iterable[Any]) -> None:
     """ConfigError naming the first number of `raw` (a parsed job file) out of its range.
-    Values of the wrong type are left to parse_job, which names what each key must be."""
-    for key, (lo, hi) in INT_RANGES.items():
-        value = raw.get(key)
-        # Too small for its meaning (rounds = 0) is parse_job's to name; too large for the
+    `keys`: the job's top-level keys (schema.Key), each with the `bound` it declares.
+    Values of the wrong type are left to the parse loop, which names what each key must be."""
+    for k in keys:
+        if k.bound is None:
+            continue
+        lo, hi = k.bound
+        value = raw.get(k.name)
+        # Too small for its meaning (rounds = 0) is the key's own check; too large for the
         # wire, here.
-        if _is_int(value) and (value > hi or value < INT64_MIN):
-            raise _range_error(source, key, lo, hi, value)
-    for key, (flo, fhi) in FLOAT_RANGES.items():
-        value = raw.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > fhi:
-            raise _range_error(source, key, flo, fhi, value)
+        if k.kind is int and _is_int(value) and (value > hi or value < INT64_MIN):
+            raise _range_error(source, k.name, lo, hi, value)
+        if (k.kind is float and isinstance(value, int | float) and not isinstance(value, bool)
+                and value > hi):
+            raise _range_error(source, k.name, lo, hi, value)
     for table in (*SCALAR_TABLES, "resources"):
         entries = raw.get(table)
         if not isinstance(entries, dict):

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from fedgpu.core import task_schemas
-from fedgpu.core.config import Job
 from fedgpu.core.hetero_config import LocalWork
+from fedgpu.core.job import Job
 from fedgpu.server.registry import Node
 
 # An estimate longer than this is worth a warning at submit.

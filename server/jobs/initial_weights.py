@@ -120,11 +120,17 @@ def from_serving_dir(directory: Path | None, name: str, dest: Path, limit: int) 
 
 def check(path: Path, what: str) -> None:
     """ConfigError unless `path` is a valid safetensors file (the operator's own bytes: the
-    codec's reason is worth showing)."""
+    codec's reason is worth showing). Empty or unreadable is the same clean refusal (an empty
+    file once answered INTERNAL: mmap refuses a length of 0 with a ValueError)."""
     try:
+        if path.stat().st_size == 0:
+            raise ConfigError(f"{what} is not a safetensors file: it is empty")
         map_weights(path)
     except codec.CodecError as exc:
         raise ConfigError(f"{what} is not a safetensors file: {str(exc)[:300]}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{what} is not a readable safetensors file: "
+                          f"{str(exc)[:300]}") from None
 
 
 def store(source: Path, job_dir: Path) -> None:

@@ -1,30 +1,41 @@
 """Submitting jobs: a job file (with its task bundle and initial weights) checked, then
-queued in the job database. Part of the job manager (server/jobs/queue.py), kept apart because
-what an operator sends is where the aggregator's guard is: every check here runs before
-anything is stored, `prepare` is pure so callers run it off the event loop, and the queue has
-a length limit (--max-queued-jobs).
+queued in the job database. The job manager (server/jobs/queue.py) holds one Intake; it is a
+collaborator of its own because what an operator sends is where the aggregator's guard is:
+every check here runs before anything is stored, `prepare` is pure so callers run it off the
+event loop, and the queue has a length limit (--max-queued-jobs).
+
+A job is parsed once, here, by the job schema (fedgpu/core/job/); what is stored is the
+validated job (`Job.to_dict()`, the row's job_json), which the queue reads back through the
+same schema. The file's text is kept beside it, as submitted, for people and provenance.
 """
 
 from __future__ import annotations
 
 import asyncio
-import difflib
 import hashlib
 import logging
 import os
 import secrets
 import time
-import tomllib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from fedgpu.core import task_schemas
 from fedgpu.core.bundles import Bundle, pack_dir
-from fedgpu.core.config import MAX_JOB_FILE_BYTES, Job, loads_toml, parse_job, with_bundle_task
 from fedgpu.core.constants import BUILTIN_TASKS, JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.core.job import (
+    MAX_JOB_FILE_BYTES,
+    Job,
+    for_submission,
+    loads_toml,
+    parse_job,
+    read_job_file,
+)
+from fedgpu.core.suggest import did_you_mean
+from fedgpu.proto import admin_pb2
 from fedgpu.server.jobs import initial_weights as iw
-from fedgpu.server.jobs import resume
+from fedgpu.server.jobs import resume, submission
 from fedgpu.server.jobs.bundles import BundleStore
 from fedgpu.server.jobs.state import JobRow, SavedHistory, StateStore
 from fedgpu.server.registry import Registry
@@ -37,23 +48,48 @@ JOBS_DIR = "jobs"
 DEFAULT_MAX_QUEUED = 100
 
 
+# Submissions being received at once (each may hold a temporary file of initial weights).
+MAX_IN_FLIGHT = 8
+
+
 class QueueFull(FedgpuError):
     """--max-queued-jobs jobs already wait: a submission is refused until some have run."""
 
 
-class JobIntake:
-    """The submitting half of JobManager (its attributes are the manager's)."""
+class TooManySubmissions(QueueFull):
+    """MAX_IN_FLIGHT submissions are being received: another is refused until one is done."""
 
-    store: StateStore
-    registry: Registry
-    state_dir: Path
-    bundles: BundleStore
-    active: Any
-    max_queued: int
-    initial_weights_dir: Path | None
-    max_initial_bytes: int
-    _offers: Any
-    _wake: asyncio.Event
+
+@dataclass
+class Submitted:
+    """A queued submission: its row, the job as parsed, and what its submitter should know
+    (the job is queued all the same)."""
+
+    row: JobRow
+    job: Job
+    warnings: list[str] = field(default_factory=list)
+
+
+class Intake:
+    """Checks and queues what operators submit. `running()` names the job the queue runs
+    now (not counted against --max-queued-jobs); `queued()` tells the queue a job arrived."""
+
+    def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
+                 bundles: BundleStore, *, running: Callable[[], str | None],
+                 queued: Callable[[], None], max_queued: int = DEFAULT_MAX_QUEUED,
+                 initial_weights_dir: Path | None = None,
+                 max_initial_bytes: int = 4 << 30) -> None:
+        self.store = store
+        self.registry = registry
+        self.state_dir = state_dir
+        self.bundles = bundles
+        self.max_queued = max_queued
+        self.initial_weights_dir = initial_weights_dir
+        # Initial weights are a model like any update: bounded by the update limit.
+        self.max_initial_bytes = max_initial_bytes
+        self._running = running
+        self._queued = queued
+        self.in_flight = 0
 
     def prepare(self, job_toml: str, filename: str, bundle: Bundle | None = None) -> Job:
         """Validate a job file (with the task bundle it came with, checked by the caller):
@@ -62,26 +98,19 @@ class JobIntake:
             raise ConfigError(f"{filename}: the job file is larger than {MAX_JOB_FILE_BYTES} "
                               "bytes")
         job = parse_job(loads_toml(job_toml, filename), filename)
-        if bundle is not None:
-            job = with_bundle_task(job, bundle.manifest.name, filename)
-        elif job.task_dir is not None:
-            raise ConfigError(f"{filename}: 'task_dir' names a task bundle directory, but no "
-                              "bundle came with the job: submit it with 'fedgpu job submit' "
-                              "(which packs the directory and sends it)")
-        else:
-            # A built-in task's hyperparameters, checked as its nodes would (names, kinds).
-            task_schemas.check(job.task, job.hyperparameters, filename)
+        job = for_submission(job, bundle.manifest.name if bundle is not None else None,
+                             filename)
         from fedgpu.server.strategies import make_strategy
 
         make_strategy(job.strategy, job.strategy_params)  # bad [strategy_params] refused now
         return job
 
     def check_room(self) -> None:
-        """QueueFull when --max-queued-jobs jobs already wait their turn."""
-        waiting = [r for r in self.store.pending()
-                   if self.active is None or r.job_id != self.active.row.job_id]
-        if len(waiting) >= self.max_queued:
-            raise QueueFull(f"{len(waiting)} jobs are already queued, the limit of this "
+        """QueueFull when --max-queued-jobs jobs already wait their turn (a COUNT: a full
+        queue refusing a burst of submissions must not load every waiting row each time)."""
+        waiting = self.store.count_pending(besides=self._running())
+        if waiting >= self.max_queued:
+            raise QueueFull(f"{waiting} jobs are already queued, the limit of this "
                             f"aggregator (--max-queued-jobs {self.max_queued}): wait for them "
                             "to run, or stop some with 'fedgpu job stop'")
 
@@ -107,8 +136,7 @@ class JobIntake:
         if not nodes or job.task in offered or any(not n.tasks for n in nodes):
             return
         known = sorted(offered | set(BUILTIN_TASKS))
-        close = difflib.get_close_matches(job.task, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(job.task, known)
         raise ConfigError(f"no registered node offers task {shown(job.task)} and no task bundle "
                           f"came with the job{hint}; the tasks offered: {', '.join(known[:20])}"
                           + (", ..." if len(known) > 20 else ""))
@@ -145,9 +173,59 @@ class JobIntake:
         self.store.add_event(job_id, f"submitted by {submitted_by} from {filename}: task "
                              f"{job.task}{carried}, {job.rounds} rounds, {job.strategy}")
         log.info("job %s queued (%s, task %s%s)", job_id, row.name, job.task, carried)
-        self._offers = None
-        self._wake.set()
+        short = self.shortfall(job)
+        if short is not None:
+            self.store.add_event(job_id, short, level="warning")
+        self._queued()
         return row
+
+    def shortfall(self, job: Job) -> str | None:
+        """A warning when fewer sites are registered than the job needs: it is queued all the
+        same (sites may still come), but its submitter learns now, not after queue_timeout_s."""
+        need = job.min_available_nodes or job.min_nodes
+        have = len(self.registry.all())
+        if have >= need:
+            return None
+        key = "min_available_nodes" if job.min_available_nodes else "min_nodes"
+        return (f"{key} = {need}, but {have} site(s) are registered on this aggregator: the "
+                f"job waits for {need - have} more (and fails {job.queue_timeout_s:g} s after "
+                "its turn comes if they do not register: queue_timeout_s)")
+
+    async def receive(self, head: admin_pb2.SubmitJobHeader,
+                      stream: AsyncIterator[admin_pb2.SubmitJobChunk],
+                      submitted_by: str) -> Submitted:
+        """A submission from the wire: room checked before a byte more is read, the bundle
+        and weights received (bounded), the job parsed once and queued. Nothing is left
+        behind on any refusal."""
+        self.check_room()
+        if self.in_flight >= MAX_IN_FLIGHT:
+            raise TooManySubmissions(f"{self.in_flight} job submissions are being received "
+                                     "by this aggregator; try again when one is done")
+        self.in_flight += 1
+        try:
+            return await self._receive(head, stream, submitted_by)
+        finally:
+            self.in_flight -= 1
+
+    async def _receive(self, head: admin_pb2.SubmitJobHeader,
+                       stream: AsyncIterator[admin_pb2.SubmitJobChunk],
+                       submitted_by: str) -> Submitted:
+        got = await submission.receive(head, stream, self.state_dir, self.max_initial_bytes)
+        filename = (head.filename or "job.toml")[:256]
+        weights = got.weights
+        try:
+            # Parsing (and a ring's mixing matrix) and copying weights run off the loop.
+            job = await asyncio.to_thread(self.prepare, head.job_toml, filename, got.bundle)
+            if weights is None and job.initial_weights is not None:
+                weights = await asyncio.to_thread(self.weights_from_dir, job)
+            row = self.enqueue(job, head.job_toml, filename, submitted_by, bundle=got.bundle,
+                               weights=weights)
+        except BaseException:
+            if weights is not None:
+                weights.unlink(missing_ok=True)
+            raise
+        short = self.shortfall(job)
+        return Submitted(row, job, [short] if short else [])
 
     def weights_from_dir(self, job: Job) -> Path:
         """A temporary copy of the job's `initial_weights` from --initial-weights-dir (file
@@ -172,11 +250,10 @@ class JobIntake:
         job = parse_job(dict(state.get("job") or {}), f"{legacy}")
         text, source, digest = "", "migrated", ""
         if start_file is not None:
-            candidate = start_file.read_text()
-            wanted = parse_job(tomllib.loads(candidate), str(start_file))
-            if all(getattr(wanted, k) == getattr(job, k) for k in resume.MUST_MATCH):
-                text, source, job = candidate, "server-start", wanted
-                digest = hashlib.sha256(candidate.encode()).hexdigest()
+            wanted = read_job_file(start_file)
+            if all(getattr(wanted.job, k) == getattr(job, k) for k in resume.MUST_MATCH):
+                text, source, job = wanted.text, "server-start", wanted.job
+                digest = hashlib.sha256(text.encode()).hexdigest()
         job_id = secrets.token_hex(6)
         directory = self.state_dir / JOBS_DIR / job_id
         directory.mkdir(parents=True)
@@ -211,7 +288,8 @@ class JobIntake:
     def submit_at_start(self, path: Path) -> JobRow:
         """`server start --job FILE`: queue it, unless this very file was queued by an earlier
         start on this state directory (a restarted container must not queue it again)."""
-        text = path.read_text()
+        jf = read_job_file(path)
+        text = jf.text
         digest = hashlib.sha256(text.encode()).hexdigest()
         earlier = self.store.find_source("server-start", digest)
         if earlier is not None:
@@ -219,16 +297,15 @@ class JobIntake:
                      path, earlier.job_id, earlier.state)
             return earlier
         bundle = weights = None
-        job = parse_job(loads_toml(text, str(path)), str(path))
-        if job.task_dir is not None:
+        if jf.task_dir is not None:
             # Relative to the job file, as `fedgpu job submit` reads it.
-            bundle = pack_dir(path.parent / job.task_dir)
-        if job.initial_weights is not None:
+            bundle = pack_dir(jf.task_dir)
+        if jf.initial_weights is not None:
             # The host's own job file, given by whoever started the server: its path is read,
             # as `fedgpu job submit` reads it (a regular file, within the update limit).
             weights = iw.incoming_path(self.state_dir)
             try:
-                source = path.parent / job.initial_weights
+                source = jf.initial_weights
                 iw.copy_regular(source, weights, self.max_initial_bytes,
                                 f"initial_weights {source}")
                 iw.check(weights, f"initial_weights {source}")

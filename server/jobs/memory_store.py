@@ -73,6 +73,10 @@ class MemoryStore(StateStore):
         with self._lock:
             return [r for r in self._ordered() if not r.ended]
 
+    def count_pending(self, besides: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for r in self._ordered() if not r.ended and r.job_id != besides)
+
     def find_source(self, source: str, sha256: str) -> JobRow | None:
         with self._lock:
             found = [r for r in self._ordered()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,14 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core.bundles import BundleRef
-from fedgpu.core.config import Job, parse_job, with_bundle_task
 from fedgpu.core.constants import JobState, Mode, RunState
 from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.core.job import Job, loads_toml, parse_job, with_bundle_task
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
-from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, JobIntake
+from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Registry
@@ -66,23 +65,30 @@ class ActiveJob:
 
 
 def job_from_row(row: JobRow) -> Job:
-    # The file as submitted, parsed by this version; a job adopted from an old state
-    # directory has no file, only the job as that version parsed it.
-    raw = tomllib.loads(row.job_toml) if row.job_toml else dict(row.job)
-    job = parse_job(raw, f"job {row.job_id}")
+    """The job a row stores, read back through the job schema: the validated job the intake
+    stored (job_json, Job.to_dict). A row whose stored job this version cannot read (written
+    by a version whose to_dict differed) falls back to the file as submitted, parsed by the
+    same schema."""
+    where = f"job {row.job_id}"
+    try:
+        job = Job.from_dict(dict(row.job), where)
+    except ConfigError:
+        if not row.job_toml:
+            raise
+        log.info("%s: its stored job does not read back; parsing its job file", where)
+        job = parse_job(loads_toml(row.job_toml, where), where)
     return with_bundle_task(job, row.bundle_name or row.task) if row.bundle_sha256 else job
 
 
-class JobManager(JobIntake):
+class JobManager:
+    """The queue: runs one job at a time in submission order, stops jobs, answers what the
+    admin documents read. Submissions go through its `intake`."""
+
     def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
                  chunk_size: int, max_queued: int = DEFAULT_MAX_QUEUED,
                  initial_weights_dir: Path | None = None,
                  max_initial_bytes: int = 4 << 30) -> None:
         self.store = store
-        self.max_queued = max_queued
-        self.initial_weights_dir = initial_weights_dir
-        # Initial weights are a model like any update: bounded by the update limit.
-        self.max_initial_bytes = max_initial_bytes
         iw.clear_incoming(state_dir)
         self.registry = registry
         self.state_dir = state_dir
@@ -100,6 +106,18 @@ class JobManager(JobIntake):
         self.uploads: Any = None
         self.bundles = BundleStore(state_dir)
         self._offers: list[pb.TaskBundle] | None = None
+        self.intake = Intake(store, registry, state_dir, self.bundles,
+                             running=self._running_id, queued=self._queued,
+                             max_queued=max_queued, initial_weights_dir=initial_weights_dir,
+                             max_initial_bytes=max_initial_bytes)
+
+    def _running_id(self) -> str | None:
+        return self.active.row.job_id if self.active is not None else None
+
+    def _queued(self) -> None:
+        """A job was queued: the bundles on offer change, and an idle queue wakes up."""
+        self._offers = None
+        self._wake.set()
 
     @property
     def orch(self) -> Orchestrator:
@@ -166,8 +184,13 @@ class JobManager(JobIntake):
             initial = await asyncio.to_thread(self._initial_weights, row, job)
             orch = self._orchestrator(row, job, initial)
         except Exception as exc:  # noqa: BLE001 - whatever it is ends this job, not the queue
-            self._fail(row.job_id, exc)
+            if not self._stopped_meanwhile(row.job_id):
+                self._fail(row.job_id, exc)
             return
+        if self._stopped_meanwhile(row.job_id):
+            return
+        # From here to `self.active` nothing awaits: a stop now finds the job active, and
+        # cancels its engine (the row and the engine never disagree).
         task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
         self.active = ActiveJob(row, job, orch, task)
         if not row.started_at:
@@ -200,6 +223,16 @@ class JobManager(JobIntake):
             self._fail(row.job_id, crash)
             return
         self._end(row.job_id, state, orch.error, orch.end_reason)
+
+    def _stopped_meanwhile(self, job_id: str) -> bool:
+        """A `job stop` that came while the job was being set up (its weights read in a
+        thread) ended the row: the job does not start, and the queue moves on."""
+        fresh = self.store.get(job_id)
+        if fresh is None or not fresh.ended:
+            return False
+        log.info("job %s was %s while it was being started; not started", job_id, fresh.state)
+        self._offers = None
+        return True
 
     def _fail(self, job_id: str, exc: Exception) -> None:
         if isinstance(exc, FedgpuError):

@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import codec
-from fedgpu.core.config import Job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, resume_keys
 
 log = logging.getLogger("fedgpu.server.jobs.resume")
 
-MUST_MATCH = ("task", "mode", "strategy", "strategy_params")
+# Declared on each key (`resume=True` in fedgpu/core/job/job.py), listed on the reference page.
+MUST_MATCH = resume_keys()
 
 
 def check(job: Job, weights: Mapping[str, np.ndarray], state: Mapping[str, Any],

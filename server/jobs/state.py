@@ -188,6 +188,11 @@ class StateStore(ABC):
         """Jobs not yet ended, oldest first: the queue (a running job first)."""
 
     @abstractmethod
+    def count_pending(self, besides: str | None = None) -> int:
+        """How many jobs are not yet ended, `besides` (a job id) not counted: the queue's
+        room is a count, never a load of every waiting row."""
+
+    @abstractmethod
     def find_source(self, source: str, sha256: str) -> JobRow | None:
         """The newest job submitted from `source` with this content, if any."""
 

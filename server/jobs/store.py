@@ -160,6 +160,12 @@ class JobStore(StateStore):
                 tuple(s.value for s in ENDED_JOB_STATES)).fetchall()
         return [self._row(r) for r in rows]
 
+    def count_pending(self, besides: str | None = None) -> int:
+        with self._tx() as db:
+            return int(db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state NOT IN (?, ?, ?) AND job_id IS NOT ?",
+                (*(s.value for s in ENDED_JOB_STATES), besides)).fetchone()[0])
+
     def find_source(self, source: str, sha256: str) -> JobRow | None:
         """The newest job submitted from `source` with this content, if any."""
         with self._tx() as db:

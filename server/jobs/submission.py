@@ -10,19 +10,27 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from fedgpu.core.bulk import MIN_RATE_BPS
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES, Bundle, BundleError, check_sha256, open_archive
 from fedgpu.core.errors import ConfigError
 from fedgpu.proto import admin_pb2
 from fedgpu.server.jobs import initial_weights as iw
 
+# A submission silent this long is cut off, and so is one slower than MIN_RATE_BPS on average
+# after the grace period: a trickling upload would hold a temporary file (and a slot of the
+# cap on submissions in flight) for hours.
+IDLE_S = 60.0
+RATE_GRACE_S = 10.0
+
 
 class SubmissionError(ConfigError):
-    """The bytes after the header are not what the header announced."""
+    """The bytes after the header are not what the header announced, or came too slowly."""
 
 
 @dataclass
@@ -32,9 +40,34 @@ class Received:
     weights: Path | None
 
 
+async def _chunks(stream: AsyncIterator[admin_pb2.SubmitJobChunk], idle_s: float,
+                  min_rate_bps: float, grace_s: float
+                  ) -> AsyncIterator[admin_pb2.SubmitJobChunk]:
+    """The stream's chunks, cut off when silent for `idle_s` or slower than `min_rate_bps`
+    on average after `grace_s`."""
+    it = aiter(stream)
+    started = time.monotonic()
+    got = 0
+    while True:
+        try:
+            msg = await asyncio.wait_for(anext(it), idle_s)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise SubmissionError(f"no data for {idle_s:g} s: the submission stalled") from None
+        got += len(msg.data)
+        elapsed = time.monotonic() - started
+        if elapsed > grace_s and got < min_rate_bps * elapsed:
+            raise SubmissionError(f"{got} bytes in {elapsed:.0f} s: slower than the "
+                                  f"{min_rate_bps / 1024:g} KiB/s a submission must keep")
+        yield msg
+
+
 async def receive(head: admin_pb2.SubmitJobHeader,
                   stream: AsyncIterator[admin_pb2.SubmitJobChunk], state_dir: Path,
-                  max_weights: int) -> Received:
+                  max_weights: int, idle_s: float = IDLE_S,
+                  min_rate_bps: float = MIN_RATE_BPS,
+                  rate_grace_s: float = RATE_GRACE_S) -> Received:
     """Read the rest of a submission. BundleError about the bundle, SubmissionError
     (ConfigError) about the weights or the framing; nothing is left on disk on error."""
     if not 0 <= head.bundle_size <= MAX_BUNDLE_BYTES:
@@ -54,7 +87,7 @@ async def receive(head: admin_pb2.SubmitJobHeader,
     digest = hashlib.sha256()
     got = 0
     try:
-        async for msg in stream:
+        async for msg in _chunks(stream, idle_s, min_rate_bps, rate_grace_s):
             data = memoryview(msg.data)
             take = min(len(data), head.bundle_size - len(bundle_bytes))
             if take > 0:

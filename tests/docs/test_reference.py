@@ -3,7 +3,6 @@ every key of the job file is on them, each key with a description."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -27,23 +26,42 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
 
 
 def test_every_job_key_is_documented() -> None:
-    from fedgpu.core.config import Job, Resources
+    """The reference is generated from the job schema: every key of every table is on it,
+    each with its doc, and what a key declares (type, default, range, resume rule) is what
+    the page says."""
+    from fedgpu.core.job import Job, Resources
+    from fedgpu.core.job.schema import SECTIONS
 
-    tables = dict(job_keys.tables())
+    tables = {name: cls for name, cls, _ in job_keys.tables()}
     assert tables[""] is Job and tables["resources"] is Resources
+    assert {"secure_aggregation", "privacy"} <= set(tables)
     text = job_keys.markdown()
     for table, cls in tables.items():
-        for key, _type, _default, description in job_keys.rows(cls):
-            assert description, (f"job key {table or 'top level'}.{key} has no description: "
-                                 "comment the field in its dataclass or add it to "
-                                 "tools/job_keys.py DESCRIPTIONS")
+        for key, _type, _default, _range, _resume, _travels, doc in job_keys.rows(cls):
+            assert doc, (f"job key {table or 'top level'}.{key} has no doc: declare it with "
+                         "schema.key(..., doc) or comment the field in its dataclass")
             assert f"| `{key}` |" in text
-    fields = {f"{cls.__name__}.{f.name}" for cls in tables.values()
-              for f in dataclasses.fields(cls)}
-    stale = set(job_keys.DESCRIPTIONS) - fields
-    assert not stale, f"DESCRIPTIONS names fields that no longer exist: {sorted(stale)}"
+    for flat in SECTIONS["hetero"].flat_keys:
+        assert f"| `{flat}` |" in text
     row = next(r for r in job_keys.rows(Job) if r[0] == "round_deadline_s")
-    assert row[1:3] == ("`float`", "`600.0`")
+    assert row[1:4] == ("`float`", "`600.0`", "(0, 2,592,000]")
+    rounds = next(r for r in job_keys.rows(Job) if r[0] == "rounds")
+    assert rounds[3] == "[1, 2,147,483,647]"  # the wire's int32, as job_bounds refuses it
+    strategy = next(r for r in job_keys.rows(Job) if r[0] == "strategy")
+    assert strategy[4] == "yes"  # must match on resume
+    assert "must keep `task`, `strategy`, `strategy_params`, `mode`" in text
+
+
+def test_the_strategy_reference_is_the_strategy_table() -> None:
+    from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
+
+    text = docs_hooks.expand("<!-- generated: strategies -->")
+    for name in JOB_STRATEGIES:
+        assert f"| `{name}` |" in text
+    assert "| `fedbuff` |" not in text  # chosen by mode = "async", never named
+    assert "`beta_1` (0.9" in text and STRATEGY_SPECS["median"].secagg_problem
+    median = next(line for line in text.splitlines() if line.startswith("| `median` |"))
+    assert median.endswith("| no | no |")
 
 
 def test_a_page_asking_for_an_unknown_generated_part_fails() -> None:
@@ -88,7 +106,7 @@ def test_job_files_in_the_docs_validate() -> None:
     table, the ring keys), passes the aggregator's own validation."""
     import tomllib
 
-    from fedgpu.core.config import Job, parse_job
+    from fedgpu.core.job import Job, parse_job
 
     checked = 0
     for page in sorted((ROOT / "docs").rglob("*.md")):

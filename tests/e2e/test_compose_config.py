@@ -154,7 +154,7 @@ def test_ring_peers_can_reach_each_other() -> None:
         assert env["FEDGPU_RING_PORT"] in [str(p) for p in service["expose"]]
         assert "ports" not in service, "peers talk on the compose network, not via the host"
     assert ports == {"29500"}
-    from fedgpu.core.config import load_job
+    from fedgpu.core.job import load_job
 
     job = load_job(REPO / "compose" / "job-ring.toml")
     assert job.mode == "ring" and job.min_nodes == len(nodes)
@@ -163,7 +163,7 @@ def test_ring_peers_can_reach_each_other() -> None:
 def test_the_hetero_example_job_fits_the_hetero_profile() -> None:
     """compose/job-hetero.toml: equal training time per site under FedNova, and a min_nodes
     the profile still reaches when its --gpu enforce node refuses to start (no GPU)."""
-    from fedgpu.core.config import load_job
+    from fedgpu.core.job import load_job
 
     nodes = node_services(compose_config("hetero"))
     job = load_job(REPO / "compose" / "job-hetero.toml")

@@ -32,7 +32,7 @@ def gpu_toolkit_on_host() -> bool:
 
 
 def test_hetero_profile_runs_a_time_budgeted_fednova_job(compose_project) -> None:
-    from fedgpu.core.config import load_job
+    from fedgpu.core.job import load_job
 
     job = load_job(JOB_FILE)
     budget = job.hetero.round_train_s

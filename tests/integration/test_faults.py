@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgpu.core.config import load_job
+from fedgpu.core.job import load_job
 from fedgpu.server.rounds.checkpoint import Checkpointer
 from tests.fixtures import fault_tasks
 from tests.fixtures.federation import ROOT, Federation, base_env, free_port, write_job

@@ -152,6 +152,19 @@ def test_a_bad_job_file_is_refused_and_nothing_is_queued(stays_up: Federation,
     assert job_cli(fed, "list") == []
 
 
+def test_a_job_needing_more_sites_than_registered_is_queued_with_a_warning(
+        stays_up: Federation, tmp_path: Path) -> None:
+    fed = stays_up
+    job = write_job(tmp_path / "wide.toml", rounds=1, min_nodes=50)
+    r = cli("job", "submit", str(job), "--address", fed.address, "--json",
+            operator_token=OPERATOR_TOKEN)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # stdout stays the one document
+    assert "warning: min_nodes = 50, but" in r.stderr and "site(s) are registered" in r.stderr
+    assert doc["state"] == "queued" and "min_nodes = 50" in doc["warnings"][0]
+    assert job_cli(fed, "stop", doc["job_id"])["state"] == "stopped"
+
+
 def test_stop_ends_a_running_job_within_a_round_deadline(stays_up: Federation,
                                                          tmp_path: Path) -> None:
     fed = stays_up

@@ -14,9 +14,9 @@ from fedgpu.core.admission_wire import (
     resources_from_wire,
     resources_to_wire,
 )
-from fedgpu.core.config import Job, Resources, parse_job
 from fedgpu.core.constants import GpuMode, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, Resources, parse_job
 from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 from fedgpu.node.policy import Ineligible, capacity, decide_for_job, parse_gpu_flags
 from fedgpu.proto import pb

@@ -1,5 +1,5 @@
 """Jobs with task bundles on the aggregator (server/jobs/queue.py, server/jobs/bundles.py)
-and in the job file (fedgpu/core/config.py): what is queued, kept, offered to nodes and refused."""
+and in the job file (fedgpu/core/job/): what is queued, kept, offered to nodes and refused."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedgpu.core.bundles import Bundle, open_archive, pack_files
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
@@ -37,7 +37,7 @@ def test_job_file_task_dir_rules() -> None:
 def test_a_bundle_job_is_kept_offered_and_served_while_it_is_pending(tmp_path: Path) -> None:
     jobs = manager(tmp_path)
     b = make_bundle()
-    row = jobs.submit('task_dir = "demo"\nrounds = 2\n', "job.toml", "op", bundle=b)
+    row = jobs.intake.submit('task_dir = "demo"\nrounds = 2\n', "job.toml", "op", bundle=b)
     assert (row.task, row.bundle_sha256, row.bundle_size) == ("demo", b.sha256, b.size)
     assert (tmp_path / "bundles" / f"{b.sha256}.tar").read_bytes() == b.data
     [offer] = jobs.offers()
@@ -60,8 +60,8 @@ def test_a_bundle_job_is_kept_offered_and_served_while_it_is_pending(tmp_path: P
 def test_bundle_jobs_refused_at_submit_queue_nothing(tmp_path: Path) -> None:
     jobs = manager(tmp_path)
     with pytest.raises(ConfigError, match="no bundle came with the job"):
-        jobs.submit('task_dir = "demo"\n', "job.toml", "op")
+        jobs.intake.submit('task_dir = "demo"\n', "job.toml", "op")
     with pytest.raises(ConfigError, match="'task' is 'digits' but the task bundle is named "
                                           "'demo'"):
-        jobs.submit('task = "digits"\n', "job.toml", "op", bundle=make_bundle())
+        jobs.intake.submit('task = "digits"\n', "job.toml", "op", bundle=make_bundle())
     assert jobs.store.jobs() == [] and not (tmp_path / "bundles").exists()

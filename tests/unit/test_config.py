@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core.config import Job, load_job, parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, load_job, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.hetero_config import LocalWork
+from fedgpu.core.job import parse_job
 from fedgpu.core.update_codecs import UpdateCodec
 from fedgpu.server.rounds.work import task_hyperparameters
 from tests.unit.test_loop import Noise, Recorder, _loop

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.core.config import Job, loads_toml, parse_job
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, loads_toml, parse_job
 from fedgpu.core.job_bounds import INT64_MAX, INT64_MIN, MAX_RING_NODES, derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
@@ -135,13 +135,13 @@ def test_a_job_whose_setup_raises_anything_fails_alone(tmp_path: Path) -> None:
     jobs = manager(tmp_path / "state")
     weights = iw.incoming_path(jobs.state_dir)
     weights.write_bytes(_weights_file(tmp_path).read_bytes())
-    bad = jobs.submit('task = "digits"\ninitial_weights = "w.safetensors"\n', "a.toml", "op",
-                      weights=weights)
+    bad = jobs.intake.submit('task = "digits"\ninitial_weights = "w.safetensors"\n', "a.toml",
+                             "op", weights=weights)
     stored = jobs.state_dir / bad.state_dir / iw.STORED
     assert stored.is_file()
     stored.unlink()
     stored.mkdir()
-    good = jobs.submit('task = "digits"\n', "b.toml", "op")
+    good = jobs.intake.submit('task = "digits"\n', "b.toml", "op")
 
     def second_started() -> bool:
         return jobs.store.get(good.job_id).state is not JobState.QUEUED  # type: ignore[union-attr]
@@ -164,8 +164,8 @@ def test_a_job_whose_run_raises_anything_fails_alone(tmp_path: Path,
         await asyncio.sleep(3600)
 
     monkeypatch.setattr(Orchestrator, "run", broken)
-    first = jobs.submit('task = "digits"\n', "a.toml", "op")
-    second = jobs.submit('task = "digits"\n', "b.toml", "op")
+    first = jobs.intake.submit('task = "digits"\n', "a.toml", "op")
+    second = jobs.intake.submit('task = "digits"\n', "b.toml", "op")
     asyncio.run(_run_queue_until(jobs, lambda: len(calls) == 2))
     row = jobs.get(first.job_id)
     assert row.state is JobState.FAILED and "PermissionError" in (row.error or "")
@@ -175,12 +175,12 @@ def test_a_job_whose_run_raises_anything_fails_alone(tmp_path: Path,
 def test_the_queue_has_a_limit(tmp_path: Path) -> None:
     jobs = manager(tmp_path, max_queued=3)
     for i in range(3):
-        jobs.submit('task = "digits"\n', f"{i}.toml", "op")
+        jobs.intake.submit('task = "digits"\n', f"{i}.toml", "op")
     with pytest.raises(QueueFull, match="3 jobs are already queued.*--max-queued-jobs 3"):
-        jobs.submit('task = "digits"\n', "more.toml", "op")
+        jobs.intake.submit('task = "digits"\n', "more.toml", "op")
     assert len(jobs.store.pending()) == 3
     jobs.stop(jobs.store.pending()[0].job_id)
-    jobs.submit('task = "digits"\n', "after-a-stop.toml", "op")
+    jobs.intake.submit('task = "digits"\n', "after-a-stop.toml", "op")
 
 
 def test_an_unknown_job_id_is_echoed_bounded(tmp_path: Path) -> None:
@@ -205,7 +205,8 @@ def test_initial_weights_come_only_from_the_serving_directory(tmp_path: Path) ->
     os.mkfifo(serving / "fifo.safetensors")
     (serving / "text.safetensors").write_text("root:x:0:0:root:/root:/bin/bash\n")
     jobs = manager(tmp_path / "state", initial_weights_dir=serving, max_initial_bytes=1 << 20)
-    row = jobs.submit('task = "digits"\ninitial_weights = "base.safetensors"\n', "j.toml", "op")
+    row = jobs.intake.submit('task = "digits"\ninitial_weights = "base.safetensors"\n', "j.toml",
+                             "op")
     stored = iw.load(jobs.state_dir / row.state_dir)
     assert stored is not None and np.array_equal(stored["w"], WEIGHTS["w"])
 
@@ -214,7 +215,7 @@ def test_initial_weights_come_only_from_the_serving_directory(tmp_path: Path) ->
                  "escape.safetensors", "fifo.safetensors", "text.safetensors"):
         started = time.perf_counter()
         with pytest.raises(ConfigError) as refused:
-            jobs.submit(f'task = "digits"\ninitial_weights = "{name}"\n', "j.toml", "op")
+            jobs.intake.submit(f'task = "digits"\ninitial_weights = "{name}"\n', "j.toml", "op")
         assert time.perf_counter() - started < 2  # a FIFO never blocks the read
         text = str(refused.value).replace(repr(name), "NAME")
         assert "root:" not in text and "bash" not in text  # no content oracle
@@ -227,7 +228,7 @@ def test_initial_weights_come_only_from_the_serving_directory(tmp_path: Path) ->
 def test_without_a_serving_directory_a_named_path_is_refused(tmp_path: Path) -> None:
     jobs = manager(tmp_path)
     with pytest.raises(ConfigError, match="reads no files named by a job.*fedgpu job submit"):
-        jobs.submit('task = "digits"\ninitial_weights = "/etc/hostname"\n', "j.toml", "op")
+        jobs.intake.submit('task = "digits"\ninitial_weights = "/etc/hostname"\n', "j.toml", "op")
 
 
 def test_server_start_reads_a_regular_file_only(tmp_path: Path) -> None:
@@ -237,16 +238,16 @@ def test_server_start_reads_a_regular_file_only(tmp_path: Path) -> None:
     job.write_text('task = "digits"\ninitial_weights = "fifo"\n')
     started = time.perf_counter()
     with pytest.raises(ConfigError, match="not a regular file"):
-        jobs.submit_at_start(job)
+        jobs.intake.submit_at_start(job)
     assert time.perf_counter() - started < 2
     big = tmp_path / "big.safetensors"
     big.write_bytes(b"\0" * ((1 << 20) + 1))
     job.write_text('task = "digits"\ninitial_weights = "big.safetensors"\n')
     with pytest.raises(ConfigError, match="over the aggregator's limit"):
-        jobs.submit_at_start(job)
+        jobs.intake.submit_at_start(job)
     _weights_file(tmp_path)
     job.write_text('task = "digits"\ninitial_weights = "w.safetensors"\n')
-    row = jobs.submit_at_start(job)
+    row = jobs.intake.submit_at_start(job)
     assert (jobs.state_dir / row.state_dir / iw.STORED).is_file()
 
 

@@ -9,8 +9,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from fedgpu.core.config import Job, parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job, parse_job
 from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, parse_privacy
 from fedgpu.core.privacy.accountant import (
     Accountant,

@@ -7,8 +7,8 @@ import tomllib
 
 import pytest
 
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.core.secagg.jobfile import JobSecAgg
 from fedgpu.core.secagg.params import Settings
 
@@ -94,7 +94,7 @@ def test_one_site_is_refused() -> None:
 def test_the_compose_example_job_is_secure() -> None:
     from pathlib import Path
 
-    from fedgpu.core.config import load_job
+    from fedgpu.core.job import load_job
 
     job = load_job(Path(__file__).resolve().parents[2] / "compose" / "job-secure.toml")
     assert job.secure_aggregation is not None and job.min_nodes == 3

@@ -249,6 +249,14 @@ def test_every_table_row_has_one_class_and_every_class_a_row() -> None:
         make_strategy("fedbuff")  # internal: not a job file's to name
 
 
+def test_job_file_names_every_strategy() -> None:
+    for name in STRATEGIES:
+        job = parse_job({"task": "t", "strategy": name, "strategy_params": {}})
+        assert make_strategy(job.strategy, job.strategy_params).name == name
+    with pytest.raises(ConfigError, match="'strategy' must be one of"):
+        parse_job({"task": "t", "strategy": "bulyan"})  # not in the strategy table
+
+
 def test_orchestrator_restore_brings_back_the_moments(tmp_path: Path) -> None:
     # The aggregator's own restart path: checkpoint written by one Orchestrator, restored by
     # a fresh one, the optimiser arrays equal to the ones saved.

@@ -27,23 +27,23 @@ def _manager(tmp_path: Path, *tasks: list[str]) -> JobManager:
 def test_a_typo_is_refused_with_the_task_it_resembles(tmp_path: Path) -> None:
     jobs = _manager(tmp_path, ["digits", "faulty"])
     with pytest.raises(ConfigError, match=r"task 'digitz'.*did you mean 'digits'"):
-        jobs.submit('task = "digitz"\n', "job.toml", "operator")
+        jobs.intake.submit('task = "digitz"\n', "job.toml", "operator")
     assert jobs.store.jobs(limit=10) == []  # nothing queued
     # What a node offers, and the built-in tasks, are accepted.
-    assert jobs.submit('task = "faulty"\n', "job.toml", "operator").task == "faulty"
-    assert jobs.submit('task = "images"\n', "job.toml", "operator").task == "images"
+    assert jobs.intake.submit('task = "faulty"\n', "job.toml", "operator").task == "faulty"
+    assert jobs.intake.submit('task = "images"\n', "job.toml", "operator").task == "images"
 
 
 def test_with_no_node_registered_any_task_waits(tmp_path: Path) -> None:
     jobs = _manager(tmp_path)
-    assert jobs.submit('task = "mine"\n', "job.toml", "operator").state == "queued"
+    assert jobs.intake.submit('task = "mine"\n', "job.toml", "operator").state == "queued"
 
 
 def test_a_bundle_brings_its_own_task(tmp_path: Path) -> None:
     jobs = _manager(tmp_path, ["digits"])
     data = pack_files({"fedgpu-task.toml": b'name = "mytask"\nentry = "m:T"\n',
                        "m.py": b"class T:\n    name = 'mytask'\n"})
-    row = jobs.submit('task_dir = "x"\n', "job.toml", "operator", bundle=open_archive(data))
+    row = jobs.intake.submit('task_dir = "x"\n', "job.toml", "operator", bundle=open_archive(data))
     assert row.task == "mytask"
 
 
@@ -55,4 +55,4 @@ def test_the_aggregator_knows_the_nodes_built_in_tasks() -> None:
 
 def test_a_node_that_lists_no_tasks_takes_any(tmp_path: Path) -> None:
     jobs = _manager(tmp_path, ["digits"], [])
-    assert jobs.submit('task = "synthetic"\n', "job.toml", "operator").task == "synthetic"
+    assert jobs.intake.submit('task = "synthetic"\n', "job.toml", "operator").task == "synthetic"

@@ -41,7 +41,7 @@ def test_a_built_in_tasks_bad_hyperparameter_is_refused_at_submit(tmp_path: Path
     jobs = JobManager(JobStore(tmp_path), Registry(), tmp_path, chunk_size=1 << 20)
     lines = "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in hp.items())
     with pytest.raises(ConfigError) as info:
-        jobs.submit(f'task = "digits"\n[hyperparameters]\n{lines}\n', "job.toml", "operator")
+        jobs.intake.submit(f'task = "digits"\n[hyperparameters]\n{lines}\n', "job.toml", "operator")
     assert words in str(info.value)
     assert "lr" in str(info.value) or "must be" in str(info.value)
 

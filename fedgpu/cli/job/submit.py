@@ -10,14 +10,12 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli.common.bundle_jobs import initial_weights_of, task_dir_of
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import WATCH_INTERVAL_S, AsJson
 from fedgpu.cli.common.output import print_json
 from fedgpu.core import admin_client
 from fedgpu.core.bundles import pack_dir
-from fedgpu.core.config import MAX_JOB_FILE_BYTES
-from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import read_job_file
 
 
 @connection_options
@@ -46,26 +44,24 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
         raise typer.BadParameter("--watch prints as it goes: without --json, or submit with "
                                  "--json and then 'fedgpu status --watch --json --job ID'",
                                  param_hint="--watch")
-    try:
-        size = job_file.stat().st_size
-    except OSError as exc:
-        raise ConfigError(f"cannot read job file {job_file}: {exc.strerror}") from None
-    if size > MAX_JOB_FILE_BYTES:
-        raise ConfigError(f"job file {job_file} is {size} bytes; the limit is "
-                          f"{MAX_JOB_FILE_BYTES}")
-    text = job_file.read_text()
+    # Read and checked here by the job schema, as the aggregator will check it again: a
+    # mistake is named before anything is packed or uploaded.
+    jf = read_job_file(job_file)
     bundle = None
-    folder = task_dir_of(job_file, text, task_dir)
+    folder = task_dir if task_dir is not None else jf.task_dir
     if folder is not None:
         bundle = pack_dir(folder)
         # On stderr: with --json, stdout is the one document.
         typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
                    f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
                    err=True)
-    weights = None if weights_on_aggregator else initial_weights_of(job_file, text)
-    doc = admin_client.submit_job(conn.address, conn.token, text, str(job_file),
+    weights = None if weights_on_aggregator else jf.initial_weights
+    doc = admin_client.submit_job(conn.address, conn.token, jf.text, str(job_file),
                                   bundle=bundle.data if bundle is not None else None,
                                   tls=conn.tls, weights=weights)
+    for warning in doc.get("warnings") or []:
+        # On stderr: the job is queued all the same, and stdout stays the one document/line.
+        typer.echo(f"warning: {warning}", err=True)
     if as_json:
         print_json(doc)
     else:

@@ -23,18 +23,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from fedgpu.cli.run.latest import link_latest
-from fedgpu.cli.run.run_config import LocalRunConfig, free_port, job_toml, min_nodes
+from fedgpu.cli.run.run_config import LocalRunConfig, demo_job, free_port
 from fedgpu.core import admin_client, lifetime
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.job import Job
 
-# The run's settings and its job file, kept apart (run_config.py); named here as well because
+# The run's settings and its job, kept apart (run_config.py); named here as well because
 # benchmarks and tests import them from the launcher.
-__all__ = ["LocalRun", "LocalRunConfig", "free_port", "min_nodes", "run_local", "_job_toml"]
+__all__ = ["LocalRun", "LocalRunConfig", "demo_job", "free_port", "run_local"]
 
 
 class Proc:
@@ -92,7 +94,7 @@ class LocalRun:
         # The aggregator's operator token: what `fedgpu run` itself asks the status with.
         self.operator_token = secrets.token_urlsafe(16)
         self.last_rounds: dict[str, Any] | None = None
-        self.total_rounds = cfg.rounds
+        self.total_rounds = cfg.job.rounds
         self.last_status: dict[str, Any] | None = None
 
     def say(self, text: str) -> None:
@@ -110,40 +112,49 @@ class LocalRun:
 
     def prepare(self) -> tuple[Path, list[Path]]:
         from fedgpu.cli.run.data import node_dirs
+        from fedgpu.core.job.reader import dumps_job
 
-        task = self.cfg.task
         if self.cfg.nodes < 1:
             raise FedgpuError("--nodes must be at least 1")
-        if self.cfg.rounds < 1:
-            raise FedgpuError("--rounds must be at least 1")
-        if self.cfg.job is not None:
-            from fedgpu.cli.common.bundle_jobs import with_absolute_task_dir
-            from fedgpu.core.config import load_job
-            from fedgpu.node.tasks import available_tasks
-
-            # Fail here, with the file's name, not somewhere in a child's log.
-            parsed = load_job(self.cfg.job)
-            task, self.total_rounds = parsed.task, parsed.rounds
-            job_text = self.cfg.job.read_text()
-            if parsed.task_dir is not None:
-                # A task bundle (run by these nodes: --task-approval any), trained on the
-                # node data-directory format `fedgpu data split` makes, as `task new` writes.
-                job_text, _ = with_absolute_task_dir(self.cfg.job, job_text)
-                task = "digits"
-            elif task not in available_tasks():
-                raise FedgpuError(
-                    f"{self.cfg.job}: task {task!r} is not installed here (installed: "
-                    f"{', '.join(available_tasks())}); install its package or fix the name")
-        else:
-            job_text = job_toml(self.cfg)
+        job = self.local_job()
+        # A task bundle (run by these nodes: --task-approval any) trains on the node
+        # data-directory format `fedgpu data split` makes, as `task new` writes.
+        task = "digits" if job.task_dir is not None else job.task
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.cfg.run_dir is None:
             link_latest(self.run_dir)
         dirs = node_dirs(task, self.run_dir / "data", self.cfg.nodes, self.cfg.partition,
-                         self.cfg.alpha, self.cfg.seed, self.cfg.data)
-        job = self.run_dir / "job.toml"
-        job.write_text(job_text)
-        return job, dirs
+                         self.cfg.alpha, self.cfg.split_seed, self.cfg.data)
+        path = self.run_dir / "job.toml"
+        # The aggregator is handed the Job itself, written as a job file.
+        path.write_text(dumps_job(job))
+        return path, dirs
+
+    def local_job(self) -> Job:
+        """The job with the paths it names made absolute (its copy in the run directory
+        must find them), its bundle checked and its task installed here."""
+        from fedgpu.core.bundles import pack_dir
+        from fedgpu.core.job import with_bundle_task
+        from fedgpu.core.suggest import did_you_mean
+        from fedgpu.node.tasks import available_tasks
+
+        job, origin = self.cfg.job, self.cfg.job_file
+        where = str(origin) if origin is not None else "fedgpu run"
+        base = origin.parent if origin is not None else Path.cwd()
+        if job.initial_weights is not None:
+            job = replace(job, initial_weights=str((base / job.initial_weights).resolve()))
+        if job.task_dir is not None:
+            folder = (base / job.task_dir).resolve()
+            # A `task` naming another task than the bundle's is refused here, with the file.
+            job = with_bundle_task(job, pack_dir(folder).manifest.name, where)
+            return replace(job, task_dir=str(folder))
+        installed = available_tasks()
+        if job.task not in installed:
+            raise FedgpuError(
+                f"{where}: task {job.task!r} is not installed here"
+                f"{did_you_mean(job.task, installed)} (installed: {', '.join(installed)}); "
+                "install its package or fix the name")
+        return job
 
     def start(self, job: Path, dirs: list[Path]) -> None:
         from fedgpu.cli.run import local_nodes
@@ -165,7 +176,7 @@ class LocalRun:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="fedgpu-run-"))
         self.socket = self.socket_dir / local_nodes.FACTORY_SOCKET
         self.factory = self._start_factory()
-        ring = [free_port() for _ in dirs] if self.cfg.mode == "ring" else None
+        ring = [free_port() for _ in dirs] if self.cfg.job.mode == "ring" else None
         split = self.cfg.data.resolve() if self.cfg.data else self.run_dir / "data"
         for host in local_nodes.hosts(len(dirs), self.cfg.nodes_per_process):
             cmd = local_nodes.host_cmd(
@@ -350,5 +361,3 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
     run.say(f"run finished: {len(rounds)} rounds; run directory {run.run_dir}")
     return 0
 
-
-_job_toml = job_toml

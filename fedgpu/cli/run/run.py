@@ -61,7 +61,9 @@ def run(
     Example: fedgpu run --nodes 3 --rounds 5 --gpu none
     """
     from fedgpu.cli.run.data import parse_hparams
-    from fedgpu.cli.run.launcher import LocalRunConfig, run_local
+    from fedgpu.cli.run.launcher import LocalRunConfig, demo_job, run_local
+    from fedgpu.core.job import read_job_file
+    from fedgpu.core.suggest import did_you_mean
     from fedgpu.node.policy import PolicyError, parse_gpu_flags
     from fedgpu.node.tasks import available_tasks
 
@@ -74,7 +76,8 @@ def run(
     if partition not in PARTITIONS:
         raise ConfigError(f"--partition must be one of {', '.join(PARTITIONS)}, not {partition!r}")
     if job is None and task not in available_tasks():
-        raise ConfigError(f"--task {task!r} is not installed here (installed: "
+        raise ConfigError(f"--task {task!r} is not installed here"
+                          f"{did_you_mean(task, available_tasks())} (installed: "
                           f"{', '.join(available_tasks())})")
     if job is not None and (fraction is not None or min_nodes is not None):
         raise ConfigError("--fraction and --min-nodes shape the demo job; with --job set "
@@ -86,13 +89,19 @@ def run(
     if mode == "ring" and job is None and task != "digits":
         raise ConfigError(f"--mode ring needs a task with per-step hooks (RingTask in "
                           f"node/tasks/base.py); {task!r} is not one: use --mode star")
-    code = run_local(LocalRunConfig(
-        nodes=nodes, rounds=rounds, job=job, run_dir=run_dir, partition=partition,
-        alpha=alpha, seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
-        use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1, not {nodes}")
+    # The job: the file's (read and checked by the job schema, as the aggregator will), or
+    # the demo job these options shape.
+    the_job = read_job_file(job).job if job is not None else demo_job(
+        task=task, nodes=nodes, rounds=rounds, fraction=1.0 if fraction is None else fraction,
+        min_nodes=min_nodes, seed=seed, use_gpu=use_gpu,
         hyperparameters={"local_epochs": local_epochs, **parse_hparams(hp or [])},
-        mode=mode, iterations=iterations, local_steps=local_steps, task=task, data=data,
-        fraction=1.0 if fraction is None else fraction, min_nodes=min_nodes,
-        cpu_slots=cpu_slots, nodes_per_process=nodes_per_process,
+        mode=mode, iterations=iterations, local_steps=local_steps)
+    code = run_local(LocalRunConfig(
+        job=the_job, job_file=job, nodes=nodes, run_dir=run_dir, partition=partition,
+        alpha=alpha, split_seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
+        timeout_s=timeout, torch_threads=torch_threads, data=data, cpu_slots=cpu_slots,
+        nodes_per_process=nodes_per_process,
     ))
     raise typer.Exit(code)

@@ -11,7 +11,7 @@ import typer
 from fedgpu.cli.common.options import TlsCa, TlsCert, TlsKey
 from fedgpu.core import logs
 from fedgpu.core.codec import DEFAULT_CHUNK_SIZE
-from fedgpu.core.config import load_job
+from fedgpu.core.job import read_job_file
 
 
 def start(
@@ -100,7 +100,7 @@ def start(
 
     logs.setup(log_level)
     if job is not None:
-        load_job(job)  # a bad job file fails here, with its key named, before anything runs
+        read_job_file(job)  # a bad job file fails here, with its key named, before anything runs
     cfg = ServerConfig(
         job_file=job,
         host=host,

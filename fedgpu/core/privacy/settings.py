@@ -84,9 +84,13 @@ _KEYS = ("mode", "clip_norm", "adaptive_clip", "target_quantile", "clip_learning
          "clipped_count_stddev", "noise_multiplier", "target_epsilon", "delta", "accountant")
 
 
-# Strategies whose result is a function of the mean of the updates alone: noise calibrated to
-# the mean protects them (server/strategies/private.py); a median is another matter.
-MEAN_STRATEGIES = ("fedavg", "fedavgm", "fedadam")
+def dp_strategies() -> tuple[str, ...]:
+    """Strategies whose result is a function of the mean of the updates alone: noise
+    calibrated to the mean protects them (server/strategies/private.py); a median is another
+    matter. The strategy table says which (`dp_ok`)."""
+    from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
+
+    return tuple(n for n in JOB_STRATEGIES if STRATEGY_SPECS[n].dp_ok)
 
 
 def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg",
@@ -115,9 +119,9 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
     if job_mode != "star":
         raise ConfigError(f"{source}: [privacy] needs mode = \"star\" (in ring mode the nodes "
                           "average among themselves: no aggregate to clip and noise)")
-    if strategy not in MEAN_STRATEGIES:
+    if strategy not in dp_strategies():
         raise ConfigError(f"{source}: [privacy] needs a strategy that averages "
-                          f"({', '.join(MEAN_STRATEGIES)}), not {strategy!r}: the noise is "
+                          f"({', '.join(dp_strategies())}), not {strategy!r}: the noise is "
                           "calibrated to the mean of the clipped updates")
     if mode is PrivacyMode.DISTRIBUTED and not secure_aggregation:
         # The noise shares only protect anything when the aggregator sees their sum alone.

@@ -26,13 +26,6 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.secagg.errors import SecAggError
 from fedgpu.core.secagg.params import Settings
 
-# Strategies that need each update on its own: the aggregator never sees one.
-NEEDS_INDIVIDUAL_UPDATES = {
-    "median": "the coordinate median needs every site's update, and secure aggregation "
-              "only reveals their sum",
-    "trimmed_mean": "a trimmed mean drops the extreme updates, so it needs every site's "
-                    "update, and secure aggregation only reveals their sum",
-}
 DEFAULT_STAGE_TIMEOUT_S = 60.0
 
 
@@ -110,10 +103,15 @@ def check_job(sa: JobSecAgg | None, strategy: str, mode: str, min_nodes: int,
         raise ConfigError(f"{source}: secure_aggregation works in star mode only: in {mode} "
                           "mode the sites average among themselves and the aggregator holds "
                           "no sum to protect")
-    why = NEEDS_INDIVIDUAL_UPDATES.get(strategy)
+    # What secure aggregation can wrap is the strategy table's to say (secagg_problem).
+    from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
+
+    spec = STRATEGY_SPECS.get(strategy)
+    why = spec.secagg_problem if spec is not None else None
     if why is not None:
+        fits = [n for n in JOB_STRATEGIES if STRATEGY_SPECS[n].secagg_problem is None]
         raise ConfigError(f"{source}: strategy {strategy!r} cannot run with "
-                          f"secure_aggregation: {why}; use fedavg, fedavgm or fedadam")
+                          f"secure_aggregation: {why}; use {', '.join(fits)}")
 
 
 def _fail(source: str, key: str, expected: str, value: object) -> ConfigError:
