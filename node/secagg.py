@@ -37,6 +37,7 @@ from fedgpu.node import messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
 from fedgpu.node.rounds.process import RoundOutcome
+from fedgpu.node.unmask_ledger import UnmaskLedger
 from fedgpu.node.wire_client import PayloadError, WireClient
 from fedgpu.proto import pb
 
@@ -64,6 +65,12 @@ class Link:
     max_bytes: int
     # True once the aggregator abandoned the task (heartbeats) or the node stops.
     cancelled: Callable[[], bool]
+    # The global models this site answered an unmask request for (node/unmask_ledger.py);
+    # None: one in memory for this call only (a simulated node).
+    ledger: UnmaskLedger | None = None
+    # The site's own floor on the threshold (`fedgpu node start --secagg-min-threshold`), on
+    # top of the strict majority every site demands (fedgpu/core/secagg/params.py).
+    min_threshold: int = 0
 
 
 async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
@@ -77,9 +84,16 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     it stopped."""
     started = time.monotonic()
     stage = Stage.SETUP
+    ledger = link.ledger if link.ledger is not None else UnmaskLedger(None)
+    model = model_digest(task)
     try:
         noise = noise_share_of(task)
-        site = SiteSession(Setup.decode(bytes(task.secagg_setup)))
+        # Refused up front when this model's sum was unmasked with this site in it already.
+        why = ledger.problem(model)
+        if why is not None:
+            raise SecAggError(why)
+        site = SiteSession(Setup.decode(bytes(task.secagg_setup)),
+                           min_threshold=link.min_threshold)
         stage = Stage.ADVERTISE_KEYS
         await _send(link, task, stage, site.advertise().encode())
         stage = Stage.SHARE_KEYS
@@ -103,7 +117,17 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         del data
         stage = Stage.UNMASK
         request = UnmaskRequest.decode(await _wait(link, task, stage))
-        await _send(link, task, stage, site.unmask(request).encode())
+        reply = site.unmask(request)
+        why = ledger.problem(model)
+        if why is not None:
+            raise SecAggError(why)
+        try:
+            # Remembered before the reply leaves: a crash after sending must not forget it.
+            ledger.record(model, task.round)
+        except OSError as exc:
+            raise SecAggError(f"cannot remember the answer in the state directory "
+                              f"({exc}); not answering") from None
+        await _send(link, task, stage, reply.encode())
     except SecAggError as exc:
         # This site refused a step or could not read a message: it says so, and it is out.
         why = f"secure aggregation stopped at {stage}: {exc}"
@@ -138,6 +162,14 @@ def noise_share_of(task: pb.TaskHeader) -> NoiseShare | None:
         return None
     dp = task.privacy_distributed
     return NoiseShare(dp.clip_norm, dp.noise_multiplier)
+
+
+def model_digest(task: pb.TaskHeader) -> str:
+    """The digest of the global model the TRAIN task carried (the wire client checked the
+    payload against it); the key of the site's one unmasking per model."""
+    if task.payload_digest:
+        return f"{task.payload_digest_algorithm}:{task.payload_digest}"
+    return f"sha256:{task.payload_sha256}" if task.payload_sha256 else ""
 
 
 def _note_share(task: pb.TaskHeader, update: pb.UpdateHeader, report: ShareReport) -> None:
@@ -219,7 +251,8 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
 
 def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
            decision: Decision | None, task: pb.TaskHeader, outcome: RoundOutcome,
-           received: bytes | bytearray | memoryview, cancelled: Callable[[], bool]) -> None:
+           received: bytes | bytearray | memoryview, cancelled: Callable[[], bool],
+           ledger: UnmaskLedger | None = None, min_threshold: int = 0) -> None:
     """The agent's way in: a trained round answered with the protocol (blocking)."""
     assert outcome.weights is not None
     update = messages.update_header(task, node_id, decision, outcome.resources,
@@ -237,6 +270,7 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
         except grpc.RpcError as err:
             log.warning("round %d: could not report %s: %s", task.round, exc, err.details())
         return
-    client.run(lambda wire: take_part(Link(wire, node_id, poll_s, max_bytes, cancelled),
-                                      task, update, change, float(update.num_examples),
-                                      private))
+    link = lambda wire: Link(wire, node_id, poll_s, max_bytes, cancelled,  # noqa: E731
+                             ledger, min_threshold)
+    client.run(lambda wire: take_part(link(wire), task, update, change,
+                                      float(update.num_examples), private))

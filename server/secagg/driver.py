@@ -22,7 +22,7 @@ import numpy as np
 from fedgpu.core import codec, digests
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.aggregator import AggregatorSession, Outcome
-from fedgpu.core.secagg.errors import SecAggError, Stage
+from fedgpu.core.secagg.errors import SecAggError, Stage, TooFewInputs
 from fedgpu.core.secagg.jobfile import JobSecAgg
 from fedgpu.core.secagg.messages import (
     MaskedInput,
@@ -59,12 +59,16 @@ def _payload(data: bytes | bytearray) -> ModelPayload:
 class SecAggRound:
     def __init__(self, config: JobSecAgg, chosen: list[Node],
                  global_weights: Mapping[str, np.ndarray],
-                 max_examples: int | None = None, min_inputs: int = 0) -> None:
+                 max_examples: int | None = None, min_inputs: int = 0,
+                 noised: bool = False) -> None:
         self.config = config
-        # Distributed DP (the round's required updates; 0 without): fewer masked inputs end the
-        # attempt before unmasking, and every masked input must say it carries a noise share.
+        # The round's required inputs (min_nodes): a stage that leaves fewer sites ends the
+        # attempt before any unmask request goes out, in every mode. One sum per round is
+        # ever unmasked: a retry after a smaller sum would give the difference, one site's
+        # update (and its example count).
         self.min_inputs = min_inputs
-        self.noised = min_inputs > 0
+        # Distributed DP: every masked input must say it carries a noise share.
+        self.noised = noised
         self.node_ids = {i + 1: n.node_id for i, n in enumerate(chosen)}
         self.index = {nid: i for i, nid in self.node_ids.items()}
         self.names = {i + 1: n.name for i, n in enumerate(chosen)}
@@ -206,9 +210,8 @@ class SecAggRound:
                 async with self._lock:
                     relays = closers[stage]()
                     self.stage = following
-                if stage == Stage.MASKED_INPUT and len(relays) < self.min_inputs:
-                    raise SecAggError(f"{len(relays)} masked input(s), the round needs "
-                                      f"{self.min_inputs}: their noised sum is not unmasked")
+                if len(relays) < self.min_inputs:
+                    raise TooFewInputs(stage, len(relays), self.min_inputs)
                 log.info("round %d: secure aggregation %s closed, %d of %d sites go on",
                          rnd.number, stage, len(relays), len(self._expected))
                 self._expected, self._answered = set(relays), set()

@@ -47,11 +47,13 @@ class SecAggPlan(StarPlan):
         dp = self.strategy
         private = isinstance(dp, PrivateStrategy) and dp.distributed
         try:
-            # Distributed DP: a sum of fewer inputs than the round needs is never unmasked, so
-            # no attempt releases a noised sum that the account does not count.
+            # A sum of fewer inputs than the round needs is never unmasked, in any mode: the
+            # attempt fails before any unmask request goes out. Otherwise a retry's sum minus
+            # this attempt's gives one site's update, and under distributed DP the attempt
+            # would release a noised sum the account does not count.
             self.round = SecAggRound(self.config, chosen, run.global_weights,
                                      self.job.max_examples_per_node,
-                                     min_inputs=self.required(chosen) if private else 0)
+                                     min_inputs=self.required(chosen), noised=private)
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).
             raise RunFailed(f"round {number}: secure aggregation cannot start: {exc}") from None

@@ -34,13 +34,22 @@ from fedgpu.core.secagg.messages import (
     UnmaskRequest,
 )
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, add_share
+from fedgpu.core.secagg.params import majority_problem
 from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks
 from fedgpu.core.secagg.quantize import encode, site_weight
 
 
 class SiteSession:
-    def __init__(self, setup: Setup, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, setup: Setup, rng: np.random.Generator | None = None,
+                 min_threshold: int = 0) -> None:
+        """`min_threshold`: the site's own floor on the threshold, on top of the strict
+        majority of its shareholders it always demands (params.majority_problem)."""
         setup.params.check()
+        # The threshold comes from the aggregator: taken only when no split view of who
+        # survived could hand the aggregator both secrets of one site.
+        why = majority_problem(setup.params.threshold, setup.params.degree, min_threshold)
+        if why is not None:
+            raise SecAggError(f"site {setup.index}: setup refused: {why}")
         self.setup = setup
         self.me = setup.index
         self.params = setup.params
