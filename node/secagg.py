@@ -33,7 +33,7 @@ from fedgpu.core.secagg.errors import SecAggError, Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, private_spans
 from fedgpu.core.secagg.site import SiteSession
-from fedgpu.node import messages
+from fedgpu.node import clear_fields, messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
 from fedgpu.node.rounds.process import RoundOutcome
@@ -84,6 +84,9 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     it stopped."""
     started = time.monotonic()
     stage = Stage.SETUP
+    # Only the allow-list leaves in the clear (node/clear_fields.py), whoever built `update`.
+    clear_fields.log_kept(task.round, dict(update.train_metrics),
+                          clear_fields.restrict(task, update))
     ledger = link.ledger if link.ledger is not None else UnmaskLedger(None)
     model = model_digest(task)
     try:
@@ -174,12 +177,13 @@ def model_digest(task: pb.TaskHeader) -> str:
 
 def _note_share(task: pb.TaskHeader, update: pb.UpdateHeader, report: ShareReport) -> None:
     """The share's noise std goes with the masked input (the aggregator checks it is there);
-    the update's norm and whether it was clipped stay in this node's log: under secure
-    aggregation they are facts about one site that the aggregator must not learn."""
+    the update's norm, whether it was clipped and how many values the range cut stay in this
+    node's log: under secure aggregation they are facts about one site that the aggregator
+    must not learn."""
     update.train_metrics["ddp_noise_std"] = report.std
-    update.train_metrics["ddp_values_cut"] = float(report.cut)
-    log.info("round %d: distributed DP: update norm %.4g%s, noise share std %.4g", task.round,
-             report.norm, " (clipped)" if report.clipped else "", report.std)
+    log.info("round %d: distributed DP: update norm %.4g%s, noise share std %.4g, %d values "
+             "cut by the range", task.round, report.norm,
+             " (clipped)" if report.clipped else "", report.std, report.cut)
 
 
 def _digest(data: bytes | bytearray) -> str:

@@ -130,12 +130,10 @@ class SecAggPlan(StarPlan):
             if record is not None:
                 record.extra["secure_aggregation"] = sround.summary()
                 if sround.outcome is not None:
-                    # Per-site example counts are secret: the round shows their total, and
-                    # the sites' losses averaged without weights.
+                    # Per-site example counts are secret: the round shows their total. The
+                    # sites' losses stay on the sites (node/clear_fields.py): no train loss.
                     record.num_examples = sround.outcome.total_weight
-                    losses = [u.train_metrics["loss"] for u in rnd.updates
-                              if "loss" in u.train_metrics]
-                    record.train_loss = sum(losses) / len(losses) if losses else None
+                    record.train_loss = None
             if sround.failure is not None and rnd.error is None:
                 rnd.error = f"round {rnd.number} attempt {rnd.attempt}: {sround.failure}"
                 if record is not None:

@@ -174,14 +174,18 @@ class PrivateStrategy(Strategy):
                           share_std=round(z * c / n_min ** 0.5, 9),
                           noise_std=round(sum_noise_std(z, c, n_min, m) / m, 9))
         if self.central:
-            report.update(updates=len(self._norms),
-                          clipped=sum(1 for n in self._norms if n > self.clip_norm),
-                          noise_std=round(self._noise_std, 9))
+            # No exact count of clipped updates: it is a statistic of the sites' norms that
+            # no noise protects. Adaptive clipping publishes its noised count, the one the
+            # account pays for.
+            report.update(updates=len(self._norms), noise_std=round(self._noise_std, 9))
             if self.privacy.adaptive_clip and self._norms:
                 clip = AdaptiveClip(self.clip_norm, self.privacy.target_quantile,
                                     self.privacy.clip_learning_rate,
-                                    self._count_stddev(len(self._norms)))
-                self.clip_norm = clip.next(self._norms, self._rng).clip_norm
+                                    self._count_stddev(len(self._norms))
+                                    ).next(self._norms, self._rng)
+                self.clip_norm = clip.clip_norm
+                assert clip.noised_unclipped is not None
+                report["unclipped_noised"] = round(clip.noised_unclipped, 3)
                 report["next_clip_norm"] = round(self.clip_norm, 6)
         self._report = report
 
