@@ -62,6 +62,8 @@ class Agent:
         self.identity = identity.claim_or_anonymous(state_dir, cfg.name)
         # One unmasking per global model, remembered across restarts (node/unmask_ledger.py).
         self.unmasked = UnmaskLedger(self.identity.folder / UNMASK_LEDGER)
+        # Under mutual TLS the site signs its secure-aggregation keys with its TLS key.
+        self.secagg_identity = secagg.secagg_identity(cfg.tls)
         cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -308,7 +310,8 @@ class Agent:
                 secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
                               self.max_task_bytes, self.decision, header, outcome, payload,
                               lambda: cancel.is_set() or self._stop.is_set(),
-                              self.unmasked, self.cfg.secagg_min_threshold)
+                              self.unmasked, self.cfg.secagg_min_threshold,
+                              self.secagg_identity)
             else:
                 self._report(header, outcome, error)
         finally:

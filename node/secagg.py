@@ -28,11 +28,20 @@ import grpc
 import numpy as np
 
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.errors import FedgpuError
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import SecAggError, Stage
-from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
+from fedgpu.core.secagg.identity import SiteIdentity
+from fedgpu.core.secagg.messages import (
+    KeyRelay,
+    Setup,
+    ShareRelay,
+    SurvivorView,
+    UnmaskRequest,
+)
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, private_spans
 from fedgpu.core.secagg.site import SiteSession
+from fedgpu.core.tls import TlsFiles
 from fedgpu.node import clear_fields, messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
@@ -47,6 +56,7 @@ KIND_OF = {
     Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
     Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
     Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+    Stage.CONSISTENCY: pb.TASK_KIND_SECAGG_CONSISTENCY,
     Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK,
 }
 
@@ -71,6 +81,10 @@ class Link:
     # The site's own floor on the threshold (`fedgpu node start --secagg-min-threshold`), on
     # top of the strict majority every site demands (fedgpu/core/secagg/params.py).
     min_threshold: int = 0
+    # The site's TLS identity (mutual TLS): it signs its keys and survivor set and demands
+    # its neighbours' signatures (fedgpu/core/secagg/identity.py). None: tokens only, the
+    # honest-but-curious model.
+    identity: SiteIdentity | None = None
 
 
 async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
@@ -96,7 +110,7 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         if why is not None:
             raise SecAggError(why)
         site = SiteSession(Setup.decode(bytes(task.secagg_setup)),
-                           min_threshold=link.min_threshold)
+                           min_threshold=link.min_threshold, identity=link.identity)
         stage = Stage.ADVERTISE_KEYS
         await _send(link, task, stage, site.advertise().encode())
         stage = Stage.SHARE_KEYS
@@ -118,6 +132,11 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         del masked
         await _send(link, task, stage, data, update)
         del data
+        if link.identity is not None:
+            # Signed round: sign the survivor set shown, before any share is revealed.
+            stage = Stage.CONSISTENCY
+            view = SurvivorView.decode(await _wait(link, task, stage))
+            await _send(link, task, stage, site.consistency(view).encode())
         stage = Stage.UNMASK
         request = UnmaskRequest.decode(await _wait(link, task, stage))
         reply = site.unmask(request)
@@ -165,6 +184,20 @@ def noise_share_of(task: pb.TaskHeader) -> NoiseShare | None:
         return None
     dp = task.privacy_distributed
     return NoiseShare(dp.clip_norm, dp.noise_multiplier)
+
+
+def secagg_identity(files: TlsFiles | None) -> SiteIdentity | None:
+    """The site's signing identity under mutual TLS (its client certificate and key, and the
+    CA that checks its neighbours'); None with tokens only. A key that cannot sign stops the
+    node at start, not in the middle of a round."""
+    if files is None or not files.mutual or files.key is None or files.cert is None:
+        return None
+    assert files.ca is not None
+    try:
+        return SiteIdentity.from_files(files.cert, files.key, files.ca)
+    except (SecAggError, ValueError, OSError) as exc:
+        raise FedgpuError(f"secure aggregation cannot sign with the node's TLS key: {exc}"
+                          ) from None
 
 
 def model_digest(task: pb.TaskHeader) -> str:
@@ -256,7 +289,8 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
 def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
            decision: Decision | None, task: pb.TaskHeader, outcome: RoundOutcome,
            received: bytes | bytearray | memoryview, cancelled: Callable[[], bool],
-           ledger: UnmaskLedger | None = None, min_threshold: int = 0) -> None:
+           ledger: UnmaskLedger | None = None, min_threshold: int = 0,
+           identity: SiteIdentity | None = None) -> None:
     """The agent's way in: a trained round answered with the protocol (blocking)."""
     assert outcome.weights is not None
     update = messages.update_header(task, node_id, decision, outcome.resources,
@@ -275,6 +309,6 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
             log.warning("round %d: could not report %s: %s", task.round, exc, err.details())
         return
     link = lambda wire: Link(wire, node_id, poll_s, max_bytes, cancelled,  # noqa: E731
-                             ledger, min_threshold)
+                             ledger, min_threshold, identity)
     client.run(lambda wire: take_part(link(wire), task, update, change,
                                       float(update.num_examples), private))

@@ -29,6 +29,7 @@ from fedgpu.core.secagg.messages import (
     PublicKeys,
     ShareKeys,
     UnmaskReply,
+    ViewSignature,
 )
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
@@ -43,10 +44,10 @@ KIND_OF: dict[Stage, int] = {
     Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
     Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
     Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+    Stage.CONSISTENCY: pb.TASK_KIND_SECAGG_CONSISTENCY,
     Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK,
 }
 STAGE_OF: dict[int, Stage] = {v: k for k, v in KIND_OF.items()}
-_ORDER = (Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.MASKED_INPUT, Stage.UNMASK)
 _OPEN = (SlotState.ASSIGNED, SlotState.UPLOADING)
 
 
@@ -79,7 +80,10 @@ class SecAggRound:
             stated = [min(s, max_examples) if s > 0 else max_examples for s in stated]
         self.params = config.settings.resolve(len(chosen), layout.length(global_weights),
                                               stated)
-        self.session = AggregatorSession(self.params)
+        # The roster (site names by index) lets sites with a TLS identity check that each
+        # neighbour's certificate is the registered site's (fedgpu/core/secagg/identity.py).
+        self.session = AggregatorSession(
+            self.params, roster=tuple(self.names[i] for i in sorted(self.names)))
         self.setups = {self.node_ids[i]: s.encode() for i, s in self.session.start().items()}
         self.stage = Stage.ADVERTISE_KEYS
         self._expected: set[int] = set(self.node_ids)
@@ -125,6 +129,8 @@ class SecAggRound:
             msg = ShareKeys.decode(data)
         elif stage == Stage.MASKED_INPUT:
             msg = MaskedInput.decode(data)
+        elif stage == Stage.CONSISTENCY:
+            msg = ViewSignature.decode(data)
         else:
             msg = UnmaskReply.decode(data)
         if msg.index != i:
@@ -148,6 +154,8 @@ class SecAggRound:
                 self.first_keys_at = time.monotonic()
         elif stage == Stage.SHARE_KEYS:
             agg.receive_shares(msg)
+        elif stage == Stage.CONSISTENCY:
+            agg.receive_view(msg)
         else:
             agg.receive_unmask(msg)
         self._answered.add(i)
@@ -198,17 +206,22 @@ class SecAggRound:
     async def _drive(self, rnd: RoundState, registry: Registry, on_result: Any) -> None:
         agg = self.session
         timeout = self.config.stage_timeout_s
-        closers = {Stage.ADVERTISE_KEYS: agg.close_keys, Stage.SHARE_KEYS: agg.close_shares,
-                   Stage.MASKED_INPUT: agg.close_masked}
+        closers: dict[Stage, Any] = {
+            Stage.ADVERTISE_KEYS: agg.close_keys, Stage.SHARE_KEYS: agg.close_shares,
+            Stage.MASKED_INPUT: agg.close_masked, Stage.CONSISTENCY: agg.close_consistency}
         # The first stage follows training and ends at the round's deadline; the engine's
         # own wait (and the uploads') must last until the protocol's last stage is over.
         deadline = rnd.deadline
-        rnd.deadline = deadline + 3 * timeout + 5
+        rnd.deadline = deadline + 4 * timeout + 5
         try:
-            for stage, following in zip(_ORDER, _ORDER[1:], strict=False):
+            stage = Stage.ADVERTISE_KEYS
+            while stage != Stage.UNMASK:
                 await self._collect(rnd, registry, deadline)
                 async with self._lock:
                     relays = closers[stage]()
+                    # The session says what comes next: signed rounds (sites with a TLS
+                    # identity) have the consistency check before unmasking.
+                    following = agg.stage
                     self.stage = following
                 if len(relays) < self.min_inputs:
                     raise TooFewInputs(stage, len(relays), self.min_inputs)
@@ -218,6 +231,7 @@ class SecAggRound:
                 deadline = time.time() + timeout
                 rnd.deadline = max(rnd.deadline, deadline + 2 * timeout + 5)
                 self._dispatch(rnd, registry, following, relays)
+                stage = following
             await self._collect(rnd, registry, deadline)
             t0 = time.monotonic()
             outcome = await asyncio.to_thread(agg.finish)
@@ -246,6 +260,8 @@ class SecAggRound:
             # The ring ("auto" picks 32 when the sum fits) and the weight bound sites capped at.
             "ring_bits": self.params.ring_bits,
             "max_weight": self.params.max_weight,
+            # Sites with a TLS identity signed their keys and their survivor sets.
+            "signed": self.session.signed,
         }
         if self.outcome is not None:
             rep = self.outcome.report

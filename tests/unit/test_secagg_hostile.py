@@ -18,6 +18,7 @@ sites of the round played in-process by real SiteSessions. Each test is one atta
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from fedgpu.core import codec
 from fedgpu.core.secagg import shamir
 from fedgpu.core.secagg.aggregator import AggregatorSession, Outcome
 from fedgpu.core.secagg.errors import SecAggError, Stage
+from fedgpu.core.secagg.identity import SiteIdentity
 from fedgpu.core.secagg.messages import (
+    KeyRelay,
     MaskedInput,
     PublicKeys,
     Setup,
@@ -36,6 +39,7 @@ from fedgpu.core.secagg.messages import (
     ShareKind,
     UnmaskReply,
     UnmaskRequest,
+    ViewSignature,
 )
 from fedgpu.core.secagg.params import RoundParams, Settings, majority_problem
 from fedgpu.core.secagg.site import SiteSession
@@ -61,12 +65,20 @@ class FakeAggregator:
     test, sites 2..n answer in-process as soon as site 1 has. `stop_before` ends the attempt
     (the node is told nothing more) before that stage's relay."""
 
-    def __init__(self, n: int = 3, stop_before: Stage | None = None) -> None:
-        self.agg = AggregatorSession(Settings().resolve(n, LENGTH))
+    def __init__(self, n: int = 3, stop_before: Stage | None = None,
+                 identities: Sequence[SiteIdentity] = (),
+                 tamper: Callable[[dict[int, KeyRelay]], dict[int, KeyRelay]] | None = None,
+                 ) -> None:
+        """`identities`: the sites' TLS identities (a signed round); `tamper`: what the
+        aggregator does to the key relays before site 1's goes out."""
+        roster = tuple(i.name for i in identities)
+        self.agg = AggregatorSession(Settings().resolve(n, LENGTH), roster=roster)
         setups = self.agg.start()
         self.setup = setups[1].encode()
         rng = np.random.default_rng(1)
-        self.others = {i: SiteSession(setups[i]) for i in range(2, n + 1)}
+        self.others = {i: SiteSession(setups[i], identity=identities[i - 1] if identities
+                                      else None) for i in range(2, n + 1)}
+        self.tamper = tamper
         self.changes = {i: rng.uniform(-0.5, 0.5, LENGTH).astype(np.float32)
                         for i in range(1, n + 1)}
         self.stop_before = stop_before
@@ -105,7 +117,8 @@ class FakeAggregator:
             relays = agg.close_keys()
             for i, s in self.others.items():
                 agg.receive_shares(s.share_keys(relays[i]))
-            self._relay(Stage.SHARE_KEYS, relays[1])
+            # Only the node under test gets the tampered relay.
+            self._relay(Stage.SHARE_KEYS, (self.tamper(relays) if self.tamper else relays)[1])
         elif stage == Stage.SHARE_KEYS:
             agg.receive_shares(ShareKeys.decode(data))
             relays = agg.close_shares()
@@ -114,14 +127,25 @@ class FakeAggregator:
             self._relay(Stage.MASKED_INPUT, relays[1])
         elif stage == Stage.MASKED_INPUT:
             agg.receive_masked(MaskedInput.decode(data))
-            requests = agg.close_masked()
-            for i, s in self.others.items():
-                agg.receive_unmask(s.unmask(requests[i]))
-            self._relay(Stage.UNMASK, requests[1])
+            out = agg.close_masked()
+            if agg.signed:
+                for i, s in self.others.items():
+                    agg.receive_view(s.consistency(out[i]))  # type: ignore[arg-type]
+                self._relay(Stage.CONSISTENCY, out[1])
+            else:
+                self._unmask(out)  # type: ignore[arg-type]
+        elif stage == Stage.CONSISTENCY:
+            agg.receive_view(ViewSignature.decode(data))
+            self._unmask(agg.close_consistency())
         else:
             agg.receive_unmask(UnmaskReply.decode(data))
             self.outcome = agg.finish()
         return pb.PushReply(), "grpc"
+
+    def _unmask(self, requests: dict[int, UnmaskRequest]) -> None:
+        for i, s in self.others.items():
+            self.agg.receive_unmask(s.unmask(requests[i]))
+        self._relay(Stage.UNMASK, requests[1])
 
     async def pull(self, node_id: str, wait_s: int, max_bytes: int) -> _Pulled:
         try:
@@ -130,9 +154,10 @@ class FakeAggregator:
             return _Pulled(pb.TaskHeader(kind=pb.TASK_KIND_NONE), None)
 
 
-def _attempt(fake: FakeAggregator, ledger: UnmaskLedger, digest: str = "ab" * 32
-             ) -> str | None:
-    link = Link(fake, "node-1", 1, 1 << 20, lambda: fake.abandoned, ledger)  # type: ignore[arg-type]
+def _attempt(fake: FakeAggregator, ledger: UnmaskLedger, digest: str = "ab" * 32,
+             identity: SiteIdentity | None = None) -> str | None:
+    link = Link(fake, "node-1", 1, 1 << 20, lambda: fake.abandoned,  # type: ignore[arg-type]
+                ledger, identity=identity)
     update = pb.UpdateHeader(num_examples=10)
     return asyncio.run(asyncio.wait_for(
         take_part(link, fake.task(digest), update, fake.changes[1], 10.0), 30))

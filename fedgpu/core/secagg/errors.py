@@ -19,6 +19,8 @@ class Stage(StrEnum):
     SHARE_KEYS = "share-keys"
     # Each site sends its clipped, quantised, weighted and masked update.
     MASKED_INPUT = "masked-input"
+    # Signed rounds: each survivor signs the survivor set it was shown; all must agree.
+    CONSISTENCY = "consistency-check"
     # Survivors send the shares the aggregator asks for; it removes the masks.
     UNMASK = "unmask"
 
