@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedgpu.core.errors import ConfigError
-from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
+from fedgpu.core.privacy import PrivacyMode, PrivacySettings
 from fedgpu.core.privacy.mechanisms import (
     AdaptiveClip,
     add_gaussian_noise,
@@ -36,7 +36,7 @@ from fedgpu.core.privacy.mechanisms import (
     noise_generator,
     update_noise_multiplier,
 )
-from fedgpu.core.privacy.settings import MEAN_STRATEGIES
+from fedgpu.core.privacy.settings import MEAN_STRATEGIES, budget_spent
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 
@@ -197,7 +197,7 @@ class PrivateStrategy(Strategy):
         if target is None:
             return None
         if self.accountant.would_exceed(target, SAMPLING_RATE, self.accounted_multiplier):
-            return BUDGET_SPENT_REASON
+            return budget_spent(self.accountant.rounds, self.accountant.epsilon, target)
         return None
 
     def state(self) -> dict[str, Any]:

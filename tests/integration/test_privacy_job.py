@@ -36,11 +36,12 @@ def test_central_dp_job_finishes_when_the_budget_would_be_exceeded(
     submitted = job_cli(site, "submit", str(job))
     done = wait_job(site, submitted["job_id"], ("finished", "failed", "stopped"))
     assert done["state"] == "finished", done
-    assert done["reason"] == "privacy budget spent"
+    two = epsilon_of([RoundEvent(1.0, 3.0)] * 2, 1e-5)
+    # Why it ended, with what it spent of the target.
+    assert done["reason"] == f"privacy budget spent after 2 rounds, epsilon {two:.2f} of 2.3"
     assert done["rounds_done"] == 2
     status = job_cli(site, "status", submitted["job_id"])
     p = status["privacy"]
-    two = epsilon_of([RoundEvent(1.0, 3.0)] * 2, 1e-5)
     assert p["mode"] == "central" and p["target_epsilon"] == 2.3 and p["rounds_accounted"] == 2
     assert p["epsilon_spent"] == pytest.approx(two, abs=1e-5)
     assert [r["round"] for r in p["per_round"]] == [1, 2]
@@ -101,7 +102,8 @@ def test_distributed_dp_job_under_secure_aggregation_spends_its_budget(
     submitted = job_cli(site, "submit", str(job))
     done = wait_job(site, submitted["job_id"], ("finished", "failed", "stopped"))
     assert done["state"] == "finished", done
-    assert done["reason"] == "privacy budget spent" and done["rounds_done"] == 2, done
+    assert done["reason"].startswith("privacy budget spent after 2 rounds, epsilon ")
+    assert done["rounds_done"] == 2, done
     p = job_cli(site, "status", submitted["job_id"])["privacy"]
     two = epsilon_of([RoundEvent(1.0, 3.0)] * 2, 1e-5)
     assert p["mode"] == "distributed" and p["rounds_accounted"] == 2
