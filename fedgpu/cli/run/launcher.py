@@ -285,6 +285,14 @@ class LocalRun:
                 (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
 
 
+def rounds_summary(rounds: list[dict[str, Any]]) -> str:
+    """"9 rounds (2 attempts retried)": rounds of the model, not attempts."""
+    done = sum(1 for r in rounds if r.get("status", "finished") == "finished")
+    retried = len(rounds) - done
+    again = f" ({retried} attempt{'s' if retried != 1 else ''} retried)" if retried else ""
+    return f"{done} rounds{again}"
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP while the run is on."""
 
@@ -344,7 +352,7 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         run.say(f"final global model: loss {last_eval['loss']:.4f}, perplexity "
                 f"{math.exp(min(last_eval['loss'], 50.0)):.3f} on {last_eval['num_examples']} "
                 f"held-out examples of {last_eval['nodes']} nodes")
-    run.say(f"run finished: {len(rounds)} rounds; run directory {run.run_dir}")
+    run.say(f"run finished: {rounds_summary(rounds)}; run directory {run.run_dir}")
     return 0
 
 
