@@ -59,6 +59,7 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
         sa = rnd["secure_aggregation"]
         assert (sa["sites"], sa["masked"], sa["dropped"], sa["recovered"]) == (3, 3, {}, 0)
         assert sa["threshold"] == 2 and sa["protocol_s"] > 0
+        assert sa["signed"] is False  # tokens only: the honest-but-curious model
         # ring_bits = "auto": 3 sites of under 512 digits each (stated at registration)
         # bound the sum well inside Z_2^32.
         assert (sa["ring_bits"], sa["max_weight"]) == (32, 512), sa
@@ -240,6 +241,9 @@ def test_secure_round_under_mutual_tls_over_the_bulk_port(
     assert status["state"] == "finished", status
     (rnd,) = [r for r in federation.query("ListRounds")["rounds"] if r["round"] == 1]
     assert rnd["secure_aggregation"]["masked"] == 2
+    # The nodes have identities: they signed their keys and their survivor sets (the round
+    # holds against an aggregator that bends the protocol, tests/unit/test_secagg_signed.py).
+    assert rnd["secure_aggregation"]["signed"] is True
     assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
 
 
