@@ -4,12 +4,16 @@
     keys = session.advertise()                     # -> aggregator
     shares = session.share_keys(key_relay)         # -> aggregator
     masked = session.masked_input(share_relay, update, weight)  # -> aggregator
+    signed = session.consistency(survivor_view)    # -> aggregator (sites with an identity)
     reply = session.unmask(unmask_request)         # -> aggregator
 
 Every step checks what the aggregator sent against what this site can verify (its neighbours,
 the threshold, the stage) and raises SecAggError instead of answering a request that would
 leak: above all, it never reveals both a share of a site's self-mask seed and a share of the
 same site's mask key (the double-masking rule), and it answers one unmask request per round.
+It takes a threshold only when it is a strict majority of its shareholders. With a TLS
+identity (fedgpu/core/secagg/identity.py) it signs its keys and the survivor set it is shown,
+and aborts on a neighbour's key or survivor set that does not carry that neighbour's signature.
 """
 
 from __future__ import annotations
