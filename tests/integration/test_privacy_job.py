@@ -51,6 +51,12 @@ def test_central_dp_job_finishes_when_the_budget_would_be_exceeded(
     assert f"privacy (central): epsilon {two:.4f} of 2.3 spent at delta 1e-05 over 2 round(s)" \
         in human, human
     assert "finished — privacy budget spent" in human, human
+    # `status --json`: why it ended, and the epsilon spent of the target.
+    st = json.loads(cli("status", "--address", site.address, "--job", submitted["job_id"],
+                        "--json").stdout)
+    assert st["reason"] == done["reason"]
+    assert st["privacy"]["epsilon_spent"] == pytest.approx(two, abs=1e-5)
+    assert (st["privacy"]["target_epsilon"], st["privacy"]["rounds_accounted"]) == (2.3, 2)
     r = cli("rounds", "--address", site.address, "--job", submitted["job_id"], "--json")
     rounds = [x for x in json.loads(r.stdout)["rounds"] if x["status"] == "finished"]
     assert [x["privacy"]["epsilon"] for x in rounds] == [e["epsilon"] for e in p["per_round"]]
