@@ -275,6 +275,10 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
                 continue
             if header.task_id != task.task_id:
                 raise Interrupted(f"a task of round {header.round} arrived")
+            if stage == Stage.CONSISTENCY and header.kind == KIND_OF[Stage.UNMASK]:
+                # A signed round's unmask request without the consistency check first.
+                raise SecAggError("aborted: the aggregator asked for shares without the "
+                                  "consistency check (this site signs its rounds)")
             if header.kind != kind:
                 # An earlier task of this round served again before the aggregator saw our
                 # answer: wait a moment for the relay we need.

@@ -236,3 +236,22 @@ def test_the_node_aborts_on_a_forged_key_and_says_why(pki: dict[str, SiteIdentit
     assert failed.failed and failed.kind == KIND_OF[Stage.SHARE_KEYS]
     assert "forged, or relayed from another round" in failed.error
     assert fake.outcome is None
+
+
+def test_the_node_refuses_an_unmask_request_that_skips_the_consistency_check(
+        pki: dict[str, SiteIdentity], tmp_path: Path) -> None:
+    ids = [pki[n] for n in NAMES[:3]]
+
+    class Skipping(FakeAggregator):
+        """Sends the unmask requests straight after the masked inputs."""
+
+        def _relay(self, stage: Stage, msg: object) -> None:
+            if stage == Stage.CONSISTENCY:
+                self.agg.close_consistency()  # with the other sites' signatures only
+                stage, msg = Stage.UNMASK, self.agg._requests.get(1, UnmaskRequest((), ()))
+            super()._relay(stage, msg)
+
+    fake = Skipping(identities=ids)
+    why = _attempt(fake, UnmaskLedger(tmp_path / "l"), identity=ids[0])
+    assert why is not None and "without the consistency check" in why
+    assert fake.pushed[-1].failed and fake.outcome is None
