@@ -42,6 +42,8 @@ from fedgpu.node.rounds.process import (
 )
 from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.status import write_status
+from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
+from fedgpu.node.unmask_ledger import UnmaskLedger
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
@@ -58,6 +60,10 @@ class Agent:
         self.cfg = cfg
         state_dir = cfg.state_dir or default_state_dir()
         self.identity = identity.claim_or_anonymous(state_dir, cfg.name)
+        # One unmasking per global model, remembered across restarts (node/unmask_ledger.py).
+        self.unmasked = UnmaskLedger(self.identity.folder / UNMASK_LEDGER)
+        # Under mutual TLS the site signs its secure-aggregation keys with its TLS key.
+        self.secagg_identity = secagg.secagg_identity(cfg.tls)
         cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -303,7 +309,9 @@ class Agent:
                 # A secure round: the protocol (node/secagg.py) instead of the weights.
                 secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
                               self.max_task_bytes, self.decision, header, outcome, payload,
-                              lambda: cancel.is_set() or self._stop.is_set())
+                              lambda: cancel.is_set() or self._stop.is_set(),
+                              self.unmasked, self.cfg.secagg_min_threshold,
+                              self.secagg_identity)
             else:
                 self._report(header, outcome, error)
         finally:

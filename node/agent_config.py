@@ -47,3 +47,6 @@ class AgentConfig:
     # allow-list and bundle cache live (None: node/approvals.py default_state_dir()).
     task_approval: TaskApproval = TaskApproval.INSTALLED
     state_dir: Path | None = None
+    # Secure aggregation: the site's floor on a round's threshold, on top of the strict
+    # majority of its shareholders (0: the majority only).
+    secagg_min_threshold: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fedgpu.node import clear_fields
 from fedgpu.node.nvml import NvmlSnapshot
 from fedgpu.node.policy import Decision
 from fedgpu.proto import pb
@@ -93,6 +94,10 @@ def update_header(task: pb.TaskHeader, node_id: str, gpu: Decision | None,
     update.train_metrics.update(_floats(result.get("train_metrics")))
     update.eval_metrics.update(_floats(result.get("eval_metrics")))
     update.iteration_loss.extend(float(v) for v in result.get("iteration_loss") or [])
+    # A protected job (secure aggregation, local or distributed DP): only the allow-list
+    # leaves the site in the clear; the rest goes to the site's own log.
+    metrics = dict(update.train_metrics)
+    clear_fields.log_kept(task.round, metrics, clear_fields.restrict(task, update))
     return update
 
 

@@ -28,15 +28,25 @@ import grpc
 import numpy as np
 
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.errors import FedgpuError
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import SecAggError, Stage
-from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest
+from fedgpu.core.secagg.identity import SiteIdentity
+from fedgpu.core.secagg.messages import (
+    KeyRelay,
+    Setup,
+    ShareRelay,
+    SurvivorView,
+    UnmaskRequest,
+)
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, private_spans
 from fedgpu.core.secagg.site import SiteSession
-from fedgpu.node import messages
+from fedgpu.core.tls import TlsFiles
+from fedgpu.node import clear_fields, messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
 from fedgpu.node.rounds.process import RoundOutcome
+from fedgpu.node.unmask_ledger import UnmaskLedger
 from fedgpu.node.wire_client import PayloadError, WireClient
 from fedgpu.proto import pb
 
@@ -46,6 +56,7 @@ KIND_OF = {
     Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
     Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
     Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+    Stage.CONSISTENCY: pb.TASK_KIND_SECAGG_CONSISTENCY,
     Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK,
 }
 
@@ -64,6 +75,16 @@ class Link:
     max_bytes: int
     # True once the aggregator abandoned the task (heartbeats) or the node stops.
     cancelled: Callable[[], bool]
+    # The global models this site answered an unmask request for (node/unmask_ledger.py);
+    # None: one in memory for this call only (a simulated node).
+    ledger: UnmaskLedger | None = None
+    # The site's own floor on the threshold (`fedgpu node start --secagg-min-threshold`), on
+    # top of the strict majority every site demands (fedgpu/core/secagg/params.py).
+    min_threshold: int = 0
+    # The site's TLS identity (mutual TLS): it signs its keys and survivor set and demands
+    # its neighbours' signatures (fedgpu/core/secagg/identity.py). None: tokens only, the
+    # honest-but-curious model.
+    identity: SiteIdentity | None = None
 
 
 async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
@@ -77,9 +98,19 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     it stopped."""
     started = time.monotonic()
     stage = Stage.SETUP
+    # Only the allow-list leaves in the clear (node/clear_fields.py), whoever built `update`.
+    clear_fields.log_kept(task.round, dict(update.train_metrics),
+                          clear_fields.restrict(task, update))
+    ledger = link.ledger if link.ledger is not None else UnmaskLedger(None)
+    model = model_digest(task)
     try:
         noise = noise_share_of(task)
-        site = SiteSession(Setup.decode(bytes(task.secagg_setup)))
+        # Refused up front when this model's sum was unmasked with this site in it already.
+        why = ledger.problem(model)
+        if why is not None:
+            raise SecAggError(why)
+        site = SiteSession(Setup.decode(bytes(task.secagg_setup)),
+                           min_threshold=link.min_threshold, identity=link.identity)
         stage = Stage.ADVERTISE_KEYS
         await _send(link, task, stage, site.advertise().encode())
         stage = Stage.SHARE_KEYS
@@ -101,9 +132,24 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         del masked
         await _send(link, task, stage, data, update)
         del data
+        if link.identity is not None:
+            # Signed round: sign the survivor set shown, before any share is revealed.
+            stage = Stage.CONSISTENCY
+            view = SurvivorView.decode(await _wait(link, task, stage))
+            await _send(link, task, stage, site.consistency(view).encode())
         stage = Stage.UNMASK
         request = UnmaskRequest.decode(await _wait(link, task, stage))
-        await _send(link, task, stage, site.unmask(request).encode())
+        reply = site.unmask(request)
+        why = ledger.problem(model)
+        if why is not None:
+            raise SecAggError(why)
+        try:
+            # Remembered before the reply leaves: a crash after sending must not forget it.
+            ledger.record(model, task.round)
+        except OSError as exc:
+            raise SecAggError(f"cannot remember the answer in the state directory "
+                              f"({exc}); not answering") from None
+        await _send(link, task, stage, reply.encode())
     except SecAggError as exc:
         # This site refused a step or could not read a message: it says so, and it is out.
         why = f"secure aggregation stopped at {stage}: {exc}"
@@ -140,14 +186,37 @@ def noise_share_of(task: pb.TaskHeader) -> NoiseShare | None:
     return NoiseShare(dp.clip_norm, dp.noise_multiplier)
 
 
+def secagg_identity(files: TlsFiles | None) -> SiteIdentity | None:
+    """The site's signing identity under mutual TLS (its client certificate and key, and the
+    CA that checks its neighbours'); None with tokens only. A key that cannot sign stops the
+    node at start, not in the middle of a round."""
+    if files is None or not files.mutual or files.key is None or files.cert is None:
+        return None
+    assert files.ca is not None
+    try:
+        return SiteIdentity.from_files(files.cert, files.key, files.ca)
+    except (SecAggError, ValueError, OSError) as exc:
+        raise FedgpuError(f"secure aggregation cannot sign with the node's TLS key: {exc}"
+                          ) from None
+
+
+def model_digest(task: pb.TaskHeader) -> str:
+    """The digest of the global model the TRAIN task carried (the wire client checked the
+    payload against it); the key of the site's one unmasking per model."""
+    if task.payload_digest:
+        return f"{task.payload_digest_algorithm}:{task.payload_digest}"
+    return f"sha256:{task.payload_sha256}" if task.payload_sha256 else ""
+
+
 def _note_share(task: pb.TaskHeader, update: pb.UpdateHeader, report: ShareReport) -> None:
     """The share's noise std goes with the masked input (the aggregator checks it is there);
-    the update's norm and whether it was clipped stay in this node's log: under secure
-    aggregation they are facts about one site that the aggregator must not learn."""
+    the update's norm, whether it was clipped and how many values the range cut stay in this
+    node's log: under secure aggregation they are facts about one site that the aggregator
+    must not learn."""
     update.train_metrics["ddp_noise_std"] = report.std
-    update.train_metrics["ddp_values_cut"] = float(report.cut)
-    log.info("round %d: distributed DP: update norm %.4g%s, noise share std %.4g", task.round,
-             report.norm, " (clipped)" if report.clipped else "", report.std)
+    log.info("round %d: distributed DP: update norm %.4g%s, noise share std %.4g, %d values "
+             "cut by the range", task.round, report.norm,
+             " (clipped)" if report.clipped else "", report.std, report.cut)
 
 
 def _digest(data: bytes | bytearray) -> str:
@@ -206,6 +275,10 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
                 continue
             if header.task_id != task.task_id:
                 raise Interrupted(f"a task of round {header.round} arrived")
+            if stage == Stage.CONSISTENCY and header.kind == KIND_OF[Stage.UNMASK]:
+                # A signed round's unmask request without the consistency check first.
+                raise SecAggError("aborted: the aggregator asked for shares without the "
+                                  "consistency check (this site signs its rounds)")
             if header.kind != kind:
                 # An earlier task of this round served again before the aggregator saw our
                 # answer: wait a moment for the relay we need.
@@ -219,7 +292,9 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
 
 def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
            decision: Decision | None, task: pb.TaskHeader, outcome: RoundOutcome,
-           received: bytes | bytearray | memoryview, cancelled: Callable[[], bool]) -> None:
+           received: bytes | bytearray | memoryview, cancelled: Callable[[], bool],
+           ledger: UnmaskLedger | None = None, min_threshold: int = 0,
+           identity: SiteIdentity | None = None) -> None:
     """The agent's way in: a trained round answered with the protocol (blocking)."""
     assert outcome.weights is not None
     update = messages.update_header(task, node_id, decision, outcome.resources,
@@ -237,6 +312,7 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
         except grpc.RpcError as err:
             log.warning("round %d: could not report %s: %s", task.round, exc, err.details())
         return
-    client.run(lambda wire: take_part(Link(wire, node_id, poll_s, max_bytes, cancelled),
-                                      task, update, change, float(update.num_examples),
-                                      private))
+    link = lambda wire: Link(wire, node_id, poll_s, max_bytes, cancelled,  # noqa: E731
+                             ledger, min_threshold, identity)
+    client.run(lambda wire: take_part(link(wire), task, update, change,
+                                      float(update.num_examples), private))

@@ -22,13 +22,14 @@ import numpy as np
 from fedgpu.core import codec, digests
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.aggregator import AggregatorSession, Outcome
-from fedgpu.core.secagg.errors import SecAggError, Stage
+from fedgpu.core.secagg.errors import SecAggError, Stage, TooFewInputs
 from fedgpu.core.secagg.jobfile import JobSecAgg
 from fedgpu.core.secagg.messages import (
     MaskedInput,
     PublicKeys,
     ShareKeys,
     UnmaskReply,
+    ViewSignature,
 )
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
@@ -44,10 +45,10 @@ KIND_OF: dict[Stage, int] = {
     Stage.ADVERTISE_KEYS: pb.TASK_KIND_SECAGG_ADVERTISE_KEYS,
     Stage.SHARE_KEYS: pb.TASK_KIND_SECAGG_SHARE_KEYS,
     Stage.MASKED_INPUT: pb.TASK_KIND_SECAGG_MASKED_INPUT,
+    Stage.CONSISTENCY: pb.TASK_KIND_SECAGG_CONSISTENCY,
     Stage.UNMASK: pb.TASK_KIND_SECAGG_UNMASK,
 }
 STAGE_OF: dict[int, Stage] = {v: k for k, v in KIND_OF.items()}
-_ORDER = (Stage.ADVERTISE_KEYS, Stage.SHARE_KEYS, Stage.MASKED_INPUT, Stage.UNMASK)
 _OPEN = (SlotState.ASSIGNED, SlotState.UPLOADING)
 
 
@@ -60,12 +61,16 @@ def _payload(data: bytes | bytearray) -> ModelPayload:
 class SecAggRound:
     def __init__(self, config: JobSecAgg, chosen: list[Node],
                  global_weights: Mapping[str, np.ndarray],
-                 max_examples: int | None = None, min_inputs: int = 0) -> None:
+                 max_examples: int | None = None, min_inputs: int = 0,
+                 noised: bool = False) -> None:
         self.config = config
-        # Distributed DP (the round's required updates; 0 without): fewer masked inputs end the
-        # attempt before unmasking, and every masked input must say it carries a noise share.
+        # The round's required inputs (min_nodes): a stage that leaves fewer sites ends the
+        # attempt before any unmask request goes out, in every mode. One sum per round is
+        # ever unmasked: a retry after a smaller sum would give the difference, one site's
+        # update (and its example count).
         self.min_inputs = min_inputs
-        self.noised = min_inputs > 0
+        # Distributed DP: every masked input must say it carries a noise share.
+        self.noised = noised
         self.node_ids = {i + 1: n.node_id for i, n in enumerate(chosen)}
         self.index = {nid: i for i, nid in self.node_ids.items()}
         self.names = {i + 1: n.name for i, n in enumerate(chosen)}
@@ -76,7 +81,10 @@ class SecAggRound:
             stated = [min(s, max_examples) if s > 0 else max_examples for s in stated]
         self.params = config.settings.resolve(len(chosen), layout.length(global_weights),
                                               stated)
-        self.session = AggregatorSession(self.params)
+        # The roster (site names by index) lets sites with a TLS identity check that each
+        # neighbour's certificate is the registered site's (fedgpu/core/secagg/identity.py).
+        self.session = AggregatorSession(
+            self.params, roster=tuple(self.names[i] for i in sorted(self.names)))
         self.setups = {self.node_ids[i]: s.encode() for i, s in self.session.start().items()}
         self.stage = Stage.ADVERTISE_KEYS
         self._expected: set[int] = set(self.node_ids)
@@ -122,6 +130,8 @@ class SecAggRound:
             msg = ShareKeys.decode(data)
         elif stage == Stage.MASKED_INPUT:
             msg = MaskedInput.decode(data)
+        elif stage == Stage.CONSISTENCY:
+            msg = ViewSignature.decode(data)
         else:
             msg = UnmaskReply.decode(data)
         if msg.index != i:
@@ -145,6 +155,8 @@ class SecAggRound:
                 self.first_keys_at = time.monotonic()
         elif stage == Stage.SHARE_KEYS:
             agg.receive_shares(msg)
+        elif stage == Stage.CONSISTENCY:
+            agg.receive_view(msg)
         else:
             agg.receive_unmask(msg)
         self._answered.add(i)
@@ -195,27 +207,32 @@ class SecAggRound:
     async def _drive(self, rnd: RoundState, registry: Registry, on_result: Any) -> None:
         agg = self.session
         timeout = self.config.stage_timeout_s
-        closers = {Stage.ADVERTISE_KEYS: agg.close_keys, Stage.SHARE_KEYS: agg.close_shares,
-                   Stage.MASKED_INPUT: agg.close_masked}
+        closers: dict[Stage, Any] = {
+            Stage.ADVERTISE_KEYS: agg.close_keys, Stage.SHARE_KEYS: agg.close_shares,
+            Stage.MASKED_INPUT: agg.close_masked, Stage.CONSISTENCY: agg.close_consistency}
         # The first stage follows training and ends at the round's deadline; the engine's
         # own wait (and the uploads') must last until the protocol's last stage is over.
         deadline = rnd.deadline
-        rnd.deadline = deadline + 3 * timeout + 5
+        rnd.deadline = deadline + 4 * timeout + 5
         try:
-            for stage, following in zip(_ORDER, _ORDER[1:], strict=False):
+            stage = Stage.ADVERTISE_KEYS
+            while stage != Stage.UNMASK:
                 await self._collect(rnd, registry, deadline)
                 async with self._lock:
                     relays = closers[stage]()
+                    # The session says what comes next: signed rounds (sites with a TLS
+                    # identity) have the consistency check before unmasking.
+                    following = agg.stage
                     self.stage = following
-                if stage == Stage.MASKED_INPUT and len(relays) < self.min_inputs:
-                    raise SecAggError(f"{len(relays)} masked input(s), the round needs "
-                                      f"{self.min_inputs}: their noised sum is not unmasked")
+                if len(relays) < self.min_inputs:
+                    raise TooFewInputs(stage, len(relays), self.min_inputs)
                 log.info("round %d: secure aggregation %s closed, %d of %d sites go on",
                          rnd.number, stage, len(relays), len(self._expected))
                 self._expected, self._answered = set(relays), set()
                 deadline = time.time() + timeout
                 rnd.deadline = max(rnd.deadline, deadline + 2 * timeout + 5)
                 self._dispatch(rnd, registry, following, relays)
+                stage = following
             await self._collect(rnd, registry, deadline)
             t0 = time.monotonic()
             outcome = await asyncio.to_thread(agg.finish)
@@ -244,6 +261,8 @@ class SecAggRound:
             # The ring ("auto" picks 32 when the sum fits) and the weight bound sites capped at.
             "ring_bits": self.params.ring_bits,
             "max_weight": self.params.max_weight,
+            # Sites with a TLS identity signed their keys and their survivor sets.
+            "signed": self.session.signed,
         }
         if self.outcome is not None:
             rep = self.outcome.report

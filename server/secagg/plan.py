@@ -55,11 +55,13 @@ class SecAggPlan(StarPlan):
         dp = self.strategy
         private = isinstance(dp, PrivateStrategy) and dp.distributed
         try:
-            # Distributed DP: a sum of fewer inputs than the round needs is never unmasked, so
-            # no attempt releases a noised sum that the account does not count.
+            # A sum of fewer inputs than the round needs is never unmasked, in any mode: the
+            # attempt fails before any unmask request goes out. Otherwise a retry's sum minus
+            # this attempt's gives one site's update, and under distributed DP the attempt
+            # would release a noised sum the account does not count.
             self.round = SecAggRound(self.config, chosen, run.global_weights,
                                      self.job.max_examples_per_node,
-                                     min_inputs=self.required(chosen) if private else 0)
+                                     min_inputs=self.required(chosen), noised=private)
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).
             raise RunFailed(f"round {number}: secure aggregation cannot start: {exc}") from None
@@ -136,12 +138,10 @@ class SecAggPlan(StarPlan):
             if record is not None:
                 record.extra["secure_aggregation"] = sround.summary()
                 if sround.outcome is not None:
-                    # Per-site example counts are secret: the round shows their total, and
-                    # the sites' losses averaged without weights.
+                    # Per-site example counts are secret: the round shows their total. The
+                    # sites' losses stay on the sites (node/clear_fields.py): no train loss.
                     record.num_examples = sround.outcome.total_weight
-                    losses = [u.train_metrics["loss"] for u in rnd.updates
-                              if "loss" in u.train_metrics]
-                    record.train_loss = sum(losses) / len(losses) if losses else None
+                    record.train_loss = None
             if sround.failure is not None and rnd.error is None:
                 rnd.error = f"round {rnd.number} attempt {rnd.attempt}: {sround.failure}"
                 if record is not None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS, UpdateNeed
-from fedgpu.core.privacy import BUDGET_SPENT_REASON, PrivacyMode, PrivacySettings
+from fedgpu.core.privacy import PrivacyMode, PrivacySettings
 from fedgpu.core.privacy.mechanisms import (
     AdaptiveClip,
     add_gaussian_noise,
@@ -37,6 +37,7 @@ from fedgpu.core.privacy.mechanisms import (
     noise_generator,
     update_noise_multiplier,
 )
+from fedgpu.core.privacy.settings import budget_spent
 from fedgpu.server.strategies.base import Strategy, Weights
 from fedgpu.server.strategies.fedavg import FedAvg
 from fedgpu.server.strategies.update import UpdateIn
@@ -181,14 +182,18 @@ class PrivateStrategy(Strategy):
                           share_std=round(z * c / n_min ** 0.5, 9),
                           noise_std=round(sum_noise_std(z, c, n_min, m) / m, 9))
         if self.central:
-            report.update(updates=len(self._norms),
-                          clipped=sum(1 for n in self._norms if n > self.clip_norm),
-                          noise_std=round(self._noise_std, 9))
+            # No exact count of clipped updates: it is a statistic of the sites' norms that
+            # no noise protects. Adaptive clipping publishes its noised count, the one the
+            # account pays for.
+            report.update(updates=len(self._norms), noise_std=round(self._noise_std, 9))
             if self.privacy.adaptive_clip and self._norms:
                 clip = AdaptiveClip(self.clip_norm, self.privacy.target_quantile,
                                     self.privacy.clip_learning_rate,
-                                    self._count_stddev(len(self._norms)))
-                self.clip_norm = clip.next(self._norms, self._rng).clip_norm
+                                    self._count_stddev(len(self._norms))
+                                    ).next(self._norms, self._rng)
+                self.clip_norm = clip.clip_norm
+                assert clip.noised_unclipped is not None
+                report["unclipped_noised"] = round(clip.noised_unclipped, 3)
                 report["next_clip_norm"] = round(self.clip_norm, 6)
         self._report = report
 
@@ -200,7 +205,7 @@ class PrivateStrategy(Strategy):
         if target is None:
             return None
         if self.accountant.would_exceed(target, SAMPLING_RATE, self.accounted_multiplier):
-            return BUDGET_SPENT_REASON
+            return budget_spent(self.accountant.rounds, self.accountant.epsilon, target)
         return None
 
     def state(self) -> dict[str, Any]:

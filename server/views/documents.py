@@ -117,7 +117,8 @@ def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
     if not job_id:
         held = jobs.active or jobs.last
         if held is not None:
-            return status_doc(held.orch, jobs.registry, held.row.job_id, jobs.uploads)
+            return _with_budget(jobs, status_doc(held.orch, jobs.registry, held.row.job_id,
+                                                 jobs.uploads))
         rows = jobs.store.jobs(limit=1)
         if not rows:
             return {"run_id": None, "job_id": None, "state": IDLE, "error": None,
@@ -132,8 +133,23 @@ def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
         job_id = rows[0].job_id
     engine = _engine(jobs, job_id)
     if engine is not None:
-        return status_doc(engine, jobs.registry, job_id, jobs.uploads)
-    return _stored_status(jobs, jobs.get(job_id))
+        return _with_budget(jobs, status_doc(engine, jobs.registry, job_id, jobs.uploads))
+    return _with_budget(jobs, _stored_status(jobs, jobs.get(job_id)))
+
+
+def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
+    """Why the job ended (`reason`, e.g. "privacy budget spent after 9 rounds, epsilon 7.59 of
+    8") and, for a job with [privacy], the epsilon spent of its target."""
+    row = jobs.get(doc["job_id"])
+    doc["reason"] = jobs.live_state(row)[1]
+    if row.job.get("privacy"):
+        held = _engine(jobs, row.job_id)
+        rounds = held.history.dicts() if held is not None else jobs.store.history(
+            row.job_id)[0]
+        full = privacy.summary(row.job, rounds) or {}
+        doc["privacy"] = {k: full.get(k) for k in ("mode", "target_epsilon", "delta",
+                                                   "epsilon_spent", "rounds_accounted")}
+    return doc
 
 
 def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:

@@ -51,18 +51,23 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
                        text=True, env=base_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     for i in (1, 2):
-        assert re.search(rf"round {i}/2: finished, train loss [\d.]+, 3/3 nodes", r.stdout)
+        # The sites' losses stay on the sites under secure aggregation: none to show.
+        assert re.search(rf"round {i}/2: finished, train loss -, 3/3 nodes", r.stdout)
     assert float(re.search(r"final global model: accuracy ([\d.]+)", r.stdout).group(1)) >= 0.8
     rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
     for rnd in rounds:
         sa = rnd["secure_aggregation"]
         assert (sa["sites"], sa["masked"], sa["dropped"], sa["recovered"]) == (3, 3, {}, 0)
         assert sa["threshold"] == 2 and sa["protocol_s"] > 0
+        assert sa["signed"] is False  # tokens only: the honest-but-curious model
         # ring_bits = "auto": 3 sites of under 512 digits each (stated at registration)
         # bound the sum well inside Z_2^32.
         assert (sa["ring_bits"], sa["max_weight"]) == (32, 512), sa
         # The example counts stay with the sites; the aggregator learns their total only.
         assert all(u["num_examples"] == 0 for u in rnd["updates"])
+        # Nothing per site in the clear (node/clear_fields.py): no loss, examples, steps.
+        assert all(u["train_metrics"] == {} for u in rnd["updates"]), rnd["updates"]
+        assert rnd["train_loss"] is None
         assert rnd["num_examples"] == sa["total_weight"] > 0
         assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
 
@@ -236,6 +241,9 @@ def test_secure_round_under_mutual_tls_over_the_bulk_port(
     assert status["state"] == "finished", status
     (rnd,) = [r for r in federation.query("ListRounds")["rounds"] if r["round"] == 1]
     assert rnd["secure_aggregation"]["masked"] == 2
+    # The nodes have identities: they signed their keys and their survivor sets (the round
+    # holds against an aggregator that bends the protocol, tests/unit/test_secagg_signed.py).
+    assert rnd["secure_aggregation"]["signed"] is True
     assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
 
 

@@ -309,3 +309,23 @@ def test_distributed_dp_refuses_what_it_cannot_protect():
         parse_job({"task": "digits", "min_nodes": 3,
                    "secure_aggregation": {"clip": 1.0, "threshold": 2},
                    "privacy": {"mode": "distributed", "clip_norm": 1, "noise_multiplier": 1}})
+
+
+@pytest.mark.parametrize(("mode", "needed"), [("central", 4.05), ("local", 8.09)])
+def test_a_budget_that_cannot_pay_for_one_round_is_refused_naming_the_noise(
+        mode: str, needed: float) -> None:
+    # z = 1 spends 4.73 (central, RDP) in one round: a target of 1 could never hold, and the
+    # job would "finish" with no round. Local mode accounts z / 2, so it needs twice z.
+    with pytest.raises(ConfigError, match=r"one round at noise_multiplier = 1 spends epsilon "
+                       r"[\d.]+, more than target_epsilon = 1: no round would run; set "
+                       rf"noise_multiplier to at least {needed}\d*, or target_epsilon to at "
+                       r"least [\d.]+"):
+        parse_privacy({"mode": mode, "clip_norm": 1.0, "noise_multiplier": 1.0,
+                       "target_epsilon": 1.0})
+    # Derived from the budget, or enough noise: accepted.
+    parse_privacy({"mode": mode, "clip_norm": 1.0, "target_epsilon": 1.0})
+    parse_privacy({"mode": mode, "clip_norm": 1.0, "noise_multiplier": needed + 0.01,
+                   "target_epsilon": 1.0})
+    with pytest.raises(ConfigError, match="no round would run"):
+        parse_privacy({"mode": mode, "clip_norm": 1.0, "noise_multiplier": needed - 0.02,
+                       "target_epsilon": 1.0})

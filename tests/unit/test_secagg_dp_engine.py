@@ -23,11 +23,13 @@ from tests.unit.test_secagg_engine import GLOBAL, _payload, _send, _task
 
 
 def _orchestrator() -> tuple[Orchestrator, list[Node]]:
-    # Threshold 2 of 4 sites, but the round needs 3 updates: n_min = 2 < min_nodes.
+    # Threshold 2 (a strict majority of the 3 shareholders with 2 neighbours each) of 4 sites,
+    # but the round needs 3 updates: n_min = 2 < min_nodes.
     job = parse_job({"task": "digits", "rounds": 1, "min_nodes": 3, "fraction": 1.0,
                      "min_available_nodes": 4, "evaluate": False, "round_deadline_s": 5,
                      "round_retries": 0,
-                     "secure_aggregation": {"stage_timeout_s": 3, "threshold": 2, "clip": 6.0},
+                     "secure_aggregation": {"stage_timeout_s": 3, "threshold": 2, "neighbours": 2,
+                                            "clip": 6.0},
                      "privacy": {"mode": "distributed", "clip_norm": 1.0,
                                  "noise_multiplier": 1.0}})
     registry = Registry()
@@ -103,8 +105,8 @@ def test_a_sum_of_fewer_inputs_than_the_round_needs_is_never_unmasked() -> None:
         # Two inputs reach the threshold (2) but not min_nodes (3): no site is asked to unmask.
         assert got == ["no unmask request"] * 2 + ["dropped"] * 2
         assert orch.state == "failed"
-        assert "2 masked input(s), the round needs 3: their noised sum is not unmasked" \
-            in (orch.error or ""), orch.error
+        assert ("secure aggregation failed at masked-input: 2 sites left, the round needs 3; "
+                "nothing was unmasked") in (orch.error or ""), orch.error
 
     asyncio.run(main())
 

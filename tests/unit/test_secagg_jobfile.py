@@ -100,3 +100,25 @@ def test_the_compose_example_job_is_secure() -> None:
     assert job.secure_aggregation is not None and job.min_nodes == 3
     assert job.secure_aggregation.settings.neighbours is None
 
+
+
+@pytest.mark.parametrize(("table", "why"), [
+    # A fraction below one half: a round's threshold could be a minority of shareholders.
+    ("threshold = 0.3", "threshold 0.3 would let a round run with fewer than a strict "
+                        "majority"),
+    # 2 of 4 shareholders (3 neighbours rounded up to 4 for odd rounds: 5) is no majority.
+    ("threshold = 2\nneighbours = 3", "threshold 2 is not a strict majority of the 5 "
+                                      "shareholders"),
+    # Every site a neighbour, min_nodes 5: 2 of 5.
+    ("threshold = 2", "threshold 2 is not a strict majority of the 5 shareholders"),
+])
+def test_submit_refuses_a_threshold_that_is_no_strict_majority(table: str, why: str) -> None:
+    def job(table: str):  # noqa: ANN202
+        text = f'task = "digits"\nmin_nodes = 5\n[secure_aggregation]\n{table}\n'
+        return parse_job(tomllib.loads(text), "job.toml")
+
+    with pytest.raises(ConfigError, match=rf"\[secure_aggregation\] {why}"):
+        job(table)
+    # A strict majority is accepted.
+    job("threshold = 3")
+    job("threshold = 0.5")

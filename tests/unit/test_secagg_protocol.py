@@ -75,7 +75,7 @@ def test_dropouts_at_every_stage_in_one_round() -> None:
     updates, weights = _fleet(10, seed=3)
     drop = {Stage.ADVERTISE_KEYS: {1}, Stage.SHARE_KEYS: {2}, Stage.MASKED_INPUT: {3},
             Stage.UNMASK: {4}}
-    out, _ = run_local(updates, weights, Settings(threshold=4), drop=drop)
+    out, _ = run_local(updates, weights, Settings(threshold=6), drop=drop)
     counted = set(range(4, 11))
     ref = _fedavg(updates, weights, counted, 1.0)
     assert np.abs(out.mean - ref).max() <= error_bound(1.0, Settings().bits, True) + F32

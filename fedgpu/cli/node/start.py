@@ -71,6 +71,11 @@ def start(
     ] = DEFAULT_RING_PORT,
     task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
     state_dir: StateDirOpt = None,
+    secagg_min_threshold: Annotated[int, typer.Option(
+        envvar="FEDGPU_SECAGG_MIN_THRESHOLD", min=0,
+        help="Secure aggregation: refuse a round whose threshold (shares needed to rebuild a "
+             "secret) is below this count, on top of the strict majority of its shareholders "
+             "every site demands. 0: the majority only.")] = 0,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks.
@@ -119,6 +124,7 @@ def start(
         ring_port=ring_port,
         task_approval=task_approval,
         state_dir=state_dir,
+        secagg_min_threshold=secagg_min_threshold,
     ))
 
     def on_signal(signum: int, _frame: object) -> None:

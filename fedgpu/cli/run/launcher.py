@@ -299,6 +299,28 @@ class LocalRun:
                 (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
 
 
+def privacy_line(status: dict[str, Any]) -> str:
+    """"privacy: epsilon 7.59 of 8 spent over 9 rounds (privacy budget spent after ...)" from
+    `status --json`; empty for a job without [privacy]."""
+    p = status.get("privacy")
+    if not isinstance(p, dict):
+        return ""
+    spent, target = p.get("epsilon_spent"), p.get("target_epsilon")
+    shown = "infinite" if spent is None else f"{spent:.2f}"
+    of = f" of {target:g}" if target is not None else ""
+    why = f" ({status['reason']})" if status.get("reason") else ""
+    return (f"privacy ({p.get('mode')}): epsilon {shown}{of} spent over "
+            f"{p.get('rounds_accounted', 0)} rounds{why}")
+
+
+def rounds_summary(rounds: list[dict[str, Any]]) -> str:
+    """"9 rounds (2 attempts retried)": rounds of the model, not attempts."""
+    done = sum(1 for r in rounds if r.get("status", "finished") == "finished")
+    retried = len(rounds) - done
+    again = f" ({retried} attempt{'s' if retried != 1 else ''} retried)" if retried else ""
+    return f"{done} rounds{again}"
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP while the run is on."""
 
@@ -358,6 +380,9 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         run.say(f"final global model: loss {last_eval['loss']:.4f}, perplexity "
                 f"{math.exp(min(last_eval['loss'], 50.0)):.3f} on {last_eval['num_examples']} "
                 f"held-out examples of {last_eval['nodes']} nodes")
-    run.say(f"run finished: {len(rounds)} rounds; run directory {run.run_dir}")
+    line = privacy_line(run.last_status or {})
+    if line:
+        run.say(line)
+    run.say(f"run finished: {rounds_summary(rounds)}; run directory {run.run_dir}")
     return 0
 

@@ -20,7 +20,7 @@ from itertools import groupby
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from fedgpu.core.privacy.settings import ACCOUNTANTS
+from fedgpu.core.privacy.accountant_names import ACCOUNTANTS
 
 
 class _QuietOrders(logging.Filter):

@@ -176,6 +176,9 @@ class AdaptiveClip:
     learning_rate: float
     # Std of the noise on the count of unclipped updates; None: sampled nodes / 20.
     count_stddev: float | None = None
+    # The noised count of unclipped updates that made this clip (None: the first clip): the
+    # only statistic of the norms that may be published, the exact count being unprotected.
+    noised_unclipped: float | None = None
 
     def count_std_for(self, sampled: int) -> float:
         return self.count_stddev if self.count_stddev is not None else sampled / 20.0
@@ -187,7 +190,8 @@ class AdaptiveClip:
             return self
         unclipped = sum(1 for n in values if n <= self.clip_norm)
         std = self.count_std_for(len(values))
-        fraction = (unclipped + float(rng.normal(0.0, std))) / len(values)
+        noised = unclipped + float(rng.normal(0.0, std))
+        fraction = noised / len(values)
         clip_norm = self.clip_norm * math.exp(-self.learning_rate
                                               * (fraction - self.target_quantile))
-        return replace(self, clip_norm=clip_norm)
+        return replace(self, clip_norm=clip_norm, noised_unclipped=noised)

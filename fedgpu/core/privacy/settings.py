@@ -21,12 +21,38 @@ from enum import StrEnum
 from typing import Any
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.privacy.accountant_names import ACCOUNTANTS
 
-# The job's end reason when the next round would exceed target_epsilon.
+# The job's end reason when the next round would exceed target_epsilon (budget_spent says
+# after how many rounds and how much).
 BUDGET_SPENT_REASON = "privacy budget spent"
-# dp-accounting's accountants: Renyi DP (fast, slightly loose) and privacy loss distributions
-# (tight, slower to compose over many rounds).
-ACCOUNTANTS = ("rdp", "pld")
+
+
+def budget_spent(rounds: int, spent: float, target: float) -> str:
+    """"privacy budget spent after 9 rounds, epsilon 7.59 of 8": why a job ended."""
+    return (f"{BUDGET_SPENT_REASON} after {rounds} round{'s' if rounds != 1 else ''}, "
+            f"epsilon {spent:.2f} of {target:g}")
+
+
+def one_round_problem(mode: str, noise: float | None, target: float | None, delta: float,
+                      accountant: str = "rdp") -> str | None:
+    """Why a budget cannot pay for even one round at the given noise (the job would "finish"
+    with no round), naming the multiplier it would need; None when it can, or when the noise
+    is derived from the budget. Local mode accounts z / 2 (module docstring of
+    server/strategies/private.py), so the multiplier it needs is twice the accounted one."""
+    if noise is None or target is None or noise == 0:
+        return None
+    # dp-accounting (scipy) only for a job that gives both.
+    from fedgpu.core.privacy.accountant import RoundEvent, epsilon_of, noise_for_budget
+
+    factor = 2.0 if mode == "local" else 1.0
+    first = epsilon_of([RoundEvent(1.0, noise / factor)], delta, accountant)
+    if first <= target:
+        return None
+    needed = factor * noise_for_budget(target, delta, 1.0, 1, accountant)
+    return (f"one round at noise_multiplier = {noise:g} spends epsilon {first:.3g}, more than "
+            f"target_epsilon = {target:g}: no round would run; set noise_multiplier to at "
+            f"least {needed:.3g}, or target_epsilon to at least {first:.3g}")
 # Andrew et al. 2021 ("Differentially private learning with adaptive clipping"): the clip starts
 # small and moves geometrically towards the target quantile of the updates' norms.
 DEFAULT_INITIAL_CLIP = 0.1
@@ -180,6 +206,10 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
     accountant = table.get("accountant", "rdp")
     if accountant not in ACCOUNTANTS:
         raise _fail(source, "accountant", " | ".join(repr(a) for a in ACCOUNTANTS), accountant)
+    why = one_round_problem(mode, noise, target, delta if delta is not None else 1e-5,
+                            accountant)
+    if why is not None:
+        raise ConfigError(f"{source}: [privacy] {why}")
     return PrivacySettings(
         mode=mode,
         clip_norm=clip if clip is not None else DEFAULT_INITIAL_CLIP,

@@ -5,6 +5,8 @@
     agg.receive_keys(msg) ...; agg.close_keys()        -> {site: KeyRelay}
     agg.receive_shares(msg) ...; agg.close_shares()    -> {site: ShareRelay}
     agg.receive_masked(msg) ...; agg.close_masked()    -> {site: UnmaskRequest}
+                                   (signed rounds: -> {site: SurvivorView}, then
+    agg.receive_view(msg) ...; agg.close_consistency() -> {site: UnmaskRequest})
     agg.receive_unmask(msg) ...; agg.finish()          -> Outcome
 
 The caller owns time: whatever has not arrived when it closes a stage is a dropout at that
@@ -34,8 +36,10 @@ from fedgpu.core.secagg.messages import (
     ShareKeys,
     ShareKind,
     ShareRelay,
+    SurvivorView,
     UnmaskReply,
     UnmaskRequest,
+    ViewSignature,
 )
 from fedgpu.core.secagg.params import RoundParams
 from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks, ring_dtype
@@ -66,9 +70,16 @@ class Outcome:
 
 class AggregatorSession:
     def __init__(self, params: RoundParams, context: bytes | None = None,
-                 graph_seed: bytes | None = None) -> None:
+                 graph_seed: bytes | None = None, roster: tuple[str, ...] = ()) -> None:
+        """`roster`: the site name at each index, sent in every Setup so that sites with a
+        TLS identity can match their neighbours' certificates to indices."""
         params.check()
         self.params = params
+        self.roster = roster
+        # Signed round (every site signs its keys): the consistency check runs before
+        # unmasking; decided when the keys are in, from what the sites sent.
+        self.signed = False
+        self._views: dict[int, ViewSignature] = {}
         self.context = context if context is not None else os.urandom(CONTEXT_BYTES)
         self.graph_seed = graph_seed if graph_seed is not None else os.urandom(SEED_BYTES)
         if len(self.context) != CONTEXT_BYTES or len(self.graph_seed) != SEED_BYTES:
@@ -100,7 +111,7 @@ class AggregatorSession:
     def setup(self, index: int) -> Setup:
         if index not in self.sites:
             raise SecAggError(f"no site {index} in this round of {self.params.n_sites}")
-        return Setup(self.context, index, self.graph_seed, self.params)
+        return Setup(self.context, index, self.graph_seed, self.params, self.roster)
 
     def start(self) -> dict[int, Setup]:
         self._expect(Stage.SETUP, "starting")
@@ -125,6 +136,8 @@ class AggregatorSession:
         self._expect(Stage.ADVERTISE_KEYS, "closing advertise-keys")
         self._check_below(Stage.ADVERTISE_KEYS, len(self._keys))
         self.stage = Stage.SHARE_KEYS
+        # The aggregator cannot check the signatures (sites do); it only runs the extra stage.
+        self.signed = any(k.signature for k in self._keys.values())
         relays = {}
         for u in self._keys:
             peers = self.neighbours[u] & self._keys.keys()
@@ -172,10 +185,10 @@ class AggregatorSession:
             np.add(self._sum, v, out=self._sum)
         self._masked.add(u)
 
-    def close_masked(self) -> dict[int, UnmaskRequest]:
+    def close_masked(self) -> dict[int, UnmaskRequest] | dict[int, SurvivorView]:
         self._expect(Stage.MASKED_INPUT, "closing masked-input")
         self._check_below(Stage.MASKED_INPUT, len(self._masked))
-        self.stage = Stage.UNMASK
+        self.stage = Stage.CONSISTENCY if self.signed else Stage.UNMASK
         dropped = set(self._sealed) - self._masked
         for v in sorted(self._masked):
             self._ask(v, ShareKind.SELF_MASK)
@@ -185,6 +198,31 @@ class AggregatorSession:
             holders = self.neighbours[u] | {u}
             self._requests[u] = UnmaskRequest(tuple(sorted(holders & dropped)),
                                               tuple(sorted(holders & self._masked)))
+        if self.signed:
+            view = SurvivorView(tuple(sorted(self._masked)))
+            return {u: view for u in self._masked}
+        return dict(self._requests)
+
+    # -- consistency check (signed rounds) -----------------------------------------------
+
+    def receive_view(self, msg: ViewSignature) -> None:
+        self._expect(Stage.CONSISTENCY, "a survivor-set signature arrived")
+        if msg.index not in self._masked or msg.index in self._views:
+            raise SecAggError(f"a survivor-set signature from site {msg.index}, which is not "
+                              "a survivor or signed already")
+        self._views[msg.index] = msg
+
+    def close_consistency(self) -> dict[int, UnmaskRequest]:
+        """Each survivor that signed gets its unmask request with the signatures of its
+        neighbours; a survivor that did not sign still counts (its input is in the sum)."""
+        self._expect(Stage.CONSISTENCY, "closing the consistency check")
+        self._check_below(Stage.CONSISTENCY, len(self._views))
+        self.stage = Stage.UNMASK
+        self._requests = {
+            u: UnmaskRequest(r.dropped, r.survivors,
+                             tuple(self._views[v] for v in sorted(self.neighbours[u])
+                                   if v in self._views))
+            for u, r in self._requests.items() if u in self._views}
         return dict(self._requests)
 
     def _ask(self, site: int, kind: ShareKind) -> None:

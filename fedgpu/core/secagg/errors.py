@@ -19,6 +19,8 @@ class Stage(StrEnum):
     SHARE_KEYS = "share-keys"
     # Each site sends its clipped, quantised, weighted and masked update.
     MASKED_INPUT = "masked-input"
+    # Signed rounds: each survivor signs the survivor set it was shown; all must agree.
+    CONSISTENCY = "consistency-check"
     # Survivors send the shares the aggregator asks for; it removes the masks.
     UNMASK = "unmask"
 
@@ -37,3 +39,17 @@ class BelowThreshold(SecAggError):  # noqa: N818 - the failure's name is what ro
         super().__init__(
             f"secure aggregation failed at {stage}: {survivors} {what} left, threshold "
             f"{threshold}; the round is retried with other sites")
+
+
+class TooFewInputs(SecAggError):  # noqa: N818 - the failure's name is what rounds show
+    """Fewer sites left than the round needs (min_nodes): the attempt ends before any unmask
+    request goes out, so no sum of fewer sites is ever unmasked (a retry that then unmasks a
+    larger sum would give the difference: one site's update)."""
+
+    def __init__(self, stage: Stage, survivors: int, needed: int) -> None:
+        self.stage = stage
+        self.survivors = survivors
+        self.needed = needed
+        super().__init__(
+            f"secure aggregation failed at {stage}: {survivors} sites left, the round needs "
+            f"{needed}; nothing was unmasked and the round is retried")

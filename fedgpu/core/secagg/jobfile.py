@@ -24,7 +24,7 @@ from typing import Any
 
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.secagg.errors import SecAggError
-from fedgpu.core.secagg.params import Settings
+from fedgpu.core.secagg.params import Settings, submit_majority_problem
 
 DEFAULT_STAGE_TIMEOUT_S = 60.0
 
@@ -103,6 +103,10 @@ def check_job(sa: JobSecAgg | None, strategy: str, mode: str, min_nodes: int,
         raise ConfigError(f"{source}: secure_aggregation works in star mode only: in {mode} "
                           "mode the sites average among themselves and the aggregator holds "
                           "no sum to protect")
+    s = sa.settings
+    why = submit_majority_problem(s.threshold, s.neighbours, min_nodes)
+    if why is not None:
+        raise ConfigError(f"{source}: [secure_aggregation] {why}")
     # What secure aggregation can wrap is the strategy table's to say (secagg_problem).
     from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
 

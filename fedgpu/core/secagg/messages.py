@@ -6,9 +6,15 @@
     site -> aggregator   ShareKeys      per neighbour, its Shamir shares of b and s_sk, sealed
     aggregator -> site   ShareRelay     the sealed shares addressed to it
     site -> aggregator   MaskedInput    [w q(x), w] + PRG(b) +- PRG(s_uv) in Z_2^ring_bits
+    aggregator -> site   SurvivorView   signed rounds only: every site whose input counts
+    site -> aggregator   ViewSignature  signed rounds only: its signature of that set
     aggregator -> site   UnmaskRequest  whose self-mask shares (survivors), whose mask-key
-                                        shares (dropped) it wants; never both for one site
+                                        shares (dropped) it wants; never both for one site;
+                                        in signed rounds its neighbours' view signatures
     site -> aggregator   UnmaskReply    those shares
+
+Signed rounds (sites with a TLS identity, fedgpu/core/secagg/identity.py): the Setup carries
+the round's roster (the site name at each index), PublicKeys a certificate and a signature.
 
 Lists are encoded sorted by site index, so one message has one encoding; decoders check every
 count and size against the bounds in `params` before allocating anything.
@@ -24,6 +30,7 @@ import numpy as np
 from fedgpu.core.secagg.crypto import KEY_BYTES, NONCE_BYTES, TAG_BYTES
 from fedgpu.core.secagg.encoding import Reader, Writer
 from fedgpu.core.secagg.errors import SecAggError
+from fedgpu.core.secagg.identity import MAX_CERT_BYTES, MAX_NAME_BYTES, MAX_SIGNATURE_BYTES
 from fedgpu.core.secagg.params import MAX_LENGTH, MAX_SITES, RoundParams
 from fedgpu.core.secagg.prg import SEED_BYTES, ring_dtype
 from fedgpu.core.secagg.shamir import SHARE_BYTES
@@ -63,12 +70,19 @@ class Setup:
     index: int
     graph_seed: bytes
     params: RoundParams
+    # The site name at each index 1..n (the names the aggregator registered them under):
+    # what a signed neighbour's certificate must say. Empty: not given.
+    roster: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         p = self.params
-        return (Writer(self.KIND).raw(self.context).u32(self.index).raw(self.graph_seed)
-                .u32(p.n_sites).u32(p.degree).u32(p.threshold).f64(p.clip).u8(p.bits)
-                .u8(p.ring_bits).u64(p.max_weight).u8(int(p.stochastic)).u64(p.length).done())
+        w = (Writer(self.KIND).raw(self.context).u32(self.index).raw(self.graph_seed)
+             .u32(p.n_sites).u32(p.degree).u32(p.threshold).f64(p.clip).u8(p.bits)
+             .u8(p.ring_bits).u64(p.max_weight).u8(int(p.stochastic)).u64(p.length)
+             .u32(len(self.roster)))
+        for name in self.roster:
+            _put_blob(w, name.encode())
+        return w.done()
 
     @classmethod
     def decode(cls, data: bytes) -> Setup:
@@ -77,11 +91,27 @@ class Setup:
         params = RoundParams(n_sites=r.u32(), degree=r.u32(), threshold=r.u32(), clip=r.f64(),
                              bits=r.u8(), ring_bits=r.u8(), max_weight=r.u64(),
                              stochastic=bool(r.u8()), length=r.u64())
-        r.end()
         params.check()
+        count = r.count(params.n_sites, "roster names")
+        roster = tuple(_get_blob(r, MAX_NAME_BYTES, "a roster name").decode("utf-8", "replace")
+                       for _ in range(count))
+        r.end()
+        if roster and (len(roster) != params.n_sites or len(set(roster)) != len(roster)):
+            raise SecAggError("setup's roster must name every site once")
         if not 1 <= index <= params.n_sites:
             raise SecAggError(f"setup names site {index} of {params.n_sites}")
-        return cls(context, index, seed, params)
+        return cls(context, index, seed, params, roster)
+
+
+def _put_blob(w: Writer, data: bytes) -> None:
+    w.u32(len(data)).raw(data)
+
+
+def _get_blob(r: Reader, bound: int, what: str) -> bytes:
+    n = r.u32()
+    if n > bound:
+        raise SecAggError(f"{what} of {n} bytes, at most {bound}")
+    return r.raw(n)
 
 
 @dataclass(frozen=True)
@@ -90,13 +120,22 @@ class PublicKeys:
     index: int
     c_public: bytes
     s_public: bytes
+    # Signed rounds: the site's certificate (DER) and its signature of
+    # identity.keys_statement(context, index, c_public, s_public). Empty: unsigned.
+    cert: bytes = field(default=b"", repr=False)
+    signature: bytes = field(default=b"", repr=False)
 
     def _put(self, w: Writer) -> Writer:
-        return w.u32(self.index).raw(self.c_public).raw(self.s_public)
+        w.u32(self.index).raw(self.c_public).raw(self.s_public)
+        _put_blob(w, self.cert)
+        _put_blob(w, self.signature)
+        return w
 
     @classmethod
     def _get(cls, r: Reader) -> PublicKeys:
-        return cls(_index(r.u32()), r.raw(KEY_BYTES), r.raw(KEY_BYTES))
+        return cls(_index(r.u32()), r.raw(KEY_BYTES), r.raw(KEY_BYTES),
+                   _get_blob(r, MAX_CERT_BYTES, "a certificate"),
+                   _get_blob(r, MAX_SIGNATURE_BYTES, "a signature"))
 
     def encode(self) -> bytes:
         return self._put(Writer(self.KIND)).done()
@@ -236,6 +275,8 @@ class UnmaskRequest:
     dropped: tuple[int, ...]
     # Whose masked input counts (the recipient among them): self-mask shares wanted.
     survivors: tuple[int, ...]
+    # Signed rounds: the neighbours' signatures of the survivor set (the consistency check).
+    signatures: tuple[ViewSignature, ...] = ()
 
     def encode(self) -> bytes:
         w = Writer(self.KIND)
@@ -243,6 +284,10 @@ class UnmaskRequest:
             w.u32(len(group))
             for i in sorted(group):
                 w.u32(i)
+        w.u32(len(self.signatures))
+        for sig in sorted(self.signatures, key=lambda s: s.index):
+            w.u32(sig.index)
+            _put_blob(w, sig.signature)
         return w.done()
 
     @classmethod
@@ -253,8 +298,56 @@ class UnmaskRequest:
             group = [_index(r.u32()) for _ in range(r.count(MAX_SITES, f"{what} sites"))]
             _ascending(group, "unmask-request")
             groups.append(tuple(group))
+        sigs = tuple(ViewSignature(_index(r.u32()),
+                                   _get_blob(r, MAX_SIGNATURE_BYTES, "a signature"))
+                     for _ in range(r.count(MAX_SITES, "signatures")))
         r.end()
-        return cls(groups[0], groups[1])
+        _ascending([s.index for s in sigs], "unmask-request")
+        return cls(groups[0], groups[1], sigs)
+
+
+@dataclass(frozen=True)
+class SurvivorView:
+    """Signed rounds: every site whose masked input counts, as the aggregator shows it to
+    each survivor before unmasking (Bonawitz et al.'s consistency check)."""
+
+    KIND = 9
+    survivors: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        w = Writer(self.KIND).u32(len(self.survivors))
+        for i in sorted(self.survivors):
+            w.u32(i)
+        return w.done()
+
+    @classmethod
+    def decode(cls, data: bytes) -> SurvivorView:
+        r = Reader(data, cls.KIND, "survivor-view")
+        group = [_index(r.u32()) for _ in range(r.count(MAX_SITES, "surviving sites"))]
+        r.end()
+        _ascending(group, "survivor-view")
+        return cls(tuple(group))
+
+
+@dataclass(frozen=True)
+class ViewSignature:
+    """A site's signature of the survivor set it was shown."""
+
+    KIND = 10
+    index: int
+    signature: bytes = field(repr=False)
+
+    def encode(self) -> bytes:
+        w = Writer(self.KIND).u32(self.index)
+        _put_blob(w, self.signature)
+        return w.done()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ViewSignature:
+        r = Reader(data, cls.KIND, "view-signature")
+        msg = cls(_index(r.u32()), _get_blob(r, MAX_SIGNATURE_BYTES, "a signature"))
+        r.end()
+        return msg
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,47 @@ def weight_bound(max_weight: int, stated: list[int]) -> int:
     return min(max_weight, 1 << (max(stated) - 1).bit_length())
 
 
+def majority_problem(threshold: int, degree: int, site_minimum: int = 0) -> str | None:
+    """Why a site must refuse a round with this threshold; None when it may take part.
+
+    Each secret of a site is shared among its k neighbours and itself. An aggregator that
+    tells some of them "site u survived" and the others "site u dropped" collects shares of
+    u's self-mask seed (from the first group and u itself) and of its mask key (from the
+    second): with 2t <= k + 1 both reach t and u's update comes out alone. A strict majority
+    of the k + 1 shareholders (2t > k + 1) leaves no room for two such groups."""
+    holders = degree + 1
+    if 2 * threshold <= holders:
+        return (f"threshold {threshold} is not a strict majority of the {holders} "
+                f"shareholders of each secret (k = {degree} neighbours and the site): an "
+                f"aggregator that shows some of them a site as survived and the others as "
+                f"dropped could rebuild both of its secrets; at least {holders // 2 + 1} is "
+                "needed")
+    if threshold < site_minimum:
+        return (f"threshold {threshold} is below this site's minimum of {site_minimum} "
+                "(--secagg-min-threshold)")
+    return None
+
+
+def submit_majority_problem(threshold: float | int, neighbours: int | None,
+                            min_nodes: int) -> str | None:
+    """`job submit`'s check of `[secure_aggregation]` threshold: None when every round the job
+    can have (at least min_nodes sites) gets a strict majority, else why not. A fraction
+    resolves to more than f of the shareholders, so f >= 0.5 always does; a count does for a
+    fixed `neighbours` when 2t > k + 1 (k rounded up to even, as an odd round makes it), and
+    with every site a neighbour only while rounds stay below 2t sites (checked at min_nodes
+    here; each round's sites and the aggregator check the round itself)."""
+    if isinstance(threshold, float):
+        if threshold < 0.5:
+            return (f"threshold {threshold} would let a round run with fewer than a strict "
+                    "majority of each secret's shareholders (a site refuses such a round); "
+                    "use a fraction of at least 0.5")
+        return None
+    if neighbours is not None:
+        worst = neighbours + neighbours % 2
+        return majority_problem(threshold, worst)
+    return majority_problem(threshold, max(min_nodes, 2) - 1)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The job's choices; defaults give the original SecAgg (every site a neighbour)."""
@@ -96,6 +137,10 @@ class Settings:
         need = t if isinstance(t, int) else max(2, math.floor(t * holders) + 1)
         if need > holders:
             raise BelowThreshold(Stage.SETUP, holders, need, "shareholders per site")
+        why = majority_problem(need, k)
+        if why is not None:
+            # The sites would refuse the setup: the round cannot start.
+            raise SecAggError(f"{n} sites: {why}")
         weight = weight_bound(self.max_weight, stated or [])
         ring = self.ring_bits
         if not isinstance(ring, int):

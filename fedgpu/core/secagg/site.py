@@ -4,12 +4,16 @@
     keys = session.advertise()                     # -> aggregator
     shares = session.share_keys(key_relay)         # -> aggregator
     masked = session.masked_input(share_relay, update, weight)  # -> aggregator
+    signed = session.consistency(survivor_view)    # -> aggregator (sites with an identity)
     reply = session.unmask(unmask_request)         # -> aggregator
 
 Every step checks what the aggregator sent against what this site can verify (its neighbours,
 the threshold, the stage) and raises SecAggError instead of answering a request that would
 leak: above all, it never reveals both a share of a site's self-mask seed and a share of the
 same site's mask key (the double-masking rule), and it answers one unmask request per round.
+It takes a threshold only when it is a strict majority of its shareholders. With a TLS
+identity (fedgpu/core/secagg/identity.py) it signs its keys and the survivor set it is shown,
+and aborts on a neighbour's key or survivor set that does not carry that neighbour's signature.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from cryptography import x509
 
 from fedgpu.core.secagg import crypto, graph, shamir
 from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
+from fedgpu.core.secagg.identity import SiteIdentity, keys_statement, verify, view_statement
 from fedgpu.core.secagg.messages import (
     KeyRelay,
     MaskedInput,
@@ -30,17 +36,38 @@ from fedgpu.core.secagg.messages import (
     ShareKeys,
     ShareKind,
     ShareRelay,
+    SurvivorView,
     UnmaskReply,
     UnmaskRequest,
+    ViewSignature,
 )
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, add_share
+from fedgpu.core.secagg.params import majority_problem
 from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks
 from fedgpu.core.secagg.quantize import encode, site_weight
 
 
 class SiteSession:
-    def __init__(self, setup: Setup, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, setup: Setup, rng: np.random.Generator | None = None,
+                 min_threshold: int = 0, identity: SiteIdentity | None = None) -> None:
+        """`min_threshold`: the site's own floor on the threshold, on top of the strict
+        majority of its shareholders it always demands (params.majority_problem).
+        `identity`: the site's TLS identity; with one, the site signs its keys and its view
+        of the survivors, and takes part only in rounds where every neighbour does too."""
         setup.params.check()
+        # The threshold comes from the aggregator: taken only when no split view of who
+        # survived could hand the aggregator both secrets of one site.
+        why = majority_problem(setup.params.threshold, setup.params.degree, min_threshold)
+        if why is not None:
+            raise SecAggError(f"site {setup.index}: setup refused: {why}")
+        if identity is not None and (not setup.roster
+                                     or setup.roster[setup.index - 1] != identity.name):
+            # Without the roster the neighbours' certificates cannot be matched to indices.
+            raise SecAggError(f"site {setup.index}: setup refused: it does not name this "
+                              f"site ({identity.name}) in a roster of the round's sites")
+        self.identity = identity
+        self._certs: dict[int, x509.Certificate] = {}
+        self._view: tuple[int, ...] | None = None
         self.setup = setup
         self.me = setup.index
         self.params = setup.params
@@ -66,7 +93,28 @@ class SiteSession:
     def advertise(self) -> PublicKeys:
         self._expect(Stage.SETUP, "advertising keys")
         self.stage = Stage.ADVERTISE_KEYS
-        return PublicKeys(self.me, self._c.public, self._s.public)
+        if self.identity is None:
+            return PublicKeys(self.me, self._c.public, self._s.public)
+        statement = keys_statement(self.setup.context, self.me, self._c.public, self._s.public)
+        return PublicKeys(self.me, self._c.public, self._s.public, self.identity.cert_der,
+                          self.identity.sign(statement))
+
+    def _check_signed(self, p: PublicKeys) -> None:
+        """A neighbour's keys, signed by the site the roster names at its index for this
+        round; SecAggError (the round is aborted) for a forged or replayed key."""
+        assert self.identity is not None
+        name = self.setup.roster[p.index - 1]
+        try:
+            cert = self.identity.check_peer(p.cert, name)
+        except SecAggError as exc:
+            raise SecAggError(f"site {self.me}: aborted: the keys of site {p.index} "
+                              f"({name}): {exc}") from None
+        statement = keys_statement(self.setup.context, p.index, p.c_public, p.s_public)
+        if not verify(cert, p.signature, statement):
+            raise SecAggError(f"site {self.me}: aborted: the keys of site {p.index} ({name}) "
+                              "do not carry its signature for this round: forged, or "
+                              "relayed from another round")
+        self._certs[p.index] = cert
 
     def share_keys(self, relay: KeyRelay) -> ShareKeys:
         self._expect(Stage.ADVERTISE_KEYS, "sharing keys")
@@ -75,6 +123,8 @@ class SiteSession:
                 raise SecAggError(f"site {self.me}: keys of site {p.index}, not a neighbour")
             if p.index in self._peers:
                 raise SecAggError(f"site {self.me}: keys of site {p.index} relayed twice")
+            if self.identity is not None:
+                self._check_signed(p)
             self._peers[p.index] = p
         holders = sorted([*self._peers, self.me])
         t = self.params.threshold
@@ -153,10 +203,56 @@ class SiteSession:
         self.stage = Stage.MASKED_INPUT
         return MaskedInput(self.me, vector)
 
+    def consistency(self, view: SurvivorView) -> ViewSignature:
+        """Signed rounds: sign the survivor set the aggregator shows this site. Its unmask
+        answer then needs a threshold of signatures of this same set."""
+        self._expect(Stage.MASKED_INPUT, "the consistency check")
+        self.stage = Stage.CONSISTENCY
+        if self.identity is None:
+            raise SecAggError(f"site {self.me}: a consistency check in an unsigned round")
+        if self.me not in view.survivors:
+            raise SecAggError(f"site {self.me}: aborted: the survivor set it was shown leaves "
+                              "out its own input")
+        self._view = view.survivors
+        return ViewSignature(self.me, self.identity.sign(
+            view_statement(self.setup.context, view.survivors)))
+
+    def _check_views(self, request: UnmaskRequest) -> None:
+        """The consistency check (Bonawitz et al. 2017, round 3): the request agrees with
+        the survivor set this site signed, every signature relayed is of that same set, and
+        at least `threshold` sites (this one included) signed it."""
+        assert self._view is not None
+        view = set(self._view)
+        holders = set(self.neighbours) | {self.me}
+        if set(request.survivors) != holders & view or set(request.dropped) & view:
+            raise SecAggError(f"site {self.me}: aborted: the unmask request disagrees with "
+                              "the survivor set it signed")
+        statement = view_statement(self.setup.context, self._view)
+        signed = {self.me}
+        for sig in request.signatures:
+            cert = self._certs.get(sig.index)
+            if cert is None or sig.index not in view:
+                raise SecAggError(f"site {self.me}: aborted: a survivor-set signature of "
+                                  f"site {sig.index}, not a surviving neighbour")
+            if not verify(cert, sig.signature, statement):
+                raise SecAggError(f"site {self.me}: aborted: site {sig.index} signed another "
+                                  "set of survivors than this site was shown (the aggregator "
+                                  "showed sites different survivors)")
+            signed.add(sig.index)
+        if len(signed) < self.params.threshold:
+            raise SecAggError(f"site {self.me}: aborted: {len(signed)} sites signed the "
+                              f"survivor set, threshold {self.params.threshold}")
+
     def unmask(self, request: UnmaskRequest) -> UnmaskReply:
-        self._expect(Stage.MASKED_INPUT, "unmasking")
+        if self.identity is not None:
+            # A signed round answers only after the consistency check.
+            self._expect(Stage.CONSISTENCY, "unmasking")
+        else:
+            self._expect(Stage.MASKED_INPUT, "unmasking")
         # Answered at most once: a second request could ask for the other kind of share.
         self.stage = Stage.UNMASK
+        if self.identity is not None:
+            self._check_views(request)
         dropped, survivors = set(request.dropped), set(request.survivors)
         both = dropped & survivors
         if both:

@@ -24,6 +24,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_SECAGG_SHARE_KEYS: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_MASKED_INPUT: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_CONSISTENCY: _ClassVar[TaskKind]
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
@@ -36,6 +37,7 @@ TASK_KIND_SECAGG_ADVERTISE_KEYS: TaskKind
 TASK_KIND_SECAGG_SHARE_KEYS: TaskKind
 TASK_KIND_SECAGG_MASKED_INPUT: TaskKind
 TASK_KIND_SECAGG_UNMASK: TaskKind
+TASK_KIND_SECAGG_CONSISTENCY: TaskKind
 
 class BulkTicket(_message.Message):
     __slots__ = ("ticket", "port", "expires_in_s")
