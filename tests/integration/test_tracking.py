@@ -114,3 +114,21 @@ def test_a_store_that_cannot_be_opened_stops_the_start_with_the_reason(tmp_path:
     assert proc.returncode != 0
     assert "--tracking-uri nosuchscheme://x: not an MLflow tracking store" in (
         proc.stderr + proc.stdout)
+
+
+def test_fedgpu_run_tracks_its_job_with_the_report(tmp_path: Path) -> None:
+    from tests.fixtures.federation import FEDGPU, base_env
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(
+        [*FEDGPU, "run", "--nodes", "2", "--rounds", "2", "--gpu", "none", "--run-dir",
+         str(tmp_path / "run"), "--tracking-uri", uri],
+        capture_output=True, text=True, timeout=600, env=base_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"is an MLflow run at {uri} (report added)" in proc.stdout
+    client, runs = _run_of(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run_id = runs[0].info.run_id
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [1, 2]
+    report = {f.path for f in client.list_artifacts(run_id, "report")}
+    assert {"report/global.png", "report/summary.md"} <= report

@@ -167,6 +167,7 @@ class LocalRun:
             "--port", str(port), "--state-dir", str(self.run_dir / "state"),
             # Weights beside gRPC on a port of their own (the nodes find it at registration).
             "--bulk-port", str(free_port()), "--exit-when-done",
+            *(["--tracking-uri", self.cfg.tracking_uri] if self.cfg.tracking_uri else []),
         ], self.run_dir / "logs" / "aggregator.log",
             self._env({"FEDGPU_OPERATOR_TOKEN": self.operator_token}))
         self.procs.append(server)
@@ -364,6 +365,10 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         _hold_signals()
         run.stop_all()
     run.save_reports()
+    if cfg.tracking_uri and run.last_rounds and run.last_rounds.get("job_id"):
+        from fedgpu.cli.run.tracking import add_report
+
+        run.say(add_report(cfg.tracking_uri, run.run_dir, str(run.last_rounds["job_id"])))
     rounds = (run.last_rounds or {}).get("rounds", [])
     last_eval = next((r["eval"] for r in reversed(rounds) if r.get("eval")), None)
     if state != "finished":

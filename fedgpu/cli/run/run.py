@@ -55,6 +55,10 @@ def run(
                     "for a slot (0: one per core).")] = 0,
     nodes_per_process: Annotated[int, typer.Option(
         min=1, help="Nodes hosted by one agent process.")] = 50,
+    tracking_uri: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_TRACKING_URI",
+        help="Record the job as an MLflow run there (sqlite:///PATH, file:PATH or a tracking "
+        "server's URI), with the report's plots; needs fedgpu[tracking].")] = None,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round.
 
@@ -102,6 +106,6 @@ def run(
         job=the_job, job_file=job, nodes=nodes, run_dir=run_dir, partition=partition,
         alpha=alpha, split_seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
         timeout_s=timeout, torch_threads=torch_threads, data=data, cpu_slots=cpu_slots,
-        nodes_per_process=nodes_per_process,
+        nodes_per_process=nodes_per_process, tracking_uri=tracking_uri,
     ))
     raise typer.Exit(code)

@@ -72,6 +72,8 @@ class LocalRunConfig:
     # An existing split to train on instead of the data made for the job's task
     # (fedgpu/cli/run/data.py).
     data: Path | None = None
+    # Each job as an MLflow run there (`server start --tracking-uri`); None: off.
+    tracking_uri: str | None = None
 
 
 def free_port() -> int:
