@@ -13,7 +13,7 @@ def test_the_summary_counts_finished_rounds_not_attempts() -> None:
     rounds.insert(7, {"round": 7, "status": "retried"})
     assert rounds_summary(rounds) == "9 rounds (2 attempts retried)"
     assert rounds_summary([{"round": 1, "status": "retried"},
-                           {"round": 1, "status": "finished"}]) == "1 rounds (1 attempt retried)"
+                           {"round": 1, "status": "finished"}]) == "1 round (1 attempt retried)"
     assert rounds_summary(rounds[:3]) == "3 rounds"
 
 

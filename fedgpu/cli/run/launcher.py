@@ -319,7 +319,7 @@ def rounds_summary(rounds: list[dict[str, Any]]) -> str:
     done = sum(1 for r in rounds if r.get("status", "finished") == "finished")
     retried = len(rounds) - done
     again = f" ({retried} attempt{'s' if retried != 1 else ''} retried)" if retried else ""
-    return f"{done} rounds{again}"
+    return f"{done} round{'s' if done != 1 else ''}{again}"
 
 
 class Interrupted(KeyboardInterrupt):
