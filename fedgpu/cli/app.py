@@ -15,7 +15,18 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli import certs, connection, devices, health, nodes, rounds, sim, status, ui
+from fedgpu.cli import (
+    audit,
+    certs,
+    connection,
+    devices,
+    health,
+    nodes,
+    rounds,
+    sim,
+    status,
+    ui,
+)
 from fedgpu.cli.common.help_format import show_flags_as_flags
 from fedgpu.cli.data import partitions as data
 from fedgpu.cli.data import synth_lm
@@ -134,6 +145,10 @@ job_app.command("stop")(job_stop.stop)
 job_app.command("logs")(job_logs.logs)
 job_app.command("model")(job_model.model)
 app.command("ui", rich_help_panel=OPERATE)(ui.ui)
+audit_app = _group("audit", "The hash-chained audit log of an aggregator or a site: show it, "
+                   "verify its chain.", OPERATE)
+audit_app.command("show")(audit.show)
+audit_app.command("verify")(audit.verify)
 
 # ---- Sites ---------------------------------------------------------------------------------
 node_app = _group("node", "The training agent, and the site's allow-list of task bundles.",
