@@ -1,10 +1,13 @@
 """The `fedgpu.v1.Admin` service: what operators ask and do (`fedgpu nodes|status|rounds`,
-`fedgpu job ...`). Every call needs the operator credential; the documents come from
-server/views/documents.py, the one producer the dashboard reads too."""
+`fedgpu job ...`, `fedgpu users ...`). Every call needs an operator credential and passes the
+guard (server/admin_guard.py), which admits the caller by their role (server/permissions.py)
+and writes the call to the audit log; the documents come from server/views/documents.py, the
+one producer the dashboard reads too."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -15,11 +18,15 @@ import grpc
 from fedgpu.core import jsondoc
 from fedgpu.core.bundles import BundleError
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
+from fedgpu.core.errors import FedgpuError
+from fedgpu.core.people import PersonRole
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
-from fedgpu.server.admin_guard import bounded, guarded, status_of
+from fedgpu.server import permissions
+from fedgpu.server.admin_guard import bounded, guarded, outcome_of, status_of
 from fedgpu.server.auth import Auth, Caller
 from fedgpu.server.jobs import estimate, submission
 from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.people import People, PeopleError
 from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
 from fedgpu.server.views import paging
@@ -30,12 +37,27 @@ MODEL_CHUNK = 1 << 20
 FOLLOW_POLL_S = 0.5
 
 
+# The caller of the call being handled (set by `admit`, which the guard runs first), and what
+# the handler adds to its audit record (the job a submission made, the model's digest).
+_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("caller", default=None)
+_NOTE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("note",
+                                                                              default=None)
+
+
+def _note(**fields: str) -> None:
+    note = _NOTE.get()
+    if note is not None:
+        note.update(fields)
+
+
 def _reply(doc: Any) -> admin_pb2.JsonReply:
     # Strict JSON: a NaN in a metric must not make the document unreadable to parsers.
     return admin_pb2.JsonReply(json=jsondoc.dumps(doc))
 
 
 def _who(caller: Caller) -> str:
+    if caller.person is not None and not caller.person.implicit:
+        return f"user {caller.person.name} ({caller.person.role})"
     if caller.names:
         return "operator certificate " + ", ".join(sorted(caller.names))
     return "operator token"
@@ -51,10 +73,74 @@ def _digest(fh: Any) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def _target(request: Any) -> str:
+    for key in ("job_id", "name"):
+        value = getattr(request, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, jobs: JobManager, auth: Auth) -> None:
         self.jobs = jobs
         self.auth = auth
+
+    # ---- the guard's two hooks: who may call, and the record of the call ----------------
+
+    async def admit(self, call: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Identify the caller and refuse (PERMISSION_DENIED) what their role may not do."""
+        _CALLER.set(None)
+        _NOTE.set({})
+        caller = await self.auth.operator(context, nodes_may_ask=call == "ListNodes")
+        _CALLER.set(caller)
+        person = caller.person
+        if person is None:  # a node's certificate, asking about itself
+            return
+        row = None
+        if call in permissions.JOB_READS | permissions.JOB_ACTS and call != "ListJobs":
+            row = self._job_or_none(getattr(request, "job_id", ""))
+        why = permissions.refusal(person, call, permissions.job_study(row),
+                                  has_job=row is not None and call != "SubmitJob")
+        if why is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+    def _job_or_none(self, job_id: str) -> Any:
+        """The stored job a call is about (the current or latest one for ""), or None."""
+        if not job_id:
+            held = self.jobs.active or self.jobs.last
+            if held is not None:
+                return held.row
+            rows = self.jobs.store.jobs(limit=1)
+            return rows[0] if rows else None
+        try:
+            return self.jobs.get(job_id)
+        except JobError:
+            return None
+
+    def audit(self, call: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Write the call and how it ended, before the answer leaves: whoever got an answer
+        is on the record."""
+        caller = _CALLER.get()
+        note = _NOTE.get() or {}
+        outcome, message = outcome_of(context)
+        actor = caller.actor if caller is not None else f"unidentified {context.peer()}"
+        self.auth.audit(actor, f"Admin.{call}", note.get("target") or _target(request),
+                              outcome, note.get("detail") or message)
+
+    async def _may_submit(self, caller: Caller, job: Any,
+                          context: grpc.aio.ServicerContext) -> None:
+        """A researcher's job must name one of their studies (known once it is parsed)."""
+        if caller.person is None:
+            return
+        why = permissions.refusal(caller.person, "SubmitJob", permissions.job_study(job))
+        if why is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+    def _caller(self) -> Caller:
+        caller = _CALLER.get()
+        assert caller is not None, "admit runs before every handler"
+        return caller
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
         await context.abort(*status_of(exc))
@@ -64,7 +150,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
         try:
             return _reply(docs.status_of(self.jobs, request.job_id))
         except JobError as exc:
@@ -74,7 +159,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def ListRounds(self, request: admin_pb2.ListRoundsRequest,
                          context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
         try:
             doc = docs.rounds_of(self.jobs, request.job_id)
         except JobError as exc:
@@ -88,7 +172,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def ListNodes(self, request: admin_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        caller = await self.auth.operator(context, nodes_may_ask=True)
+        caller = self._caller()
         # A node's certificate learns about itself only, never about the other sites.
         only = None if caller.role == "operator" else caller.names
         nodes = docs.nodes_doc(self.jobs.registry, only)["nodes"]
@@ -99,7 +183,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def SubmitJob(self, request_iterator: AsyncIterator[admin_pb2.SubmitJobChunk],
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        caller = await self.auth.operator(context)
+        caller = self._caller()
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("header"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -123,6 +207,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             # Parsing (and a ring's mixing matrix) and copying weights run off the loop.
             job = await asyncio.to_thread(jobs.prepare, head.job_toml, filename, got.bundle)
+            await self._may_submit(caller, job, context)
             if weights is None and job.initial_weights is not None:
                 weights = await asyncio.to_thread(jobs.weights_from_dir, job)
             row = jobs.enqueue(job, head.job_toml, filename, _who(caller), bundle=got.bundle,
@@ -132,6 +217,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 weights.unlink(missing_ok=True)
             raise
         doc = docs.job_summary(jobs, row)
+        _note(target=row.job_id,
+              detail=f"job {row.name!r} study {permissions.job_study(job) or '-'}")
         # Off the critical path of the queue: a rough training time from the sites' speed.
         doc["estimate"] = est = estimate.estimate(job, jobs.registry.alive())
         if est is not None:
@@ -141,13 +228,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def ListJobs(self, request: admin_pb2.ListJobsRequest,
                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
-        return _reply(docs.jobs_doc(self.jobs))
+        person = self._caller().person
+        doc = docs.jobs_doc(self.jobs)
+        if person is not None and person.role == "researcher":
+            # Only the jobs of their own studies.
+            theirs = {r.job_id for r in self.jobs.store.jobs()
+                      if permissions.may_read_job(person, permissions.job_study(r))}
+            doc = [j for j in doc if j.get("job_id") in theirs]
+        return _reply(doc)
 
     @guarded
     async def GetJob(self, request: admin_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
         try:
             return _reply(docs.job_doc(self.jobs, request.job_id))
         except JobError as exc:
@@ -157,7 +249,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def StopJob(self, request: admin_pb2.StopJobRequest,
                       context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
         try:
             row = self.jobs.stop(request.job_id)
         except JobError as exc:
@@ -168,7 +259,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def ForgetNode(self, request: admin_pb2.ForgetNodeRequest,
                          context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
-        await self.auth.operator(context)
         name = request.name.strip()
         try:
             node = self.jobs.registry.forget(name, force=request.force)
@@ -183,7 +273,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @guarded
     async def JobLogs(self, request: admin_pb2.JobLogsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[admin_pb2.JsonReply]:
-        await self.auth.operator(context)
         try:
             self.jobs.get(request.job_id)
         except JobError as exc:
@@ -204,7 +293,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def DownloadModel(self, request: admin_pb2.DownloadModelRequest,
                             context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[admin_pb2.ModelChunk]:
-        await self.auth.operator(context)
         try:
             path = self.jobs.model_file(request.job_id)
         except JobError as exc:
@@ -214,12 +302,51 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         # consistent model while a newer one is written.
         with open(path, "rb") as fh:
             size, digest = await asyncio.to_thread(_digest, fh)
+            _note(detail=f"{size} bytes, sha256 {digest}")
             fh.seek(0)
             yield admin_pb2.ModelChunk(header=admin_pb2.ModelHeader(
                 job_id=request.job_id, round=_model_round(fh), size=size, sha256=digest))
             fh.seek(0)
             while chunk := await asyncio.to_thread(fh.read, MODEL_CHUNK):
                 yield admin_pb2.ModelChunk(data=chunk)
+
+    # ---- people (admins only: the guard refuses everyone else) ------------------------
+
+    def _people(self) -> People:
+        if self.auth.people is None:
+            raise FedgpuError("this aggregator keeps no table of people")
+        return self.auth.people
+
+    @guarded
+    async def AddUser(self, request: admin_pb2.AddUserRequest,
+                      context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        try:
+            role = PersonRole(request.role)
+        except ValueError:
+            raise FedgpuError(f"role {request.role[:40]!r} is none of "
+                              f"{', '.join(PersonRole)}") from None
+        person, token = self._people().add(
+            request.name, role, list(request.studies), by=self._caller().actor,
+            cert_sha256=request.cert_sha256 or None)
+        _note(detail=f"role {person.role}, studies {','.join(person.studies) or '-'}, "
+              f"{person.credential}")
+        return _reply({"user": person.to_dict(), "token": token})
+
+    @guarded
+    async def ListUsers(self, request: admin_pb2.ListUsersRequest,
+                        context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        return _reply({"users": [p.to_dict() for p in self._people().all()]})
+
+    @guarded
+    async def RevokeUser(self, request: admin_pb2.RevokeUserRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        try:
+            person = self._people().revoke(request.name)
+        except PeopleError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND if "no user" in str(exc)
+                                else grpc.StatusCode.FAILED_PRECONDITION, bounded(str(exc)))
+            raise
+        return _reply({"user": person.to_dict()})
 
 
 def _model_round(fh: Any) -> int:
