@@ -151,3 +151,17 @@ def test_lines_that_are_no_records_are_named(tmp_path: Path, garbage: bytes) -> 
         fh.write(garbage)
     problem = audit.verify(log.path).problem
     assert problem is not None and problem.line == 3
+
+
+def test_a_sites_decisions_are_on_its_audit_log(tmp_path: Path) -> None:
+    from fedgpu.node.approvals import SiteTasks
+
+    site = SiteTasks(tmp_path)
+    sha = "ab" * 32
+    site.approve(sha, "hash")
+    site.reject(sha, "directory /x")
+    records = list(audit.read(tmp_path / audit.AUDIT_FILE))
+    assert [(r["action"], r["target"]) for r in records] == \
+        [("bundle.approve", sha), ("bundle.reject", sha)]
+    assert records[1]["detail"] == "from directory /x" and records[0]["actor"]
+    assert audit.verify(tmp_path / audit.AUDIT_FILE).ok
