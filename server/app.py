@@ -261,6 +261,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if probe_server is not None:
         await probe_server.stop(grace=1)
     await server.stop(grace=3)
+    people.close()
     if stop.is_set():
         log.info("stopped cleanly; restart with the same --state-dir to resume the queue")
         return 0

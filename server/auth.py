@@ -109,7 +109,7 @@ class Auth:
     @property
     def has_operator(self) -> bool:
         return self.insecure or self.client_certs or self._tokens[Role.OPERATOR] is not None \
-            or (self.people is not None and bool(self.people.all()))
+            or (self.people is not None and self.people.any())
 
     def person_of_token(self, presented: str) -> Person | None:
         """The person a bearer token belongs to (the dashboard's check): the operator token is
@@ -178,17 +178,19 @@ class Auth:
             if expected is not None and not self._matches(presented, expected):
                 await self._refuse_token(context, presented, role)
             return Caller(role, names, person if role is Role.OPERATOR else None)
+        # The shared tokens first: a constant-time compare, while a person's token costs a
+        # table lookup, and nodes (the many, polling callers) hold the shared one.
+        for role in (Role.OPERATOR, Role.NODE):
+            expected = self._tokens[role]
+            if expected is not None and self._matches(presented, expected):
+                return Caller(role, None, _legacy("operator") if role is Role.OPERATOR
+                              else None)
         person = await self._token_person(context, presented)
         if person is not None:
             return Caller(Role.OPERATOR, None, person)
         if self.insecure:
             return Caller(wanted, None, _legacy("anonymous") if wanted is Role.OPERATOR
                           else None)
-        for role in (Role.OPERATOR, Role.NODE):
-            expected = self._tokens[role]
-            if expected is not None and self._matches(presented, expected):
-                return Caller(role, None, _legacy("operator") if role is Role.OPERATOR
-                              else None)
         await self._refuse_token(context, presented, wanted)
         raise AssertionError("unreachable")
 

@@ -104,6 +104,11 @@ class People:
 
     # ---- lookups -----------------------------------------------------------------------
 
+    def any(self) -> bool:
+        """Whether anyone was ever added (revoked or not)."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM people LIMIT 1").fetchone() is not None
+
     def all(self) -> list[Person]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM people ORDER BY name").fetchall()
