@@ -165,3 +165,27 @@ def test_a_sites_decisions_are_on_its_audit_log(tmp_path: Path) -> None:
         [("bundle.approve", sha), ("bundle.reject", sha)]
     assert records[1]["detail"] == "from directory /x" and records[0]["actor"]
     assert audit.verify(tmp_path / audit.AUDIT_FILE).ok
+
+
+def test_the_cli_names_the_first_bad_line_and_exits_1(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    log = _log(tmp_path)
+    run = [sys.executable, "-m", "fedgpu.cli.app", "audit"]
+    good = subprocess.run([*run, "verify", "--state-dir", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and json.loads(good.stdout)["head"] == \
+        audit.verify(log.path).head
+    lines = _lines(log.path)
+    lines[1], lines[2] = lines[2], lines[1]
+    log.path.write_bytes(b"".join(lines))
+    bad = subprocess.run([*run, "verify", "--file", str(log.path)], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and f"{log.path}:2:" in bad.stderr, bad.stderr
+    shown = subprocess.run([*run, "show", "--state-dir", str(tmp_path), "--since", "1h",
+                            "--json"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and len(json.loads(shown.stdout)) == 5
+    later = subprocess.run([*run, "show", "--state-dir", str(tmp_path), "--since",
+                            "2999-01-01"], capture_output=True, text=True, timeout=60)
+    assert later.returncode == 0 and "no audit records" in later.stdout
