@@ -89,7 +89,7 @@ def guarded(method: F) -> F:
             except Exception as exc:  # noqa: BLE001 - answered with a named status
                 await _answer(context, name, exc)
             finally:
-                self.audit(name, request, context)
+                await self.audit(name, request, context)
 
         return stream  # type: ignore[return-value]
 
@@ -104,6 +104,6 @@ def guarded(method: F) -> F:
             await _answer(context, name, exc)
             raise
         finally:
-            self.audit(name, request, context)
+            await self.audit(name, request, context)
 
     return unary  # type: ignore[return-value]

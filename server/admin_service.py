@@ -81,6 +81,13 @@ def _target(request: Any) -> str:
     return ""
 
 
+def _unidentified(context: grpc.aio.ServicerContext) -> str:
+    """A refused caller as far as known: the name its certificate claims, and its address."""
+    names = (context.auth_context() or {}).get("x509_common_name", ())
+    claimed = b"".join(names).decode(errors="replace")[:64]
+    return f"unidentified {context.peer()}" + (f" (certificate of {claimed})" if claimed else "")
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, jobs: JobManager, auth: Auth) -> None:
         self.jobs = jobs
@@ -118,15 +125,17 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except JobError:
             return None
 
-    def audit(self, call: str, request: Any, context: grpc.aio.ServicerContext) -> None:
-        """Write the call and how it ended, before the answer leaves: whoever got an answer
-        is on the record."""
+    async def audit(self, call: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Write the call and how it ended, as it ends (a success before its answer leaves; a
+        refusal a moment after, as grpc's abort sends the status at once). The write (an
+        fsync) runs off the event loop."""
         caller = _CALLER.get()
         note = _NOTE.get() or {}
         outcome, message = outcome_of(context)
-        actor = caller.actor if caller is not None else f"unidentified {context.peer()}"
-        self.auth.audit(actor, f"Admin.{call}", note.get("target") or _target(request),
-                              outcome, note.get("detail") or message)
+        actor = caller.actor if caller is not None else _unidentified(context)
+        await asyncio.to_thread(self.auth.audit, actor, f"Admin.{call}",
+                                note.get("target") or _target(request), outcome,
+                                note.get("detail") or message)
 
     async def _may_submit(self, caller: Caller, job: Any,
                           context: grpc.aio.ServicerContext) -> None:

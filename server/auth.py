@@ -16,6 +16,7 @@ not in the table) still works and acts as an admin. A revoked person is refused 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -105,6 +106,14 @@ class Auth:
             self.audit_log.record(actor, action, target, outcome, detail)
         except (OSError, AuditError) as exc:
             log.error("audit log %s: cannot write %s: %s", self.audit_log.path, action, exc)
+
+    def audit_soon(self, actor: str, action: str, target: str = "", outcome: str = "OK",
+                   detail: str | None = None) -> None:
+        """`audit` in a worker thread, not waited for: for the event loop's hot paths (a
+        thousand nodes registering must not wait on a thousand fsyncs)."""
+        if self.audit_log is not None:
+            asyncio.get_running_loop().run_in_executor(None, self.audit, actor, action, target,
+                                                       outcome, detail)
 
     @property
     def has_operator(self) -> bool:

@@ -19,6 +19,7 @@ from fedgpu.core import audit, certs, csr
 from fedgpu.core.tls import TlsFiles, channel_credentials
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from tests.fixtures.federation import Federation, cli
+from tests.integration.test_people import _records_until
 
 
 def _flags(t: TlsFiles) -> list[str]:
@@ -71,9 +72,12 @@ def test_a_person_certificate_is_pinned_and_its_role_comes_from_the_table(
     revoked = cli("users", "revoke", "bob", *tls)
     assert revoked.returncode == 0, revoked.stderr
     assert _code(federation.address, bob, "ListJobs") == grpc.StatusCode.UNAUTHENTICATED
-    records = list(audit.read(state / audit.AUDIT_FILE))
+    records = _records_until(state / audit.AUDIT_FILE,
+                             lambda r: r["actor"].endswith("(certificate of bob)")
+                             and r["outcome"] == "UNAUTHENTICATED")
     assert [r["outcome"] for r in records if r["actor"] == "bob"][:3] == \
         ["OK", "PERMISSION_DENIED", "PERMISSION_DENIED"]
+    assert records[-1]["action"] == "Admin.ListJobs"
     assert audit.verify(state / audit.AUDIT_FILE).ok
 
 
