@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from fedgpu.core import jsondoc
+from fedgpu.core import audit, jsondoc
 from fedgpu.core.bundles import BundleError
 from fedgpu.core.config import MAX_JOB_FILE_BYTES
 from fedgpu.core.errors import FedgpuError
@@ -33,6 +33,8 @@ from fedgpu.server.views import paging
 
 # Model bytes per DownloadModel message, well under gRPC's 4 MiB message limit.
 MODEL_CHUNK = 1 << 20
+# Audit records per GetAudit page: each is at most a few KiB, so a page fits a message.
+AUDIT_PAGE = 500
 # How often `job logs --follow` looks for new events.
 FOLLOW_POLL_S = 0.5
 
@@ -356,6 +358,17 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                 else grpc.StatusCode.FAILED_PRECONDITION, bounded(str(exc)))
             raise
         return _reply({"user": person.to_dict()})
+
+    @guarded
+    async def GetAudit(self, request: admin_pb2.GetAuditRequest,
+                       context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        log_ = self.auth.audit_log
+        if log_ is None:
+            raise FedgpuError("this aggregator keeps no audit log")
+        limit = request.limit if 0 < request.limit <= AUDIT_PAGE else AUDIT_PAGE
+        doc = await asyncio.to_thread(audit.page, log_.path, request.after_seq, limit,
+                                      request.verify)
+        return _reply(doc)
 
 
 def _model_round(fh: Any) -> int:

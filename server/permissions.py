@@ -20,7 +20,7 @@ FEDERATION_READS = frozenset({"ListNodes"})
 JOB_READS = frozenset({"GetStatus", "ListRounds", "GetJob", "JobLogs", "ListJobs"})
 JOB_ACTS = frozenset({"StopJob", "DownloadModel"})
 SUBMITS = frozenset({"SubmitJob"})
-ADMIN_ONLY = frozenset({"ForgetNode", "AddUser", "ListUsers", "RevokeUser"})
+ADMIN_ONLY = frozenset({"ForgetNode", "AddUser", "ListUsers", "RevokeUser", "GetAudit"})
 CALLS = FEDERATION_READS | JOB_READS | JOB_ACTS | SUBMITS | ADMIN_ONLY
 
 

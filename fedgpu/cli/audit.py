@@ -1,8 +1,10 @@
 """`fedgpu audit show|verify`: read and check a hash-chained audit log (fedgpu.core.audit).
 
 The aggregator writes STATE_DIR/audit.jsonl (its --state-dir), a site writes one in the node's
-state directory (--state-dir, FEDGPU_NODE_STATE). These commands read the files where they
-are; they ask no aggregator, so a log copied elsewhere is checked the same way.
+state directory (--state-dir, FEDGPU_NODE_STATE). With --file or --state-dir these commands
+read the files where they are (a log copied elsewhere is checked the same way); without, they
+ask the aggregator of the connection (an admin's credential: the Admin call GetAudit) and
+check the chain of what it sent here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import new_table, print_table
 from fedgpu.core.errors import ConfigError, FedgpuError
@@ -26,13 +29,18 @@ StateDirOpt = Annotated[Path | None, typer.Option(
                         "DIR/audit.jsonl.")]
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Records fetched from an aggregator at most (a few hundred MB of JSON).
+MAX_REMOTE = 1_000_000
 
 
-def _path(file: Path | None, state_dir: Path | None) -> Path:
+def _path(file: Path | None, state_dir: Path | None) -> Path | None:
+    """The local log, or None: ask the aggregator."""
     from fedgpu.core.audit import AUDIT_FILE
 
-    if (file is None) == (state_dir is None):
-        raise ConfigError("give the log with --file PATH or --state-dir DIR (one of them)")
+    if file is not None and state_dir is not None:
+        raise ConfigError("give the log with --file PATH or --state-dir DIR, not both")
+    if file is None and state_dir is None:
+        return None
     path = file if file is not None else state_dir / AUDIT_FILE  # type: ignore[operator]
     if not path.exists() and not list(path.parent.glob(path.name + ".*")):
         raise ConfigError(f"no audit log at {path}")
@@ -53,6 +61,23 @@ def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
+def _fetch(conn: Target) -> list[dict[str, Any]]:
+    """Every record of the aggregator's log, page by page (bounded: MAX_REMOTE records)."""
+    from fedgpu.core import admin_client
+
+    records: list[dict[str, Any]] = []
+    after = -1
+    while len(records) < MAX_REMOTE:
+        doc = admin_client.query(conn.address, conn.token, "GetAudit", tls=conn.tls,
+                                 after_seq=after, timeout=60)
+        records += doc["records"]
+        if doc.get("next_seq") is None:
+            return records
+        after = int(doc["next_seq"])
+    raise FedgpuError(f"the aggregator's audit log has more than {MAX_REMOTE} records: read "
+                      "it on its host with --state-dir")
+
+
 def _time(record: dict[str, Any]) -> dt.datetime | None:
     try:
         return dt.datetime.fromisoformat(str(record.get("time")))
@@ -60,7 +85,9 @@ def _time(record: dict[str, Any]) -> dt.datetime | None:
         return None
 
 
+@connection_options
 def show(
+    conn: Target,
     file: FileOpt = None,
     state_dir: StateDirOpt = None,
     since: Annotated[str | None, typer.Option(
@@ -76,13 +103,14 @@ def show(
 
     path = _path(file, state_dir)
     start = parse_since(since) if since else None
-    records = [r for r in audit.read(path)
+    source = audit.read(path) if path is not None else _fetch(conn)
+    records = [r for r in source
                if start is None or ((t := _time(r)) is not None and t >= start)]
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
     if not records:
-        typer.echo(f"no audit records in {path}" + (f" since {start.isoformat()}"
+        typer.echo(f"no audit records in {path or conn.address}" + (f" since {start.isoformat()}"
                                                     if start else ""))
         return
     table = new_table("time", "actor", "action", "target", "outcome")
@@ -93,7 +121,9 @@ def show(
     print_table(table)
 
 
+@connection_options
 def verify(
+    conn: Target,
     file: FileOpt = None,
     state_dir: StateDirOpt = None,
     head: Annotated[str | None, typer.Option(
@@ -109,7 +139,12 @@ def verify(
     """
     from fedgpu.core import audit
 
-    verdict = audit.verify(_path(file, state_dir), head=head)
+    path = _path(file, state_dir)
+    if path is not None:
+        verdict = audit.verify(path, head=head)
+    else:
+        # Checked here, from the records: not the aggregator's word for it.
+        verdict = audit.verify_records(_fetch(conn), f"aggregator {conn.address}", head)
     if as_json:
         typer.echo(json.dumps(verdict.to_dict(), indent=2))
         if not verdict.ok:

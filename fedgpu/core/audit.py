@@ -253,6 +253,26 @@ def read(path: Path) -> Iterator[dict[str, Any]]:
                     yield doc
 
 
+def page(path: Path, after_seq: int, limit: int, check: bool = False) -> dict[str, Any]:
+    """Records with seq > after_seq, at most `limit`, and `next_seq` (the last one's) when
+    more follow; with `check`, the verdict of `verify` (the Admin call GetAudit's document)."""
+    records: list[dict[str, Any]] = []
+    more = False
+    for record in read(path):
+        seq = record.get("seq")
+        if not isinstance(seq, int) or seq <= after_seq:
+            continue
+        if len(records) == limit:
+            more = True
+            break
+        records.append(record)
+    doc: dict[str, Any] = {"records": records,
+                           "next_seq": records[-1]["seq"] if more and records else None}
+    if check:
+        doc["verdict"] = verify(path).to_dict()
+    return doc
+
+
 def verify(path: Path, head: str | None = None) -> Verdict:
     """Check the chain across the log's files; the first Problem found, if any. With `head`
     (a hash exported earlier), the log must still hold that record."""
@@ -286,6 +306,24 @@ def verify(path: Path, head: str | None = None) -> Verdict:
             f"the exported head {head} is not in the log: records after it were removed "
             "(or it is another log's)"), names)
     return Verdict(count, expected_prev, None, names)
+
+
+def verify_records(records: list[dict[str, Any]], source: str,
+                   head: str | None = None) -> Verdict:
+    """`verify` over records fetched from elsewhere (GetAudit): the same chain rules, checked
+    here rather than trusted from the aggregator; a Problem's line is the record's place."""
+    prev, seq, seen_head = GENESIS, 0, head is None
+    for index, record in enumerate(records):
+        problem = _check_line(canonical(record), prev, seq)
+        if problem is not None:
+            return Verdict(index, prev, Problem(source, index + 1, problem), [source])
+        prev, seq = record["hash"], record["seq"] + 1
+        seen_head = seen_head or prev == head
+    if not seen_head:
+        return Verdict(len(records), prev, Problem(
+            source, len(records), f"the exported head {head} is not in the log: records "
+            "after it were removed (or it is another log's)"), [source])
+    return Verdict(len(records), prev, None, [source])
 
 
 def _check_line(raw: bytes, prev: str, seq: int) -> str | None:

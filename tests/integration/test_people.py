@@ -128,6 +128,7 @@ TABLE = {
     "AddUser":                (A, D, D, A),
     "ListUsers":              (A, D, D, A),
     "RevokeUser":             (A, D, D, A),
+    "GetAudit":               (A, D, D, A),
 }
 ROLES = ("admin", "researcher", "viewer", "legacy")
 
@@ -175,9 +176,19 @@ def test_the_audit_log_names_each_caller_and_outcome(fed: Federation, tmp_path: 
         tail[2]["outcome"] == "UNAUTHENTICATED"
     adds = [r for r in records if r["action"] == "Admin.AddUser" and r["outcome"] == "OK"]
     assert adds[0]["actor"] == "operator" and "role admin" in adds[0]["detail"]
-    # The CLI reads the same file.
+    # The CLI reads the same file, or asks the aggregator and checks the chain itself.
     shown = cli("audit", "verify", "--state-dir", str(fed.state), "--json")  # type: ignore
     assert shown.returncode == 0 and json.loads(shown.stdout)["ok"]
+    remote = cli("audit", "verify", "--address", fed.address, "--json")
+    assert remote.returncode == 0, remote.stderr
+    fetched = json.loads(remote.stdout)
+    assert fetched["ok"] and fetched["records"] >= len(records)
+    listed = cli("audit", "show", "--address", fed.address, "--json")
+    assert [r["hash"] for r in json.loads(listed.stdout)][:len(records)] == \
+        [r["hash"] for r in records]
+    viewer = cli("audit", "show", "--address", fed.address,
+                 operator_token=tokens["viewer"])
+    assert viewer.returncode != 0 and "admins only" in viewer.stderr
 
 
 def _records_until(path: Path, last: Any, timeout: float = 10) -> list[dict[str, Any]]:

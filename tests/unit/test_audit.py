@@ -189,3 +189,24 @@ def test_the_cli_names_the_first_bad_line_and_exits_1(tmp_path: Path) -> None:
     later = subprocess.run([*run, "show", "--state-dir", str(tmp_path), "--since",
                             "2999-01-01"], capture_output=True, text=True, timeout=60)
     assert later.returncode == 0 and "no audit records" in later.stdout
+
+
+def test_pages_join_into_the_chain_and_fetched_records_are_checked_here(
+        tmp_path: Path) -> None:
+    log = _log(tmp_path, n=7)
+    records, after = [], -1
+    while True:
+        doc = audit.page(log.path, after, 3, check=True)
+        records += doc["records"]
+        assert doc["verdict"]["ok"]
+        if doc["next_seq"] is None:
+            break
+        after = doc["next_seq"]
+    assert [r["seq"] for r in records] == list(range(7))
+    assert audit.verify_records(records, "remote").ok
+    records[4]["actor"] = "mallory"
+    problem = audit.verify_records(records, "remote").problem
+    assert problem is not None and problem.line == 5 and "edited" in problem.reason
+    del records[4]
+    problem = audit.verify_records(records, "remote").problem
+    assert problem is not None and problem.line == 5 and "out of chain" in problem.reason

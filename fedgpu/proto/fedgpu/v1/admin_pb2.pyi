@@ -6,6 +6,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetAuditRequest(_message.Message):
+    __slots__ = ("after_seq", "limit", "verify")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    limit: int
+    verify: bool
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ..., verify: _Optional[bool] = ...) -> None: ...
+
 class AddUserRequest(_message.Message):
     __slots__ = ("name", "role", "studies", "cert_sha256")
     NAME_FIELD_NUMBER: _ClassVar[int]
