@@ -295,7 +295,7 @@ async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager, auth: Auth) -> D
         is_operator=token_check(cfg.operator_token),
         jobs=lambda: docs.jobs_doc(jobs),
         person=auth.person_of_token,
-        audit=auth.audit,
+        audit=auth.audit_soon,
         job_study=lambda job_id: job_study(jobs.store.get(job_id)),
     ))
     await dashboard.start(cfg.ui_host, cfg.ui_port)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from fedgpu.core import certs
 from fedgpu.core.audit import AuditError
@@ -73,8 +74,6 @@ def _cert_role(pem: bytes) -> certs.Role | None:
 def cert_fingerprint(pem: bytes) -> str:
     """sha256 of the certificate's DER encoding: what `fedgpu users add` pins."""
     cert = x509.load_pem_x509_certificate(pem)
-    from cryptography.hazmat.primitives.serialization import Encoding
-
     return hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
 
 
@@ -177,8 +176,9 @@ class Auth:
                                     "this certificate is neither a node's nor an operator's "
                                     "(the aggregator's own certificate cannot call in)")
             assert role is not None
+            person = None
             if role is Role.OPERATOR:
-                person = await self._certified_person(context, names)
+                person = await self._certified_person(context)
                 if not person.implicit:
                     # A person's pinned certificate stands alone; the shared operator token
                     # stays a second factor for the implicit operator only.
@@ -186,7 +186,7 @@ class Auth:
             expected = self._tokens[role]
             if expected is not None and not self._matches(presented, expected):
                 await self._refuse_token(context, presented, role)
-            return Caller(role, names, person if role is Role.OPERATOR else None)
+            return Caller(role, names, person)
         # The shared tokens first: a constant-time compare, while a person's token costs a
         # table lookup, and nodes (the many, polling callers) hold the shared one.
         for role in (Role.OPERATOR, Role.NODE):
@@ -214,8 +214,7 @@ class Auth:
                                 f"the credential of user {person.name!r} was revoked")
         return person
 
-    async def _certified_person(self, context: grpc.aio.ServicerContext,
-                                names: frozenset[str]) -> Person:
+    async def _certified_person(self, context: grpc.aio.ServicerContext) -> Person:
         """The person an operator certificate names (its CN), as the table has them; the
         implicit admin for a CN the table does not know."""
         auth = context.auth_context() or {}

@@ -228,8 +228,20 @@ def test_the_dashboard_serves_each_person_what_their_role_allows(fed: Federation
     assert status == 403 and "study" in doc["error"]
     status, _ = _http(fed, "/api/status", "nobody's token")
     assert status == 401
-    records = list(audit.read(fed.state / audit.AUDIT_FILE))  # type: ignore[attr-defined]
-    assert any(r["actor"] == "vic" and r["action"] == "dashboard /api/me" for r in records)
+    # Written off the event loop (not waited for): look until it is there.
+    path = fed.state / audit.AUDIT_FILE  # type: ignore[attr-defined]
+
+    def seen() -> tuple[bool, bool]:
+        records = list(audit.read(path))
+        return (any(r["actor"] == "vic" and r["action"] == "dashboard /api/me"
+                    for r in records),
+                any(r["actor"] == "rob" and r["action"] == "dashboard /api/status"
+                    and r["outcome"] == "PERMISSION_DENIED" for r in records))
+
+    end = time.monotonic() + 10
+    while seen() != (True, True):
+        assert time.monotonic() < end, f"dashboard records missing: {seen()}"
+        time.sleep(0.05)
 
 
 def test_revocation_is_at_once_and_survives_a_restart(fed: Federation, tmp_path: Path) -> None:
