@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from fedgpu.core.admission_wire import resources_from_wire
+from fedgpu.core.audit import AUDIT_FILE, AuditError, AuditLog
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
@@ -64,6 +65,8 @@ class Agent:
         self.unmasked = UnmaskLedger(self.identity.folder / UNMASK_LEDGER)
         # Under mutual TLS the site signs its secure-aggregation keys with its TLS key.
         self.secagg_identity = secagg.secagg_identity(cfg.tls)
+        # The site's audit log: tasks run and refused here, beside its approvals' records.
+        self.audit = AuditLog(state_dir / AUDIT_FILE)
         cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -244,6 +247,7 @@ class Agent:
         # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
         outcome: RoundOutcome | None = None
+        error = ""
         cancel = self.liveness.working_on(header.task_id)
         try:
             hparams_json = header.hyperparameters_json
@@ -256,6 +260,7 @@ class Agent:
                 decision = policy.decide_for_job(snap, self.cfg.gpu, need)
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
+                error = f"ineligible: {exc}"
                 self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
                 return
             except (policy.EnforceError, ValueError) as exc:
@@ -316,9 +321,22 @@ class Agent:
                 self._report(header, outcome, error)
         finally:
             self.liveness.done()
+            self._audit_task(header, kind, outcome, error)
             if outcome is not None:
                 outcome.cleanup()
             self._set_state("idle")
+
+    def _audit_task(self, header: pb.TaskHeader, kind: str, outcome: RoundOutcome | None,
+                    error: str) -> None:
+        """The site's record of what it ran for the aggregator, or refused and why."""
+        ran = "OK" if outcome is not None and outcome.ok else "FAILED" if outcome is not None \
+            else "REFUSED"
+        try:
+            self.audit.record(f"aggregator {self.cfg.aggregator}", f"task.{kind}",
+                              f"{header.task_name} round {header.round} ({header.task_id})",
+                              ran, error or None)
+        except (OSError, AuditError) as exc:
+            log.error("site audit log %s: %s", self.audit.path, exc)
 
     def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
         assert self.node_id is not None

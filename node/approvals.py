@@ -7,6 +7,8 @@ STATE/bundles/<sha256>.tar    the archive as fetched (checked before it was kept
 STATE/bundles/<sha256>.json   name, entry, requires, size, the job it came with, first seen
 STATE/approved/<sha256>       on the allow-list (when, and from what)
 STATE/rejected/<sha256>       refused by the site
+STATE/audit.jsonl             the site's audit log (fedgpu.core.audit): every decision here,
+                              and the tasks the agents ran or refused
 ```
 
 One small file per fact, each written to a temporary name and renamed: the CLI and running
@@ -17,6 +19,7 @@ without a restart. Torch-free and import-free: nothing here runs bundle code.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import time
@@ -24,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fedgpu.core.audit import AUDIT_FILE, AuditLog
 from fedgpu.core.bundles import Bundle, BundleError, check_sha256, digest
 from fedgpu.core.constants import BundleState
 
@@ -93,6 +97,10 @@ class SiteTasks:
         for other, other_folder in self._dirs.items():
             if other is not state:
                 (other_folder / sha256).unlink(missing_ok=True)
+        # Who decided: the local account that ran `fedgpu node approve|reject`.
+        AuditLog(self.root / AUDIT_FILE).record(
+            _local_user(), "bundle.approve" if state == BundleState.APPROVED
+            else "bundle.reject", sha256, "OK", f"from {source}")
 
     # ---- the cache ----------------------------------------------------------------------
 
@@ -177,6 +185,13 @@ class SiteTasks:
             raise BundleError(f"{prefix!r} names {len(found)} bundles known at this site "
                               f"({self.root}); give more of the hash")
         return found[0]
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's arbitrary user)
+        return f"uid {os.getuid()}"
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

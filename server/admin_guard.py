@@ -5,6 +5,10 @@ whatever text it carried (a MemoryError from a 10**9-node job, a RecursionError 
 nested 20,000 deep). `guarded` maps what the aggregator raises on purpose to the status it
 means, and anything else to INTERNAL with its type only (the traceback goes to the log): the
 operator learns the call failed and where to look, and the aggregator goes on serving.
+
+It is also the one door every Admin call passes: `guarded` asks the service to `admit` the
+caller (who they are, and whether their role may make this call) before the handler runs, and
+to `audit` the call with its outcome after it ends, so no handler can forget either.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
                                       f"({type(exc).__name__}); its log has the details")
 
 
+def outcome_of(context: grpc.aio.ServicerContext) -> tuple[str, str | None]:
+    """The status name a call ended with ("OK" when no error was set) and its message."""
+    code = context.code()
+    if code is None or code == grpc.StatusCode.OK or code == 0:
+        return ("CANCELLED", None) if context.cancelled() else ("OK", None)
+    name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+    return name, context.details() or None
+
+
 async def _answer(context: grpc.aio.ServicerContext, name: str, exc: Exception) -> None:
     code, message = status_of(exc)
     if code is grpc.StatusCode.INTERNAL:
@@ -68,23 +81,29 @@ def guarded(method: F) -> F:
         async def stream(self: Any, request: Any,
                          context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
+                await self.admit(name, request, context)
                 async for item in method(self, request, context):
                     yield item
             except AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - answered with a named status
                 await _answer(context, name, exc)
+            finally:
+                await self.audit(name, request, context)
 
         return stream  # type: ignore[return-value]
 
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            await self.admit(name, request, context)
             return await method(self, request, context)
         except AbortError:
             raise
         except Exception as exc:  # noqa: BLE001 - answered with a named status
             await _answer(context, name, exc)
             raise
+        finally:
+            await self.audit(name, request, context)
 
     return unary  # type: ignore[return-value]

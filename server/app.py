@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedgpu.core import codec
+from fedgpu.core.audit import AUDIT_FILE, AuditLog
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials, ssl_server_context
@@ -30,6 +31,8 @@ from fedgpu.server.jobs.events import JobLogHandler
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED
 from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.store import JobStore
+from fedgpu.server.people import People
+from fedgpu.server.permissions import job_study
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
 from fedgpu.server.transfer.bulk_server import BulkServer
 from fedgpu.server.transfer.tickets import TicketBook
@@ -148,9 +151,12 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if cfg.job_file is not None:
         jobs.intake.submit_at_start(cfg.job_file)
     federation_id = secrets.token_hex(6)
+    people = People(state_dir)
+    audit_log = AuditLog(state_dir / AUDIT_FILE)
     auth = Auth(None if cfg.insecure else cfg.token,
                 None if cfg.insecure else cfg.operator_token,
-                client_certs=mutual, insecure=cfg.insecure)
+                client_certs=mutual, insecure=cfg.insecure, people=people,
+                audit_log=audit_log)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     tickets = TicketBook() if cfg.bulk_port != 0 else None
     federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
@@ -206,7 +212,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
 
         closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
     if cfg.ui_port:
-        closers.append(await _serve_dashboard(cfg, jobs))
+        closers.append(await _serve_dashboard(cfg, jobs, auth))
     if cfg.tracking_uri:
         from fedgpu.server.tracking.follower import TrackingFollower
 
@@ -263,6 +269,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if probe_server is not None:
         await probe_server.stop(grace=1)
     await server.stop(grace=3)
+    people.close()
     if stop.is_set():
         log.info("stopped cleanly; restart with the same --state-dir to resume the queue")
         return 0
@@ -279,7 +286,7 @@ async def _queue_done(jobs: JobManager) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServer:
+async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager, auth: Auth) -> DashboardServer:
     from fedgpu.server.views.dashboard import DashboardServer, DashboardSources
     from fedgpu.server.views.dashboard_auth import token_check
 
@@ -295,6 +302,9 @@ async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServ
         rounds=lambda: docs.rounds_of(jobs),
         is_operator=token_check(cfg.operator_token),
         jobs=lambda: docs.jobs_doc(jobs),
+        person=auth.person_of_token,
+        audit=auth.audit_soon,
+        job_study=lambda job_id: job_study(jobs.store.get(job_id)),
     ))
     await dashboard.start(cfg.ui_host, cfg.ui_port)
     return dashboard

@@ -138,6 +138,7 @@ class FederationService(pb_grpc.FederationServicer):
         node.task_approval = request.task_approval
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
+        self.auth.audit_soon(f"node {name}", "node.register", node.node_id, "OK", node.peer)
         return pb.RegisterReply(
             node_id=node.node_id,
             run_id=self.federation_id,

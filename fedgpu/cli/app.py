@@ -15,7 +15,20 @@ from typing import Annotated
 
 import typer
 
-from fedgpu.cli import certs, connection, devices, health, nodes, rounds, sim, status, ui
+from fedgpu.cli import (
+    audit,
+    certs,
+    certs_request,
+    connection,
+    devices,
+    health,
+    nodes,
+    rounds,
+    sim,
+    status,
+    ui,
+    users,
+)
 from fedgpu.cli.common.help_format import show_flags_as_flags
 from fedgpu.cli.data import partitions as data
 from fedgpu.cli.data import synth_lm
@@ -105,6 +118,8 @@ certs_app.command("server")(certs.server)
 certs_app.command("node")(certs.node)
 certs_app.command("operator")(certs.operator)
 certs_app.command("k8s-secrets")(certs.k8s_secrets)
+certs_app.command("request")(certs_request.request)
+certs_app.command("sign")(certs_request.sign)
 server_app = _group("server", "The aggregator.", DEPLOY)
 server_app.command("start")(server_start.start)
 
@@ -134,6 +149,15 @@ job_app.command("stop")(job_stop.stop)
 job_app.command("logs")(job_logs.logs)
 job_app.command("model")(job_model.model)
 app.command("ui", rich_help_panel=OPERATE)(ui.ui)
+users_app = _group("users", "People and their roles (admin, researcher, viewer): add, list, "
+                   "revoke (admins only).", OPERATE)
+users_app.command("add")(users.add)
+users_app.command("list")(users.list_users)
+users_app.command("revoke")(users.revoke)
+audit_app = _group("audit", "The hash-chained audit log of an aggregator or a site: show it, "
+                   "verify its chain.", OPERATE)
+audit_app.command("show")(audit.show)
+audit_app.command("verify")(audit.verify)
 
 # ---- Sites ---------------------------------------------------------------------------------
 node_app = _group("node", "The training agent, and the site's allow-list of task bundles.",

@@ -28,6 +28,10 @@ _REQUESTS = {
     "GetJob": admin_pb2.GetJobRequest,
     "StopJob": admin_pb2.StopJobRequest,
     "ForgetNode": admin_pb2.ForgetNodeRequest,
+    "AddUser": admin_pb2.AddUserRequest,
+    "ListUsers": admin_pb2.ListUsersRequest,
+    "RevokeUser": admin_pb2.RevokeUserRequest,
+    "GetAudit": admin_pb2.GetAuditRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20

@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +50,8 @@ DEFAULT_MAX_QUEUED = 100
 
 # Submissions being received at once (each may hold a temporary file of initial weights).
 MAX_IN_FLIGHT = 8
+# Who submitted may refuse the parsed job (a researcher's job outside their studies): raises.
+Admit = Callable[[Job], Awaitable[None]]
 
 
 class QueueFull(FedgpuError):
@@ -193,29 +195,31 @@ class Intake:
 
     async def receive(self, head: admin_pb2.SubmitJobHeader,
                       stream: AsyncIterator[admin_pb2.SubmitJobChunk],
-                      submitted_by: str) -> Submitted:
+                      submitted_by: str, admit: Admit | None = None) -> Submitted:
         """A submission from the wire: room checked before a byte more is read, the bundle
-        and weights received (bounded), the job parsed once and queued. Nothing is left
-        behind on any refusal."""
+        and weights received (bounded), the job parsed once, `admit`ted (the submitter's
+        role may refuse it: it raises) and queued. Nothing is left behind on any refusal."""
         self.check_room()
         if self.in_flight >= MAX_IN_FLIGHT:
             raise TooManySubmissions(f"{self.in_flight} job submissions are being received "
                                      "by this aggregator; try again when one is done")
         self.in_flight += 1
         try:
-            return await self._receive(head, stream, submitted_by)
+            return await self._receive(head, stream, submitted_by, admit)
         finally:
             self.in_flight -= 1
 
     async def _receive(self, head: admin_pb2.SubmitJobHeader,
                        stream: AsyncIterator[admin_pb2.SubmitJobChunk],
-                       submitted_by: str) -> Submitted:
+                       submitted_by: str, admit: Admit | None) -> Submitted:
         got = await submission.receive(head, stream, self.state_dir, self.max_initial_bytes)
         filename = (head.filename or "job.toml")[:256]
         weights = got.weights
         try:
             # Parsing (and a ring's mixing matrix) and copying weights run off the loop.
             job = await asyncio.to_thread(self.prepare, head.job_toml, filename, got.bundle)
+            if admit is not None:
+                await admit(job)
             if weights is None and job.initial_weights is not None:
                 weights = await asyncio.to_thread(self.weights_from_dir, job)
             row = self.enqueue(job, head.job_toml, filename, submitted_by, bundle=got.bundle,

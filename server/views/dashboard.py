@@ -28,12 +28,15 @@ from typing import Any
 from aiohttp import web
 
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.people import Person
+from fedgpu.server import permissions
 from fedgpu.server.views.dashboard_auth import (
     COOKIE,
     SESSION_TTL_S,
     FailureThrottle,
     Sessions,
     bearer,
+    legacy_person,
 )
 from fedgpu.server.views.dashboard_pages import (
     NodesQuery,
@@ -51,6 +54,8 @@ ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript",
 # The login form is the only body this server reads.
 MAX_BODY = 8 << 10
 MAX_FORM_FIELDS = 8
+# (session, path) pairs remembered as recorded (see _seen); past it every call is recorded.
+MAX_SEEN = 4096
 BODY_TIMEOUT_S = 10.0
 # A connection that sends no complete request for this long is closed (aiohttp's keep-alive
 # timer runs from the connection's start), so slow or idle clients cannot pile up.
@@ -65,6 +70,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+FORBIDDEN = "forbidden: {why}"
 UNAUTHORISED = ("unauthorised: send 'Authorization: Bearer TOKEN' with the operator token, or "
                 "log in at /login")
 
@@ -83,6 +89,18 @@ class DashboardSources:
     rounds: Doc
     is_operator: Callable[[str], bool]
     jobs: Doc | None = None
+    # The person a token belongs to (people's own tokens, the operator token as an implicit
+    # admin); None: `is_operator` alone, every holder an admin.
+    person: Callable[[str], Person | None] | None = None
+    # Where logins and API calls are recorded (Auth.audit); None: not recorded.
+    audit: Callable[..., None] | None = None
+    # The study of a job by id (for researchers, who see their studies' jobs only).
+    job_study: Callable[[str], str | None] | None = None
+
+    def person_of(self, token: str) -> Person | None:
+        if self.person is not None:
+            return self.person(token)
+        return legacy_person() if self.is_operator(token) else None
 
 
 def _finite(value: Any) -> Any:
@@ -117,6 +135,9 @@ class DashboardServer:
         self.sessions = Sessions(session_ttl_s)
         # Wrong tokens per address, slowed down (a login form is a guessing oracle).
         self.throttle = FailureThrottle()
+        # (session, path) pairs already on the audit record: a page polling every few
+        # seconds is recorded once per session and path, not thousands of times a day.
+        self._seen: set[tuple[str, str]] = set()
         root = importlib.resources.files("fedgpu.server.views.ui")
         self.assets = {name: root.joinpath(name).read_bytes() for name in ASSETS}
         self.runner: web.AppRunner | None = None
@@ -135,6 +156,7 @@ class DashboardServer:
         r.add_get("/api/nodes", self._nodes)
         r.add_get("/api/rounds", self._rounds)
         r.add_get("/api/jobs", self._jobs)
+        r.add_get("/api/me", self._me)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -158,36 +180,51 @@ class DashboardServer:
 
     # ---- access ----------------------------------------------------------------------
 
-    def _check_token(self, request: web.Request, token: str) -> bool:
-        """Whether `token` is the operator's; HTTP 429 without checking it while its address
-        is locked out for earlier wrong ones."""
+    def _check_token(self, request: web.Request, token: str) -> Person | None:
+        """The person `token` belongs to; HTTP 429 without checking it while its address is
+        locked out for earlier wrong ones."""
         address = request.remote or "?"
         wait = self.throttle.wait_s(address)
         if wait > 0:
             raise web.HTTPTooManyRequests(
                 text=f"too many wrong tokens from this address: try again in "
                 f"{math.ceil(wait)}s", headers={"Retry-After": str(math.ceil(wait))})
-        if self.sources.is_operator(token):
+        person = self.sources.person_of(token)
+        if person is not None:
             self.throttle.succeeded(address)
-            return True
+            return person
         self.throttle.failed(address)
-        return False
+        return None
 
-    def _allowed(self, request: web.Request) -> bool:
+    def _who(self, request: web.Request) -> tuple[Person | None, str]:
+        """The person behind the request (None: nobody) and its session id ("" for Bearer)."""
         token = bearer(request.headers.get("Authorization", ""))
         if token is None:
             sid = request.cookies.get(COOKIE, "")
             token = self.sessions.token(sid) if sid else None
-            # A session whose token no longer passes (the credential changed) is over.
-            if token is not None and not self.sources.is_operator(token):
+            if token is None:
+                return None, sid
+            # Checked again on every request: a revoked person or a changed operator
+            # credential ends the session at once.
+            person = self.sources.person_of(token)
+            if person is None:
                 self.sessions.drop(sid)
-                return False
-            return token is not None
-        if self._check_token(request, token):
-            return True
-        log.warning("dashboard: refused %s %s from %s: wrong operator token", request.method,
-                    request.path, request.remote)
-        return False
+            return person, sid
+        person = self._check_token(request, token)
+        if person is None:
+            log.warning("dashboard: refused %s %s from %s: wrong token", request.method,
+                        request.path, request.remote)
+            self._audit(f"unidentified {request.remote}", f"dashboard {request.path}",
+                        "UNAUTHENTICATED")
+        return person, ""
+
+    def _allowed(self, request: web.Request) -> bool:
+        return self._who(request)[0] is not None
+
+    def _audit(self, actor: str, action: str, outcome: str = "OK", target: str = "",
+               detail: str | None = None) -> None:
+        if self.sources.audit is not None:
+            self.sources.audit(actor, action, target, outcome, detail)
 
     @staticmethod
     async def _headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -219,10 +256,16 @@ class DashboardServer:
         except TimeoutError:
             raise web.HTTPRequestTimeout(text="the login form took too long to arrive") from None
         token = form.get("token")
-        if not isinstance(token, str) or not token or not self._check_token(request, token):
-            log.warning("dashboard: refused a login from %s: wrong operator token",
-                        request.remote)
-            return self._page("login.html", 401, "Wrong token: use the operator token.")
+        person = self._check_token(request, token) if isinstance(token, str) and token \
+            else None
+        if person is None:
+            log.warning("dashboard: refused a login from %s: wrong token", request.remote)
+            self._audit(f"unidentified {request.remote}", "dashboard login",
+                        "UNAUTHENTICATED")
+            return self._page("login.html", 401, "Wrong token: use your own token or the "
+                              "operator token.")
+        assert isinstance(token, str)
+        self._audit(person.name, "dashboard login", detail=f"from {request.remote}")
         response = web.HTTPSeeOther("/")
         # HttpOnly: page scripts never see it; SameSite=Strict: no other site's page can send
         # it. Not Secure: the dashboard is plain HTTP on loopback (or an SSH tunnel to it).
@@ -231,6 +274,10 @@ class DashboardServer:
         raise response
 
     async def _logout(self, request: web.Request) -> web.StreamResponse:
+        person, sid = self._who(request)
+        if person is not None:
+            self._audit(person.name, "dashboard logout")
+        self._seen = {seen for seen in self._seen if seen[0] != sid}
         self.sessions.drop(request.cookies.get(COOKIE, ""))
         response = web.HTTPSeeOther("/login")
         response.del_cookie(COOKIE, path="/")
@@ -246,15 +293,54 @@ class DashboardServer:
 
     def _api(self, request: web.Request, produce: Callable[[dict[str, str]], Any]
              ) -> web.Response:
-        if not self._allowed(request):
+        person, sid = self._who(request)
+        if person is None:
             return _json({"error": UNAUTHORISED}, 401,
                          {"WWW-Authenticate": 'Bearer realm="fedgpu dashboard"'})
         try:
-            return _json(produce(dict(request.query)))
+            doc = self._visible(person, produce(dict(request.query)))
         except QueryError as exc:
             return _json({"error": str(exc)}, 400)
         except NoDocument as exc:
             return _json({"error": str(exc)}, 404)
+        except PermissionError as exc:
+            self._audit(person.name, f"dashboard {request.path}", "PERMISSION_DENIED",
+                        detail=str(exc))
+            return _json({"error": FORBIDDEN.format(why=exc)}, 403)
+        if not sid or (sid, request.path) not in self._seen:
+            if sid and len(self._seen) < MAX_SEEN:
+                self._seen.add((sid, request.path))
+            self._audit(person.name, f"dashboard {request.path}")
+        return _json(doc)
+
+    def _visible(self, person: Person, doc: Any) -> Any:
+        """`doc` as `person` may see it: a researcher sees their own studies' jobs only (the
+        rule of server/permissions.py, as the Admin calls apply it)."""
+        if person.role != "researcher" or self.sources.job_study is None:
+            return doc
+        study = self.sources.job_study
+
+        def readable(job_id: Any) -> bool:
+            return not job_id or permissions.may_read_job(person, study(str(job_id)))
+
+        if isinstance(doc, list):
+            return [j for j in doc if not isinstance(j, dict) or readable(j.get("job_id"))]
+        if isinstance(doc, dict) and not readable(doc.get("job_id")):
+            raise PermissionError(permissions.refusal(person, "GetStatus",
+                                                      study(str(doc["job_id"]))))
+        return doc
+
+    async def _me(self, request: web.Request) -> web.Response:
+        """Who is logged in and what their role lets them do (the page shows it)."""
+        def produce(_: dict[str, str]) -> Any:
+            person, _sid = self._who(request)
+            assert person is not None
+            return {"name": person.name, "role": str(person.role),
+                    "studies": list(person.studies), "implicit": person.implicit,
+                    "may": {call: permissions.refusal(person, call, has_job=False) is None
+                            for call in sorted(permissions.CALLS)}}
+
+        return self._api(request, produce)
 
     async def _status(self, request: web.Request) -> web.Response:
         return self._api(request, lambda _: self.sources.status())

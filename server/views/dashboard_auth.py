@@ -1,4 +1,5 @@
-"""Who may read the dashboard: the operator token, as a Bearer header or a login cookie.
+"""Who may read the dashboard: a person's token or the operator token, as a Bearer header or
+a login cookie.
 
 The cookie holds a random session id, never the token itself: a copied cookie expires, logging
 out ends it, and the token is checked again on every request, so changing the operator
@@ -14,9 +15,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fedgpu.core.people import Person, PersonRole
+
 COOKIE = "fedgpu_session"
 SESSION_TTL_S = 12 * 3600
 MAX_SESSIONS = 256
+
+
+def legacy_person() -> Person:
+    """The holder of the single operator token: an admin, as before people existed."""
+    return Person("operator", PersonRole.ADMIN, implicit=True)
 
 
 def token_check(expected: str) -> Callable[[str], bool]:

@@ -113,6 +113,16 @@ def test_a_bundle_job_waits_for_each_site_then_runs_and_a_changed_one_waits_agai
     assert listed_job["bundle_sha256"] == sha
     for name in ("site-a", "site-b"):
         assert [t["state"] for t in site_tasks(states[name])] == ["approved"]
+    # Each site's audit log holds its approval and the rounds it ran for the aggregator.
+    from fedgpu.core import audit
+
+    log_a = states["site-a"] / audit.AUDIT_FILE
+    records = list(audit.read(log_a))
+    assert audit.verify(log_a).ok
+    assert [r["target"] for r in records if r["action"] == "bundle.approve"] == [sha]
+    ran = [r for r in records if r["action"] == "task.train"]
+    assert any(r["outcome"] == "OK" for r in ran), records
+    assert all(r["actor"].startswith("aggregator ") for r in ran)
 
     # One byte changed in one source file: another hash, waiting for approval again.
     source = work / "demo" / "demo_task" / "task.py"

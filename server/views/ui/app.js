@@ -357,6 +357,15 @@
     refresh();
   });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
+  // Who is logged in and what their role lets them do (read-only for viewers).
+  getJson("/api/me").then((me) => {
+    const acts = Object.keys(me.may).filter((call) => me.may[call]);
+    const reads = me.role === "viewer" ? "read only" : acts.join(", ");
+    text("who", `${me.name} · ${me.role}` +
+      (me.studies.length ? ` (${me.studies.join(", ")})` : ""));
+    $("who").title = `may: ${reads}`;
+    document.body.dataset.role = me.role;
+  }).catch(() => { /* an older aggregator: no /api/me */ });
 
   refresh();
 })();

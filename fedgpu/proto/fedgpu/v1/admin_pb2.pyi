@@ -1,9 +1,42 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetAuditRequest(_message.Message):
+    __slots__ = ("after_seq", "limit", "verify")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    limit: int
+    verify: bool
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ..., verify: _Optional[bool] = ...) -> None: ...
+
+class AddUserRequest(_message.Message):
+    __slots__ = ("name", "role", "studies", "cert_sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STUDIES_FIELD_NUMBER: _ClassVar[int]
+    CERT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    studies: _containers.RepeatedScalarFieldContainer[str]
+    cert_sha256: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., studies: _Optional[_Iterable[str]] = ..., cert_sha256: _Optional[str] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RevokeUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ForgetNodeRequest(_message.Message):
     __slots__ = ("name", "force")

@@ -84,6 +84,26 @@ class AdminStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/fedgpu.v1.Admin/AddUser',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.AddUserRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/fedgpu.v1.Admin/ListUsers',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.RevokeUser = channel.unary_unary(
+                '/fedgpu.v1.Admin/RevokeUser',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.RevokeUserRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.GetAudit = channel.unary_unary(
+                '/fedgpu.v1.Admin/GetAudit',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -156,6 +176,35 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddUser(self, request, context):
+        """People and their roles (`fedgpu users add|list|revoke`; admins only). AddUser answers
+        the person and their token, which is never shown again (none for a certificate).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAudit(self, request, context):
+        """The aggregator's audit log (`fedgpu audit show|verify` with a connection; admins only):
+        records after `after_seq`, at most `limit` (a page: ask again from `next_seq`), and with
+        verify the aggregator's own check of the whole chain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +256,26 @@ def add_AdminServicer_to_server(servicer, server):
             'ForgetNode': grpc.unary_unary_rpc_method_handler(
                     servicer.ForgetNode,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.AddUserRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListUsersRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'RevokeUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeUser,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.RevokeUserRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'GetAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAudit,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
             ),
     }
@@ -479,6 +548,114 @@ class Admin:
             target,
             '/fedgpu.v1.Admin/ForgetNode',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ForgetNodeRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/AddUser',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.AddUserRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/ListUsers',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListUsersRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/RevokeUser',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.RevokeUserRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/GetAudit',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
             options,
             channel_credentials,
