@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fedgpu.core import tls as tlsmod
+from fedgpu.core import tls_diagnosis
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.jsondoc import COUNT_KEY
 from fedgpu.core.tls import TlsFiles
@@ -35,10 +35,10 @@ SUBMIT_CHUNK = 1 << 20
 
 def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> FedgpuError:
     code = exc.code()
-    if tlsmod.looks_like_tls_failure(exc):
-        why = tlsmod.diagnose(address, tls)
+    if tls_diagnosis.worth_probing(exc):
+        why = tls_diagnosis.diagnose(address, tls)
         if why is not None:
-            return FedgpuError(why)
+            return FedgpuError(str(why))
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FedgpuError(
             f"cannot reach aggregator at {address} — is it running? Give its address "
