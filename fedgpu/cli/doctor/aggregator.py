@@ -28,12 +28,15 @@ def _node_credential(address: str, token: str | None, tls: Any) -> str | None:
 
 def aggregator_check(address: str, token: str | None, tls: Any,
                      operator_token: str | None = None) -> Check:
-    from fedgpu.core import admin_client
+    from fedgpu.core import admin_client, tls_diagnosis
 
     name = "aggregator"
     try:
         state = admin_client.health(address, tls=tls)
     except FedgpuError as exc:
+        if tls_diagnosis.diagnose(address, tls) is not None:
+            # A TLS mismatch or a wrong port: the line names the cause and its fix already.
+            return Check(name, FAIL, str(exc))
         return Check(name, FAIL, str(exc), "start the aggregator (fedgpu up, or fedgpu server "
                      "start) and check --address, the port mapping and firewalls")
     if state != "SERVING":
