@@ -21,7 +21,7 @@ from fedgpu.core import codec
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials, ssl_server_context
-from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
+from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size, is_loopback
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
 from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import Auth
@@ -48,7 +48,8 @@ DEFAULT_MAX_UPDATE_BYTES = 4 << 30
 class ServerConfig:
     # A job file queued at start (once per state directory); None: wait for submitted jobs.
     job_file: Path | None = None
-    host: str = "0.0.0.0"
+    # Loopback unless told otherwise: containers pass --host 0.0.0.0 explicitly.
+    host: str = "127.0.0.1"
     port: int = 50051
     token: str | None = None
     operator_token: str | None = None
@@ -67,8 +68,10 @@ class ServerConfig:
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
     tls: TlsFiles | None = None
-    # Prometheus text format on this port (same --host); 0 = off.
+    # Prometheus text format on metrics_host:metrics_port; 0 = off. Loopback unless told
+    # otherwise: it answers anyone who reaches it, with no credential.
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     # grpc.health.v1 alone, in plaintext, on this port (same --host); 0 = off. For probes
     # that cannot present a client certificate (Kubernetes' native `grpc:` probes): it
     # answers SERVING or NOT_SERVING and nothing else.
@@ -107,9 +110,10 @@ def _check(cfg: ServerConfig) -> bool:
         log.warning("INSECURE MODE: no token%s — anyone who reaches port %d can join "
                     "this federation, read its model and submit jobs",
                     "" if cfg.tls else ", no TLS", cfg.port)
-    elif cfg.tls is None:
-        log.warning("no TLS: the token and the model cross the network in plaintext; use "
-                    "--tls-cert/--tls-key/--tls-ca outside a trusted network")
+    elif cfg.tls is None and not is_loopback(cfg.host):
+        log.warning("serving plaintext on %s (not loopback): the token and the model cross "
+                    "the network in clear text; use --tls-cert/--tls-key/--tls-ca outside a "
+                    "trusted network", cfg.host)
     if not cfg.insecure and not cfg.operator_token and not mutual:
         log.warning("no --operator-token: nobody can submit jobs or ask for the status; "
                     "set FEDGPU_OPERATOR_TOKEN (or use mutual TLS with an operator "
@@ -202,7 +206,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if cfg.metrics_port:
         from fedgpu.server.views.metrics import serve_metrics
 
-        closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
+        closers.append(await serve_metrics(jobs, cfg.metrics_host, cfg.metrics_port))
     if cfg.ui_port:
         closers.append(await _serve_dashboard(cfg, jobs))
     await server.start()
@@ -276,7 +280,7 @@ async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServ
     from fedgpu.server.views.dashboard_auth import token_check
 
     assert cfg.operator_token
-    if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(cfg.ui_host):
         log.warning("the dashboard listens on %s over plain HTTP: whoever reaches it there "
                     "can try the operator token, which crosses that network in clear text; "
                     "publish it on localhost only (as compose does) or keep --ui-host "
