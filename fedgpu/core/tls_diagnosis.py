@@ -28,8 +28,9 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # An empty SETTINGS frame: a gRPC (HTTP/2) server answers with its own SETTINGS.
 H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 H2_FRAME_SETTINGS = 4
-# The bulk port's greeting with an empty ticket (fedgpu.core.bulk): it answers a status frame.
-BULK_HELLO = b"FGB1" + struct.pack(">H", 0)
+# The bulk port's greeting with a ticket no one issued (fedgpu.core.bulk): it answers with a
+# status frame that refuses it.
+BULK_HELLO = b"FGB1" + struct.pack(">H", 1) + b"?"
 # OpenSSL's verify codes (x509_vfy.h) that say which check failed.
 _NOT_YET_VALID, _EXPIRED = 9, 10
 _WRONG_CA = {2, 18, 19, 20, 21}
@@ -183,8 +184,8 @@ def _what_answers(address: str, port: int, what: str | None,
                   under_tls: bool = False) -> Diagnosis | None:
     if what == "bulk":
         return Diagnosis(Cause.BULK_PORT, (
-            f"{address} is the aggregator's bulk data port, not its gRPC port: by default the "
-            f"gRPC port is one below ({port - 1}) - use that address"))
+            f"{address} is the aggregator's bulk data port, not its gRPC port: use its --port "
+            f"(by default the bulk port is the gRPC port + 1: try {port - 1})"))
     if what == "http":
         return Diagnosis(Cause.HTTP_SERVER, (
             f"an HTTP server answers at {address} (the aggregator's dashboard or metrics port?), "
@@ -231,10 +232,12 @@ def probe(address: str, tls: TlsFiles | None, timeout: float = 3.0) -> Seen | No
 
 def worth_probing(exc: BaseException) -> bool:
     """A failed call that a probe may explain: gRPC's UNAVAILABLE covers every TLS failure,
-    a wrong port and a dead server alike."""
+    a wrong port and a dead server alike, and a channel that never connects (TLS against a
+    server that answers in plaintext) runs into the call's deadline instead."""
     import grpc
 
-    return isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+    return isinstance(exc, grpc.RpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def diagnose(address: str, tls: TlsFiles | None, timeout: float = 3.0) -> Diagnosis | None:
@@ -308,7 +311,10 @@ def _identify(host: str, port: int, tls: TlsFiles | None, timeout: float) -> str
     first = _ask(host, port, tls, H2_PREFACE + H2_SETTINGS, timeout)
     if first.startswith(b"HTTP/"):
         return "http"
-    if len(first) >= 4 and first[3] == H2_FRAME_SETTINGS:
+    if len(first) > 4 and first[4:5] == b"{":
+        return "bulk"  # a status frame: u32 length, then JSON (it refused our preface)
+    # An HTTP/2 server's first frame: its SETTINGS (type 4) on stream 0.
+    if len(first) >= 9 and first[3] == H2_FRAME_SETTINGS and first[5:9] == b"\0\0\0\0":
         return "grpc"
     answer = _ask(host, port, tls, BULK_HELLO, timeout)
     if len(answer) > 4 and answer[4:5] == b"{":

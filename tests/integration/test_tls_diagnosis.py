@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from fedgpu.core import certs, tls_diagnosis
 from fedgpu.core.tls import TlsFiles, server_credentials
 from fedgpu.core.tls_diagnosis import Cause
-from tests.fixtures.federation import cli
+from tests.fixtures.federation import Federation, cli, free_port
 
 
 def _dated(ca_dir: Path, out: Path, start: dt.datetime, end: dt.datetime) -> TlsFiles:
@@ -163,3 +163,36 @@ def test_a_working_connection_has_nothing_to_diagnose(pki: dict[str, TlsFiles], 
     assert tls_diagnosis.diagnose(serve(pki["good"]), pki["ca"]) is None
     assert tls_diagnosis.diagnose(serve(None), None) is None
     assert tls_diagnosis.diagnose(serve(pki["mutual"]), pki["site"]) is None
+
+
+def test_a_node_certificate_on_an_operator_command_says_so(
+        federation: Federation, pki: dict[str, TlsFiles]) -> None:
+    federation.tls = pki["site"]
+    federation.start_server(None, *_flags(pki["mutual"]))
+    r = cli("status", "--address", federation.address, *_flags(pki["site"]))
+    assert r.returncode == 1, r.stderr
+    _one_line(r.stderr, "is a node certificate (node 'site-a'); this command needs the "
+                        "operator credential")
+    assert "FEDGPU_TOKEN" not in r.stderr
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "mutual-tls"])
+def test_a_wrong_port_says_what_answers_there(federation: Federation, pki: dict[str, TlsFiles],
+                                              tls: bool) -> None:
+    ui, metrics, bulk_port = free_port(), free_port(), free_port()
+    server_flags = _flags(pki["mutual"]) if tls else []
+    client = pki["site"] if tls else None
+    federation.tls = client
+    federation.start_server(None, "--ui-port", str(ui), "--metrics-port", str(metrics),
+                            "--bulk-port", str(bulk_port), *server_flags)
+    bulk = f"127.0.0.1:{bulk_port}"
+    r = cli("status", "--address", bulk, *_flags(client))
+    _one_line(r.stderr, f"{bulk} is the aggregator's bulk data port, not its gRPC port: use "
+                        "its --port")
+    for other in (ui, metrics):
+        r = cli("status", "--address", f"127.0.0.1:{other}", *_flags(client))
+        _one_line(r.stderr, f"an HTTP server answers at 127.0.0.1:{other} (the aggregator's "
+                            "dashboard or metrics port?)")
+    r = cli("doctor", "--json", "--address", bulk, *_flags(client))
+    agg = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["aggregator"]
+    assert agg["status"] == "fail" and "bulk data port" in agg["detail"], agg
