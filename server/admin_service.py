@@ -52,9 +52,12 @@ def _digest(fh: Any) -> tuple[int, str]:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, jobs: JobManager, auth: Auth) -> None:
+    def __init__(self, jobs: JobManager, auth: Auth,
+                 dashboard: dict[str, Any] | None = None) -> None:
         self.jobs = jobs
         self.auth = auth
+        # Where the dashboard listens ({"host", "port"}; None: off): `fedgpu ui` asks.
+        self.dashboard = dashboard
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
         await context.abort(*status_of(exc))
@@ -66,7 +69,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         await self.auth.operator(context)
         try:
-            return _reply(docs.status_of(self.jobs, request.job_id))
+            return _reply({**docs.status_of(self.jobs, request.job_id),
+                           "dashboard": self.dashboard})
         except JobError as exc:
             await self._fail(context, exc)
             raise

@@ -157,7 +157,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     tickets = TicketBook() if cfg.bulk_port != 0 else None
     federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
     pb_grpc.add_FederationServicer_to_server(federation, server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
+    dashboard = {"host": cfg.ui_host, "port": cfg.ui_port} if cfg.ui_port else None
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth, dashboard), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -286,7 +287,9 @@ async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager) -> DashboardServ
                     "publish it on localhost only (as compose does) or keep --ui-host "
                     "127.0.0.1 and use an SSH tunnel", cfg.ui_host)
     dashboard = DashboardServer(DashboardSources(
-        status=lambda: docs.status_of(jobs),
+        # The same document as GetStatus (fedgpu status --json).
+        status=lambda: {**docs.status_of(jobs),
+                        "dashboard": {"host": cfg.ui_host, "port": cfg.ui_port}},
         nodes=lambda: docs.nodes_doc(jobs.registry),
         rounds=lambda: docs.rounds_of(jobs),
         is_operator=token_check(cfg.operator_token),
