@@ -48,7 +48,7 @@ def sim(
     """
     import grpc
 
-    from fedgpu.node.sim.node import RegisterTimeout
+    from fedgpu.node.sim.node import RegisterFailed
     from fedgpu.node.sim.records import SimConfig
     from fedgpu.node.sim.run import run_sim
 
@@ -65,8 +65,8 @@ def sim(
         result = asyncio.run(run_sim(cfg))
     except grpc.aio.AioRpcError as exc:
         raise FedgpuError(f"simulation stopped: {exc.code().name}: {exc.details()}") from None
-    except RegisterTimeout as exc:
-        raise FedgpuError(f"simulation stopped: {exc}") from None
+    except RegisterFailed as exc:
+        raise FedgpuError(str(exc)) from None
     typer.echo(json.dumps({"registered": result.registered, "tasks": result.tasks,
                            "errors": len(result.errors)}))
     raise typer.Exit(1 if result.errors else 0)

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 
 import fedgpu
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import bulk, codec, digests, tls_diagnosis
 from fedgpu.core.buffers import BufferPool
 from fedgpu.node.retry import RetryPolicy
 from fedgpu.node.sim import secure, synthetic
@@ -41,8 +41,10 @@ KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
               pb.TASK_KIND_EVALUATE: "evaluate"}
 
 
-class RegisterTimeout(Exception):
-    """The first registration found no aggregator within the simulation's connect timeout."""
+class RegisterFailed(Exception):
+    """The first registration cannot succeed: no aggregator within the simulation's connect
+    timeout, or one that refuses us for a reason a retry does not change (TLS, a wrong port;
+    the message names it, from fedgpu/core/tls_diagnosis.py)."""
 
 
 class SimNode:
@@ -69,9 +71,10 @@ class SimNode:
 
     # ---- registration ------------------------------------------------------------------
 
-    async def register(self, deadline: float | None) -> None:
+    async def register(self, deadline: float | None, diagnose: bool = False) -> None:
         """Register, waiting out an unreachable aggregator with jittered backoff until
-        `deadline` (time.monotonic(); None: for as long as the node runs)."""
+        `deadline` (time.monotonic(); None: for as long as the node runs). With `diagnose`,
+        a failure that is not an outage (TLS, a wrong port) ends it at once, named."""
         req = pb.RegisterRequest(
             node_name=self.name, version=fedgpu.__version__,
             devices=pb.DeviceInventory(nvml_available=False, nvml_reason="simulated node"),
@@ -89,11 +92,16 @@ class SimNode:
             except grpc.aio.AioRpcError as exc:
                 if not is_unreachable(exc):
                     raise
+                if diagnose and attempt == 0:
+                    why = await asyncio.to_thread(tls_diagnosis.diagnose, self.cfg.aggregator,
+                                                  self.cfg.tls)
+                    if why is not None:
+                        raise RegisterFailed(str(why)) from None
                 attempt += 1
                 delay = self.policy.delay(attempt)
                 if deadline is not None and time.monotonic() + delay > deadline:
-                    raise RegisterTimeout(f"{self.name}: no aggregator at "
-                                          f"{self.cfg.aggregator}: {exc.code().name}") from None
+                    raise RegisterFailed(f"{self.name}: no aggregator at "
+                                         f"{self.cfg.aggregator}: {exc.code().name}") from None
                 await asyncio.sleep(delay)
         self.node_id = reply.node_id
         self.heartbeat_s = max(1, reply.heartbeat_interval_s)

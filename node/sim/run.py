@@ -41,13 +41,19 @@ async def run_sim(cfg: SimConfig, stop: asyncio.Event | None = None) -> SimStats
         async with gate:
             await node.register(deadline)
 
+    async def register_all() -> None:
+        # The first alone, and it looks at why a connection fails (TLS, a wrong port): one
+        # probe for the process, not one per node.
+        await nodes[0].register(deadline, diagnose=True)
+        await asyncio.gather(*(register(n) for n in nodes[1:]))
+
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.gather(*(register(n) for n in nodes))
+        await register_all()
         stats.registered = len(nodes)
         stats.register_seconds = time.perf_counter() - started
         log.info("%d simulated nodes registered in %.1fs", len(nodes), stats.register_seconds)

@@ -158,6 +158,12 @@ def test_each_tls_failure_is_named_with_its_fix(
     assert r.returncode == 1, r.stderr[-3000:]
     _one_line(r.stderr, text)
 
+    # Simulated nodes, the same (one probe for the process).
+    r = cli("sim", "--aggregator", address, "--nodes", "3", "--params", "10", "--tensors", "1",
+            *_flags(client), timeout=90)
+    assert r.returncode == 1, r.stderr[-3000:]
+    _one_line(r.stderr, text)
+
 
 def test_a_working_connection_has_nothing_to_diagnose(pki: dict[str, TlsFiles], serve) -> None:
     assert tls_diagnosis.diagnose(serve(pki["good"]), pki["ca"]) is None
