@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -202,3 +203,34 @@ def test_a_wrong_port_says_what_answers_there(federation: Federation, pki: dict[
     r = cli("doctor", "--json", "--address", bulk, *_flags(client))
     agg = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["aggregator"]
     assert agg["status"] == "fail" and "bulk data port" in agg["detail"], agg
+
+
+def test_a_running_node_names_a_tls_failure_after_a_restart_once(
+        federation: Federation, pki: dict[str, TlsFiles], digits_split: list[Path],
+        tmp_path: Path) -> None:
+    """The aggregator comes back with a certificate that does not name the address the node
+    dials: the node keeps waiting for it (as for any outage) and says why, once."""
+    federation.tls = pki["site"]
+    server = federation.start_server(None, "--heartbeat-s", "1", *_flags(pki["mutual"]))
+    node = federation.start_node("site-a", digits_split[0], "--gpu", "none", "--no-prestart",
+                                 *_flags(pki["site"]))
+    end = time.monotonic() + 60
+    while "registered with" not in node.text():
+        assert time.monotonic() < end and node.popen.poll() is None, node.text()[-2000:]
+        time.sleep(0.3)
+    port = federation.address.rsplit(":", 1)[1]
+    server.popen.kill()  # a crash: no goodbye that could end the node's loop
+    server.popen.wait(timeout=30)
+    names = pki["names"]
+    federation.spawn("aggregator-2", ["server", "start", "--host", "127.0.0.1", "--port", port,
+                                      "--bulk-port", "0", *_flags(TlsFiles(
+                                          names.cert, names.key, pki["site"].ca))])
+    line = "the aggregator's certificate names aggregator, agg.example.org, 10.0.0.5 - not " \
+           "127.0.0.1"
+    end = time.monotonic() + 60
+    while line not in node.text():
+        assert time.monotonic() < end and node.popen.poll() is None, node.text()[-3000:]
+        time.sleep(0.5)
+    time.sleep(12)  # past the next look: the same cause is not said again
+    assert node.text().count(line) == 1, node.text()[-3000:]
+    assert node.popen.poll() is None  # it waits for its aggregator, as for any outage
