@@ -284,6 +284,8 @@ def _handshake(host: str, port: int, tls: TlsFiles | None, timeout: float, seen:
         if "alert" in text:
             seen.tls = True
             seen.alert = (exc.reason or str(exc)).lower().replace("_", " ")
+    except TimeoutError:
+        pass  # a slow server is not a refusal: nothing to say
     except OSError:
         if seen.tls:
             seen.closed_after_handshake = True
