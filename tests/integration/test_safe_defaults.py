@@ -10,8 +10,11 @@ operator says otherwise, by name."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.fixtures.federation import Federation, cli, free_port
 
@@ -83,3 +86,18 @@ def test_a_second_aggregator_on_a_port_in_use_fails_naming_it(federation: Federa
     assert "Traceback" not in r.stderr
     # The first one still answers alone.
     assert federation.query("GetStatus")["state"] in ("idle", "waiting")
+
+
+@pytest.mark.parametrize(("flag", "says"), [
+    ("--bulk-port", "cannot listen on the bulk port 127.0.0.1:{port}"),
+    ("--ui-port", "cannot serve the dashboard on 127.0.0.1:{port}"),
+    ("--metrics-port", "cannot serve metrics on 127.0.0.1:{port}"),
+])
+def test_every_port_in_use_fails_at_start_naming_it(flag: str, says: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = cli("server", "start", "--port", str(free_port()), flag, str(port), timeout=60)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert says.format(port=port) in r.stderr and "Traceback" not in r.stderr, r.stderr
