@@ -195,6 +195,9 @@ class Agent:
             return
         code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
         log.warning("lost the aggregator (%s); retrying in %.1fs", code, delay)
+        why = self.client.explain(exc)  # TLS or a wrong port: said once, with the fix
+        if why is not None:
+            log.warning("%s", why)
         self._set_state("reconnecting")
 
     def _pull(self) -> tuple[pb.TaskHeader, bytearray | None]:

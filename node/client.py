@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
-from fedgpu.core import codec
+from fedgpu.core import codec, tls_diagnosis
 from fedgpu.core.tls import TlsFiles
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.wire_client import (
@@ -32,6 +33,8 @@ __all__ = ["AggregatorClient", "ClientClosed", "PayloadError", "PayloadTooLarge"
            "is_unreachable"]
 
 T = TypeVar("T")
+# How often explain() may probe the aggregator's address while calls keep failing.
+EXPLAIN_EVERY_S = 10.0
 
 
 class ClientClosed(grpc.RpcError):
@@ -67,6 +70,10 @@ class AggregatorClient:
                  chunk_size: int = codec.DEFAULT_CHUNK_SIZE, tls: TlsFiles | None = None):
         self._loop = _Loop.get()
         self._closed = False
+        self._tls = tls
+        # What explain() said last, and when it last looked (it probes at most so often).
+        self._said: str | None = None
+        self._looked = -EXPLAIN_EVERY_S
 
         async def make() -> WireClient:
             # grpc.aio binds a channel to the loop it is made on.
@@ -100,6 +107,19 @@ class AggregatorClient:
             if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
                 raise ClientClosed() from None
             raise
+
+    def explain(self, exc: BaseException) -> str | None:
+        """Why calls fail, when it is not an outage (TLS, a wrong port: a line with the fix
+        from fedgpu/core/tls_diagnosis.py); None when there is nothing new to say. Looks at
+        most every EXPLAIN_EVERY_S and says each cause once, so a node that waits for its
+        aggregator names the cause without repeating it at every retry."""
+        now = time.monotonic()
+        if not tls_diagnosis.worth_probing(exc) or now - self._looked < EXPLAIN_EVERY_S:
+            return None
+        self._looked = now
+        why = tls_diagnosis.diagnose(self.address, self._tls)
+        said, self._said = self._said, str(why) if why is not None else None
+        return self._said if self._said != said else None
 
     def run(self, protocol: Callable[[WireClient], Coroutine[Any, Any, T]]) -> T:
         """A protocol written on the wire client (node/secagg.py), run on its loop; blocks."""

@@ -11,7 +11,7 @@ import threading
 import grpc
 
 import fedgpu
-from fedgpu.core import tls
+from fedgpu.core import tls_diagnosis
 from fedgpu.core.errors import FedgpuError
 from fedgpu.node import data, messages, nvml, policy
 from fedgpu.node.agent_config import AgentConfig
@@ -57,12 +57,12 @@ def _once(client: AggregatorClient, cfg: AgentConfig, req: pb.RegisterRequest
         if exc.code() in FINAL:
             raise FedgpuError(f"aggregator at {cfg.aggregator} refused us: "
                               f"{exc.details()}") from None
-        # A refused certificate reads as "Socket closed", like an outage; retrying
-        # would only hide the cause, so look at the handshake and stop if it is that.
-        why = (tls.diagnose(cfg.aggregator, cfg.tls)
-               if tls.looks_like_tls_failure(exc) else None)
+        # A refused certificate, a wrong name or a wrong port read as UNAVAILABLE, like an
+        # outage; retrying would only hide the cause, so look, and stop if it is one of those.
+        why = (tls_diagnosis.diagnose(cfg.aggregator, cfg.tls)
+               if tls_diagnosis.worth_probing(exc) else None)
         if why is not None:
-            raise FedgpuError(why) from None
+            raise FedgpuError(str(why)) from None
         if not is_unreachable(exc):
             raise FedgpuError(f"registration failed: {exc.details()}") from None
         raise

@@ -91,9 +91,12 @@ def _unidentified(context: grpc.aio.ServicerContext) -> str:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, jobs: JobManager, auth: Auth) -> None:
+    def __init__(self, jobs: JobManager, auth: Auth,
+                 dashboard: dict[str, Any] | None = None) -> None:
         self.jobs = jobs
         self.auth = auth
+        # Where the dashboard listens ({"host", "port"}; None: off): `fedgpu ui` asks.
+        self.dashboard = dashboard
 
     # ---- the guard's two hooks: who may call, and the record of the call ----------------
 
@@ -162,7 +165,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def GetStatus(self, request: admin_pb2.GetStatusRequest,
                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
         try:
-            return _reply(docs.status_of(self.jobs, request.job_id))
+            return _reply({**docs.status_of(self.jobs, request.job_id),
+                           "dashboard": self.dashboard})
         except JobError as exc:
             await self._fail(context, exc)
             raise

@@ -22,7 +22,7 @@ from fedgpu.core.audit import AUDIT_FILE, AuditLog
 from fedgpu.core.constants import JobState
 from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.tls import TlsFiles, server_credentials, ssl_server_context
-from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size
+from fedgpu.core.transport import SERVER_OPTIONS, check_chunk_size, is_loopback
 from fedgpu.proto import admin_pb2, admin_pb2_grpc, pb, pb_grpc
 from fedgpu.server.admin_service import AdminService
 from fedgpu.server.auth import Auth
@@ -51,7 +51,8 @@ DEFAULT_MAX_UPDATE_BYTES = 4 << 30
 class ServerConfig:
     # A job file queued at start (once per state directory); None: wait for submitted jobs.
     job_file: Path | None = None
-    host: str = "0.0.0.0"
+    # Loopback unless told otherwise: containers pass --host 0.0.0.0 explicitly.
+    host: str = "127.0.0.1"
     port: int = 50051
     token: str | None = None
     operator_token: str | None = None
@@ -70,8 +71,10 @@ class ServerConfig:
     exit_when_done: bool = False
     # cert+key: serve TLS; plus ca: require client certificates it signed (mutual TLS).
     tls: TlsFiles | None = None
-    # Prometheus text format on this port (same --host); 0 = off.
+    # Prometheus text format on metrics_host:metrics_port; 0 = off. Loopback unless told
+    # otherwise: it answers anyone who reaches it, with no credential.
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     # grpc.health.v1 alone, in plaintext, on this port (same --host); 0 = off. For probes
     # that cannot present a client certificate (Kubernetes' native `grpc:` probes): it
     # answers SERVING or NOT_SERVING and nothing else.
@@ -112,9 +115,10 @@ def _check(cfg: ServerConfig) -> bool:
         log.warning("INSECURE MODE: no token%s — anyone who reaches port %d can join "
                     "this federation, read its model and submit jobs",
                     "" if cfg.tls else ", no TLS", cfg.port)
-    elif cfg.tls is None:
-        log.warning("no TLS: the token and the model cross the network in plaintext; use "
-                    "--tls-cert/--tls-key/--tls-ca outside a trusted network")
+    elif cfg.tls is None and not is_loopback(cfg.host):
+        log.warning("serving plaintext on %s (not loopback): the token and the model cross "
+                    "the network in clear text; use --tls-cert/--tls-key/--tls-ca outside a "
+                    "trusted network", cfg.host)
     if not cfg.insecure and not cfg.operator_token and not mutual:
         log.warning("no --operator-token: nobody can submit jobs or ask for the status; "
                     "set FEDGPU_OPERATOR_TOKEN (or use mutual TLS with an operator "
@@ -161,7 +165,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     tickets = TicketBook() if cfg.bulk_port != 0 else None
     federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
     pb_grpc.add_FederationServicer_to_server(federation, server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth), server)
+    dashboard = {"host": cfg.ui_host, "port": cfg.ui_port} if cfg.ui_port else None
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth, dashboard), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -210,7 +215,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if cfg.metrics_port:
         from fedgpu.server.views.metrics import serve_metrics
 
-        closers.append(await serve_metrics(jobs, cfg.host, cfg.metrics_port))
+        closers.append(await serve_metrics(jobs, cfg.metrics_host, cfg.metrics_port))
     if cfg.ui_port:
         closers.append(await _serve_dashboard(cfg, jobs, auth))
     if cfg.tracking_uri:
@@ -291,13 +296,15 @@ async def _serve_dashboard(cfg: ServerConfig, jobs: JobManager, auth: Auth) -> D
     from fedgpu.server.views.dashboard_auth import token_check
 
     assert cfg.operator_token
-    if cfg.ui_host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(cfg.ui_host):
         log.warning("the dashboard listens on %s over plain HTTP: whoever reaches it there "
                     "can try the operator token, which crosses that network in clear text; "
                     "publish it on localhost only (as compose does) or keep --ui-host "
                     "127.0.0.1 and use an SSH tunnel", cfg.ui_host)
     dashboard = DashboardServer(DashboardSources(
-        status=lambda: docs.status_of(jobs),
+        # The same document as GetStatus (fedgpu status --json).
+        status=lambda: {**docs.status_of(jobs),
+                        "dashboard": {"host": cfg.ui_host, "port": cfg.ui_port}},
         nodes=lambda: docs.nodes_doc(jobs.registry),
         rounds=lambda: docs.rounds_of(jobs),
         is_operator=token_check(cfg.operator_token),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -33,21 +34,30 @@ def init(directory: Dir = Path("certs"), days: Days = 3650, force: Force = False
 def server(
     directory: Dir = Path("certs"),
     san: Annotated[list[str] | None, typer.Option(
-        "--san", help="Host name or IP nodes dial (repeat); default localhost, 127.0.0.1, "
-                      "aggregator.")] = None,
+        "--san", help="Another host name or IP nodes dial (repeat); added to localhost, "
+                      "127.0.0.1 and aggregator, which stay unless --no-default-sans.")] = None,
+    default_sans: Annotated[bool, typer.Option(
+        "--default-sans/--no-default-sans",
+        help="Keep localhost, 127.0.0.1 and aggregator among the names.")] = True,
     name: Annotated[str, typer.Option(help="Common name.")] = "aggregator",
     days: Days = 825,
     force: Force = False,
 ) -> None:
-    """Issue the aggregator's certificate into DIR/server/ (with a copy of ca.crt).
+    """Issue the aggregator's certificate into DIR/server/ (with a copy of ca.crt). It names
+    localhost, 127.0.0.1 and aggregator, and each --san.
 
     Example: fedgpu certs server --dir certs --san aggregator.example.org
     """
     from fedgpu.core import certs
 
-    issued = certs.issue_server(directory, name, san or None, days, force)
+    sans = certs.server_sans(san or [], default_sans)
+    if not sans:
+        raise ConfigError("--no-default-sans needs at least one --san: the names nodes dial")
+    issued = certs.issue_server(directory, name, sans, days, force)
     typer.echo(f"aggregator: --tls-cert {issued.cert} --tls-key {issued.key} "
                f"--tls-ca {issued.ca}")
+    typer.echo(f"it names {', '.join(dict.fromkeys([name, *sans]))}: nodes must dial one "
+               "of those")
 
 
 def node(
@@ -76,14 +86,18 @@ def operator(
     ] = DEFAULT_ADDRESS,
     save: Annotated[bool, typer.Option(
         "--save/--no-save", help="Also save a connection (address, CA, this certificate) "
-        "for the admin commands; the first one saved becomes the default.")] = True,
+        "for the admin commands, under its name (--connection NAME).")] = True,
     save_as: Annotated[str | None, typer.Option(
         "--save-as", help="The saved connection's name (default: the operator's name).")
     ] = None,
+    make_default: Annotated[bool, typer.Option(
+        "--default", help="Also make the saved connection the default one (the commands "
+        "then use it without --connection).")] = False,
 ) -> None:
     """Issue an operator's client certificate into DIR/operators/NAME/: it may submit, stop
     and read jobs and the federation, and may not register as a node. Saves a connection
-    that uses it, so `fedgpu status --connection NAME` needs no TLS options.
+    that uses it, so `fedgpu status --connection NAME` needs no TLS options; it never
+    becomes the default connection unless --default says so.
 
     Example: fedgpu certs operator --dir certs --address aggregator.example.org:50051
     """
@@ -102,11 +116,17 @@ def operator(
             tls_cert=issued.cert.resolve(), tls_key=issued.key.resolve())
         with connections.editing() as box:
             replaced = saved.name in box[0].saved
-            box[0] = connections.put(box[0], saved, make_default=False)
+            before = box[0].default
+            box[0] = connections.put(box[0], saved, make_default=make_default)
+            if not make_default:
+                # Making a certificate never changes which aggregator the commands talk to.
+                box[0] = dataclasses.replace(box[0], default=before)
             default = box[0].default == saved.name
         typer.echo(f"{'replaced' if replaced else 'saved'} connection {saved.name!r} "
                    f"({address}{', the default' if default else ''}) in "
-                   f"{connections.file_path()}: fedgpu status --connection {saved.name}")
+                   f"{connections.file_path()}: fedgpu status --connection {saved.name}"
+                   + ("" if default else f" (or 'fedgpu connection use {saved.name}' to "
+                      "make it the default)"))
 
 
 def k8s_secrets(

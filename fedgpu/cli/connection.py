@@ -121,7 +121,8 @@ def show(conn: Target, as_json: AsJson = False) -> None:
     if as_json:
         print_json(doc)
         return
-    lines = [f"{k:<10} {v if v is not None else '-'}" for k, v in doc.items()]
+    shown = {**doc, "token": "set" if conn.token is not None else "not set"}
+    lines = [f"{k:<10} {v if v is not None else '-'}" for k, v in shown.items()]
     typer.echo("\n".join(lines))
 
 

@@ -41,13 +41,16 @@ def sim(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run simulated nodes (real wire protocol, synthetic updates, no torch) until the
-    aggregator shuts down, or until SIGTERM / Ctrl-C.
+    aggregator says stop, or until SIGTERM / Ctrl-C. Like real nodes they wait out an
+    aggregator restart and register again.
 
     Example: fedgpu sim --aggregator localhost:50051 --nodes 100 --token TOKEN
     """
     import grpc
 
-    from fedgpu.cli.simnode import SimConfig, run_sim
+    from fedgpu.node.sim.node import RegisterFailed
+    from fedgpu.node.sim.records import SimConfig
+    from fedgpu.node.sim.run import run_sim
 
     logs.setup(log_level)
     if nodes < 1 or params < tensors or tensors < 1:
@@ -62,6 +65,8 @@ def sim(
         result = asyncio.run(run_sim(cfg))
     except grpc.aio.AioRpcError as exc:
         raise FedgpuError(f"simulation stopped: {exc.code().name}: {exc.details()}") from None
+    except RegisterFailed as exc:
+        raise FedgpuError(str(exc)) from None
     typer.echo(json.dumps({"registered": result.registered, "tasks": result.tasks,
                            "errors": len(result.errors)}))
     raise typer.Exit(1 if result.errors else 0)

@@ -41,14 +41,18 @@ def status(conn: Target, as_json: AsJson = False,
     answer(conn, "GetStatus", as_json, show_status, job_id=job)
 
 
+def _shown(v: Any) -> str:
+    # No run yet: its id, task and strategy are null in the JSON and "-" for people.
+    return "-" if v is None or v == "" else fmt_value(v)
+
+
 def show_status(doc: dict[str, Any]) -> None:
     cur = doc["current_round"]
     lines = [
-        f"job {doc.get('job_id') or '-'}  run {doc['run_id']}  state {doc['state']}  "
-        f"task {doc['task']}  "
-        f"strategy {doc['strategy']}",
-        f"round {doc['round']}/{doc['rounds']}  nodes {doc['nodes']['alive']} alive of "
-        f"{doc['nodes']['registered']}  accuracy {fmt_value(doc['accuracy'])}  "
+        f"job {_shown(doc.get('job_id'))}  run {_shown(doc['run_id'])}  state {doc['state']}  "
+        f"task {_shown(doc['task'])}  strategy {_shown(doc['strategy'])}",
+        f"round {_shown(doc['round'])}/{_shown(doc['rounds'])}  nodes {doc['nodes']['alive']} "
+        f"alive of {doc['nodes']['registered']}  accuracy {fmt_value(doc['accuracy'])}  "
         f"loss {fmt_value(doc['loss'])}",
     ]
     if cur:

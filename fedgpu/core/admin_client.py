@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fedgpu.core import tls as tlsmod
+from fedgpu.core import tls_diagnosis
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.jsondoc import COUNT_KEY
 from fedgpu.core.tls import TlsFiles
@@ -39,20 +39,43 @@ SUBMIT_CHUNK = 1 << 20
 
 def _explain(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> FedgpuError:
     code = exc.code()
-    if tlsmod.looks_like_tls_failure(exc):
-        why = tlsmod.diagnose(address, tls)
+    if tls_diagnosis.worth_probing(exc):
+        why = tls_diagnosis.diagnose(address, tls)
         if why is not None:
-            return FedgpuError(why)
+            return FedgpuError(str(why))
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FedgpuError(
             f"cannot reach aggregator at {address} — is it running? Give its address "
             "(--address HOST:PORT) or a saved connection (--connection NAME; 'fedgpu "
             "connection list' shows them)")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        why = _node_certificate(address, tls)
+        if why is not None:
+            return FedgpuError(why)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return FedgpuError(f"aggregator at {address}: {exc.details()}")
     return FedgpuError(f"aggregator at {address} answered {code.name}: {exc.details()}")
+
+
+def _node_certificate(address: str, tls: TlsFiles | None) -> str | None:
+    """A refusal explained by our certificate: a node's, on a call for operators (the
+    aggregator then checks the node token, and would suggest FEDGPU_TOKEN)."""
+    if tls is None or tls.cert is None:
+        return None
+    from fedgpu.core import certs
+
+    try:
+        pem = tls.cert.read_bytes()
+        role, name = certs.role(pem), certs.identity(pem)
+    except (OSError, ValueError):
+        return None
+    if role is not None and role is not certs.Role.NODE:
+        return None
+    return (f"aggregator at {address}: {tls.cert} is a node certificate (node {name!r}); this "
+            "command needs the operator credential, an operator certificate: 'fedgpu certs "
+            "operator NAME --dir DIR' issues one (and saves a connection with it)")
 
 
 # The list documents come in pages (each fits a gRPC message); query() joins them.

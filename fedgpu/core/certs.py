@@ -188,6 +188,12 @@ def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: 
     return Issued(cert_path, key_path, ca_copy)
 
 
+def server_sans(given: list[str], keep_defaults: bool = True) -> list[str]:
+    """The names on the aggregator's certificate: the defaults (localhost, 127.0.0.1,
+    aggregator) and those given, unless told to drop the defaults."""
+    return list(dict.fromkeys([*(DEFAULT_SANS if keep_defaults else ()), *given]))
+
+
 def issue_server(ca_dir: Path, name: str = "aggregator", sans: list[str] | None = None,
                  days: int = 825, force: bool = False) -> Issued:
     return _issue(ca_dir, ca_dir / SERVER_DIR, SERVER_CERT, SERVER_KEY, name,

@@ -1,14 +1,12 @@
 """TLS settings shared by the aggregator, the nodes and the admin CLI.
 
 Reads the PEM files once (a missing or unreadable file is a one-line ConfigError, not a gRPC
-crash), builds gRPC credentials, and explains TLS failures that gRPC reports only as
-"Socket closed" — from the client side a refused client certificate looks exactly like a dead
-server, so we look at the handshake ourselves before telling the operator what is wrong.
+crash) and builds gRPC credentials and the bulk port's SSL contexts. Why a TLS connection
+fails (gRPC says only "Socket closed") is fedgpu/core/tls_diagnosis.py's question.
 """
 
 from __future__ import annotations
 
-import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,57 +96,3 @@ def ssl_client_context(tls: TlsFiles) -> ssl.SSLContext:
     if tls.cert is not None and tls.key is not None:
         ctx.load_cert_chain(str(tls.cert), str(tls.key))
     return ctx
-
-
-def looks_like_tls_failure(exc: grpc.RpcError) -> bool:
-    details = (exc.details() or "").lower()
-    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
-        s in details for s in ("socket closed", "handshake", "ssl", "certificate", "tls"))
-
-
-def diagnose(address: str, tls: TlsFiles | None, timeout: float = 3.0) -> str | None:
-    """Why a TLS connection to `address` fails, in one line with the fix; None if it works,
-    or if the aggregator cannot be reached at all (then it is an ordinary outage)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    try:
-        raw = socket.create_connection((host, int(port)), timeout=timeout)
-    except (OSError, ValueError):
-        return None
-    with raw:
-        ctx = ssl.create_default_context()
-        ctx.set_alpn_protocols(["h2"])
-        if tls is None:
-            # We speak plaintext; find out whether the other side wants TLS.
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            if tls.ca is not None:
-                ctx.load_verify_locations(cafile=str(tls.ca))
-            if tls.cert is not None and tls.key is not None:
-                ctx.load_cert_chain(str(tls.cert), str(tls.key))
-        try:
-            with ctx.wrap_socket(raw, server_hostname=host) as conn:
-                conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-                answer = conn.recv(64)
-        except ssl.SSLCertVerificationError as exc:
-            return (f"the aggregator's certificate at {address} is not trusted "
-                    f"({exc.verify_message}): pass --tls-ca with the CA that signed it, and "
-                    "make sure its SANs include the host you dial ('fedgpu certs server --san')")
-        except ssl.SSLError as exc:
-            if tls is None:
-                return None
-            return f"TLS handshake with {address} failed: {exc.reason or exc}"
-        except OSError:
-            return None
-    if tls is None:
-        return (f"the aggregator at {address} speaks TLS and we do not: pass --tls-ca (and "
-                "--tls-cert/--tls-key if it requires client certificates)")
-    if answer:
-        return None
-    # Handshake done, then the server hung up without a word: it rejected our certificate.
-    if tls.cert is None:
-        return (f"the aggregator at {address} requires a client certificate (mutual TLS): "
-                "pass --tls-cert/--tls-key from 'fedgpu certs node NAME'")
-    return (f"the aggregator at {address} refused our client certificate {tls.cert}: it must "
-            "be issued by the aggregator's CA ('fedgpu certs node NAME' with the same --dir)")

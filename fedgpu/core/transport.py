@@ -27,6 +27,9 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     # Many nodes behind one NAT would otherwise hit the default per-connection stream cap
     # when they share a connection through a proxy.
     ("grpc.max_concurrent_streams", 4096),
+    # gRPC sets SO_REUSEPORT by default, so a second aggregator on the same port would start
+    # and share it (each connection going to either one); without it the bind fails at start.
+    ("grpc.so_reuseport", 0),
 ]
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
@@ -55,6 +58,18 @@ def aio_channel(address: str, tls: TlsFiles | None = None) -> grpc.aio.Channel:
     if tls is None:
         return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     return grpc.aio.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a port on this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

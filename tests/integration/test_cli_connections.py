@@ -58,7 +58,7 @@ def operated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operated]:
         server = op.certs / "server"
         port = free_port()
         r = op.cli("certs", "operator", "--dir", str(op.certs), "--address",
-                   f"127.0.0.1:{port}")
+                   f"127.0.0.1:{port}", "--default")
         assert r.returncode == 0, r.stderr
         assert "saved connection 'operator'" in r.stdout and "the default" in r.stdout
         fed.tls = TlsFiles(op.certs / "operators/operator/operator.crt",

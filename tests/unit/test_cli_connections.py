@@ -232,3 +232,40 @@ def test_a_stuck_writer_is_waited_for_a_bounded_time(config: Path,
     with connections.editing() as box:  # free again
         box[0] = connections.put(box[0], connections.SavedConnection("a", "a:1"), False)
     assert "a" in connections.load().saved
+
+
+def test_making_a_certificate_never_changes_the_default_connection(config: Path,
+                                                                     tmp_path: Path) -> None:
+    d = tmp_path / "certs"
+    _cli("certs", "init", "--dir", str(d))
+    out = _cli("certs", "operator", "alice", "--dir", str(d), "--address", "agg:50051")
+    # Saved under its name, said so, and not the default: commands without --connection keep
+    # talking to what they talked to before.
+    assert "saved connection 'alice' (agg:50051)" in out
+    assert "fedgpu connection use alice" in out
+    assert connections.load().default is None
+    _cli("connection", "add", "prod", "--address", "prod:50051", "--default")
+    _cli("certs", "operator", "bob", "--dir", str(d), "--address", "agg:50051")
+    assert connections.load().default == "prod"
+    out = _cli("certs", "operator", "carol", "--dir", str(d), "--address", "agg:50051",
+               "--default")
+    assert "(agg:50051, the default)" in out and connections.load().default == "carol"
+
+
+def test_certs_server_keeps_the_loopback_names_beside_those_given(tmp_path: Path) -> None:
+    from fedgpu.core.tls_diagnosis import cert_facts
+
+    d = tmp_path / "certs"
+    _cli("certs", "init", "--dir", str(d))
+    out = _cli("certs", "server", "--dir", str(d), "--san", "agg.example.org",
+               "--san", "10.0.0.5")
+    names = cert_facts((d / "server" / "server.crt").read_bytes()).names
+    assert set(names) == {"aggregator", "localhost", "127.0.0.1", "agg.example.org", "10.0.0.5"}
+    assert "agg.example.org" in out
+    _cli("certs", "server", "--dir", str(d), "--san", "agg.example.org", "--no-default-sans",
+         "--force")
+    names = cert_facts((d / "server" / "server.crt").read_bytes()).names
+    assert set(names) == {"aggregator", "agg.example.org"}  # the common name stays a name
+    r = CliRunner().invoke(app, ["certs", "server", "--dir", str(d), "--no-default-sans",
+                                 "--force"])
+    assert r.exit_code != 0 and "needs at least one --san" in str(r.exception)

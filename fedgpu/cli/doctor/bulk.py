@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedgpu.cli.doctor.checks import OK, WARN, Check
+from fedgpu.cli.doctor.result import OK, WARN, Check
 from fedgpu.core.errors import FedgpuError
 
 NAME = "bulk_port"

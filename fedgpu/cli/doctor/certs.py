@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from fedgpu.cli.doctor.checks import FAIL, OK, WARN, Check
+from fedgpu.cli.doctor.result import FAIL, OK, WARN, Check
 
 EXPIRY_WARN_DAYS = 30
 

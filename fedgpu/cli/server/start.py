@@ -19,7 +19,10 @@ def start(
         "--job", envvar="FEDGPU_JOB",
         help="Also queue this job file at start (once per state directory); without it the "
         "federation waits for 'fedgpu job submit'.")] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    host: Annotated[str, typer.Option(
+        help="Address the gRPC and bulk ports listen on: loopback unless you say otherwise "
+        "(0.0.0.0 for every interface, as the containers do); plaintext on a non-loopback "
+        "address is warned about.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="FEDGPU_PORT", help="gRPC port.")] = 50051,
     bulk_port: Annotated[int | None, typer.Option(
         envvar="FEDGPU_BULK_PORT", min=0, max=65535, show_default="the gRPC port + 1",
@@ -60,7 +63,12 @@ def start(
         "--exit-when-done", help="Stop serving once every queued job has ended.")] = False,
     metrics_port: Annotated[int, typer.Option(
         envvar="FEDGPU_METRICS_PORT",
-        help="Serve Prometheus metrics on http://HOST:PORT/metrics; 0 = off.")] = 0,
+        help="Serve Prometheus metrics on http://METRICS_HOST:PORT/metrics; 0 = off.")] = 0,
+    metrics_host: Annotated[str, typer.Option(
+        envvar="FEDGPU_METRICS_HOST",
+        help="Address the metrics port listens on; loopback unless you mean otherwise (it "
+        "answers without a credential: the containers open it to their network only).")
+    ] = "127.0.0.1",
     health_port: Annotated[int, typer.Option(
         envvar="FEDGPU_HEALTH_PORT", min=0, max=65535,
         help="Also answer grpc.health.v1 (and nothing else) in plaintext on this port, for "
@@ -118,6 +126,7 @@ def start(
         exit_when_done=exit_when_done,
         tls=tls.from_options(tls_cert, tls_key, tls_ca),
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         health_port=health_port,
         ui_port=ui_port,
         ui_host=ui_host,
