@@ -25,13 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lint_layers import stage  # noqa: E402  (a sibling script, not a package)
 
-# Cycles whose fix is under way elsewhere, tolerated only while their files exist. The CLI's
-# simulated node (cli/simnode.py <-> cli/simsecagg.py) moves to the node side and doctor's
-# checks are untangled on the "sim" branch (issue 34): the lead removes these at that merge.
-KNOWN: list[frozenset[str]] = [
-    frozenset({"fedgpu.cli.simnode", "fedgpu.cli.simsecagg"}),
-    frozenset({"fedgpu.cli.doctor.bulk", "fedgpu.cli.doctor.certs", "fedgpu.cli.doctor.checks"}),
-]
+# Cycles tolerated while a fix is under way elsewhere (each while its files exist): none now.
+KNOWN: list[frozenset[str]] = []
 
 # Run in a fresh interpreter whose path starts at the staged layout: the caller may have
 # imported fedgpu from the repository already (the tests do).
