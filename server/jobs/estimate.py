@@ -89,6 +89,11 @@ def describe(est: dict[str, Any]) -> str:
 
 
 def duration(seconds: float) -> str:
+    # "about 0 s of training" read as nothing to do; a short job says how short it is.
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     minutes = seconds / 60

@@ -68,3 +68,12 @@ def test_a_node_keeps_a_bounded_list_of_speeds() -> None:
     node.measured("neg", -1.0)
     assert len(node.throughput) == 16 and "task-39" in node.throughput
     assert "bad" not in node.throughput and "neg" not in node.throughput
+
+
+def test_short_durations_say_how_short_not_zero() -> None:
+    from fedgpu.server.jobs.estimate import duration
+
+    assert duration(0.2) == "under 1 s"
+    assert duration(2.46) == "2.5 s"
+    assert duration(42) == "42 s"
+    assert duration(600) == "10 min"
