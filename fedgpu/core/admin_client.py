@@ -28,6 +28,7 @@ _REQUESTS = {
     "GetJob": admin_pb2.GetJobRequest,
     "StopJob": admin_pb2.StopJobRequest,
     "ForgetNode": admin_pb2.ForgetNodeRequest,
+    "StopServer": admin_pb2.StopServerRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"0\n\x11\x46orgetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\"\n\x10ListNodesRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"3\n\x11ListRoundsRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x9f\x01\n\x0fSubmitJobHeader\x12\x10\n\x08job_toml\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x13\n\x0b\x62undle_size\x18\x03 \x01(\x03\x12\x15\n\rbundle_sha256\x18\x04 \x01(\t\x12\x1c\n\x14initial_weights_size\x18\x14 \x01(\x03\x12\x1e\n\x16initial_weights_sha256\x18\x15 \x01(\t\"V\n\x0eSubmitJobChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedgpu.v1.SubmitJobHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x11\n\x0fListJobsRequest\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"&\n\x14\x44ownloadModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x0bModelHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"N\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedgpu.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\x88\x05\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tSubmitJob\x12\x19.fedgpu.v1.SubmitJobChunk\x1a\x14.fedgpu.v1.JsonReply(\x01\x12<\n\x08ListJobs\x12\x1a.fedgpu.v1.ListJobsRequest\x1a\x14.fedgpu.v1.JsonReply\x12\x38\n\x06GetJob\x12\x18.fedgpu.v1.GetJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07StopJob\x12\x19.fedgpu.v1.StopJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x07JobLogs\x12\x19.fedgpu.v1.JobLogsRequest\x1a\x14.fedgpu.v1.JsonReply0\x01\x12I\n\rDownloadModel\x12\x1f.fedgpu.v1.DownloadModelRequest\x1a\x15.fedgpu.v1.ModelChunk0\x01\x12@\n\nForgetNode\x12\x1c.fedgpu.v1.ForgetNodeRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"0\n\x11\x46orgetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\")\n\x11StopServerRequest\x12\x14\n\x0cretire_nodes\x18\x01 \x01(\x08\"\"\n\x10ListNodesRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"3\n\x11ListRoundsRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x9f\x01\n\x0fSubmitJobHeader\x12\x10\n\x08job_toml\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x13\n\x0b\x62undle_size\x18\x03 \x01(\x03\x12\x15\n\rbundle_sha256\x18\x04 \x01(\t\x12\x1c\n\x14initial_weights_size\x18\x14 \x01(\x03\x12\x1e\n\x16initial_weights_sha256\x18\x15 \x01(\t\"V\n\x0eSubmitJobChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedgpu.v1.SubmitJobHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x11\n\x0fListJobsRequest\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"&\n\x14\x44ownloadModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x0bModelHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"N\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedgpu.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xca\x05\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tSubmitJob\x12\x19.fedgpu.v1.SubmitJobChunk\x1a\x14.fedgpu.v1.JsonReply(\x01\x12<\n\x08ListJobs\x12\x1a.fedgpu.v1.ListJobsRequest\x1a\x14.fedgpu.v1.JsonReply\x12\x38\n\x06GetJob\x12\x18.fedgpu.v1.GetJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07StopJob\x12\x19.fedgpu.v1.StopJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x07JobLogs\x12\x19.fedgpu.v1.JobLogsRequest\x1a\x14.fedgpu.v1.JsonReply0\x01\x12I\n\rDownloadModel\x12\x1f.fedgpu.v1.DownloadModelRequest\x1a\x15.fedgpu.v1.ModelChunk0\x01\x12@\n\nForgetNode\x12\x1c.fedgpu.v1.ForgetNodeRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nStopServer\x12\x1c.fedgpu.v1.StopServerRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FORGETNODEREQUEST']._serialized_start=49
   _globals['_FORGETNODEREQUEST']._serialized_end=97
-  _globals['_LISTNODESREQUEST']._serialized_start=99
-  _globals['_LISTNODESREQUEST']._serialized_end=133
-  _globals['_GETSTATUSREQUEST']._serialized_start=135
-  _globals['_GETSTATUSREQUEST']._serialized_end=169
-  _globals['_LISTROUNDSREQUEST']._serialized_start=171
-  _globals['_LISTROUNDSREQUEST']._serialized_end=222
-  _globals['_SUBMITJOBHEADER']._serialized_start=225
-  _globals['_SUBMITJOBHEADER']._serialized_end=384
-  _globals['_SUBMITJOBCHUNK']._serialized_start=386
-  _globals['_SUBMITJOBCHUNK']._serialized_end=472
-  _globals['_LISTJOBSREQUEST']._serialized_start=474
-  _globals['_LISTJOBSREQUEST']._serialized_end=491
-  _globals['_GETJOBREQUEST']._serialized_start=493
-  _globals['_GETJOBREQUEST']._serialized_end=524
-  _globals['_STOPJOBREQUEST']._serialized_start=526
-  _globals['_STOPJOBREQUEST']._serialized_end=558
-  _globals['_JOBLOGSREQUEST']._serialized_start=560
-  _globals['_JOBLOGSREQUEST']._serialized_end=627
-  _globals['_DOWNLOADMODELREQUEST']._serialized_start=629
-  _globals['_DOWNLOADMODELREQUEST']._serialized_end=667
-  _globals['_MODELHEADER']._serialized_start=669
-  _globals['_MODELHEADER']._serialized_end=743
-  _globals['_MODELCHUNK']._serialized_start=745
-  _globals['_MODELCHUNK']._serialized_end=823
-  _globals['_JSONREPLY']._serialized_start=825
-  _globals['_JSONREPLY']._serialized_end=850
-  _globals['_ADMIN']._serialized_start=853
-  _globals['_ADMIN']._serialized_end=1501
+  _globals['_STOPSERVERREQUEST']._serialized_start=99
+  _globals['_STOPSERVERREQUEST']._serialized_end=140
+  _globals['_LISTNODESREQUEST']._serialized_start=142
+  _globals['_LISTNODESREQUEST']._serialized_end=176
+  _globals['_GETSTATUSREQUEST']._serialized_start=178
+  _globals['_GETSTATUSREQUEST']._serialized_end=212
+  _globals['_LISTROUNDSREQUEST']._serialized_start=214
+  _globals['_LISTROUNDSREQUEST']._serialized_end=265
+  _globals['_SUBMITJOBHEADER']._serialized_start=268
+  _globals['_SUBMITJOBHEADER']._serialized_end=427
+  _globals['_SUBMITJOBCHUNK']._serialized_start=429
+  _globals['_SUBMITJOBCHUNK']._serialized_end=515
+  _globals['_LISTJOBSREQUEST']._serialized_start=517
+  _globals['_LISTJOBSREQUEST']._serialized_end=534
+  _globals['_GETJOBREQUEST']._serialized_start=536
+  _globals['_GETJOBREQUEST']._serialized_end=567
+  _globals['_STOPJOBREQUEST']._serialized_start=569
+  _globals['_STOPJOBREQUEST']._serialized_end=601
+  _globals['_JOBLOGSREQUEST']._serialized_start=603
+  _globals['_JOBLOGSREQUEST']._serialized_end=670
+  _globals['_DOWNLOADMODELREQUEST']._serialized_start=672
+  _globals['_DOWNLOADMODELREQUEST']._serialized_end=710
+  _globals['_MODELHEADER']._serialized_start=712
+  _globals['_MODELHEADER']._serialized_end=786
+  _globals['_MODELCHUNK']._serialized_start=788
+  _globals['_MODELCHUNK']._serialized_end=866
+  _globals['_JSONREPLY']._serialized_start=868
+  _globals['_JSONREPLY']._serialized_end=893
+  _globals['_ADMIN']._serialized_start=896
+  _globals['_ADMIN']._serialized_end=1610
 # @@protoc_insertion_point(module_scope)
