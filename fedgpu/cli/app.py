@@ -27,6 +27,7 @@ from fedgpu.cli.job import model as job_model
 from fedgpu.cli.job import status as job_status
 from fedgpu.cli.job import stop as job_stop
 from fedgpu.cli.job import submit as job_submit
+from fedgpu.cli.kit import commands as kit_commands
 from fedgpu.cli.node import approve as node_approve
 from fedgpu.cli.node import factory as node_factory
 from fedgpu.cli.node import health as node_health
@@ -106,6 +107,10 @@ certs_app.command("server")(certs.server)
 certs_app.command("node")(certs.node)
 certs_app.command("operator")(certs.operator)
 certs_app.command("k8s-secrets")(certs.k8s_secrets)
+kit_app = _group("kit", "Startup kits: one directory per site ('fedgpu node start --kit DIR') "
+                 "and per person (a saved connection).", DEPLOY)
+kit_app.command("site")(kit_commands.site)
+kit_app.command("operator")(kit_commands.operator)
 server_app = _group("server", "The aggregator.", DEPLOY)
 server_app.command("start")(server_start.start)
 server_app.command("stop")(server_stop.stop)
