@@ -248,7 +248,9 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         lifecycle.retire = "the run is over"
     jobs.exiting.set()
     if stop.is_set():
-        log.info("shutting down: %s", "retiring every node" if lifecycle.retire
+        log.info("shutting down on %s: %s",
+                 "request ('fedgpu server stop')" if lifecycle.requested else "signal",
+                 "retiring every node" if lifecycle.retire
                  else "nodes keep their registration and reconnect after a restart")
     for node in registry.all():
         # Polls end now: retired nodes hear so, the others that the aggregator is stopping.
@@ -281,9 +283,10 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
 
 
 async def _flush_registry(registry: Registry, interval_s: float) -> None:
-    """Nodes' last-seen times to disk every few heartbeats: a SIGKILL loses that much."""
+    """Nodes' last-seen times to disk every few heartbeats (at least 10 s apart: one
+    transaction for the whole registry each time); a SIGKILL loses that much."""
     while True:
-        await asyncio.sleep(max(2.0, 2 * interval_s))
+        await asyncio.sleep(max(10.0, 2 * interval_s))
         try:
             registry.flush()
         except sqlite3.Error as exc:

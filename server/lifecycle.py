@@ -17,8 +17,11 @@ class Lifecycle:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Non-empty: every node is told it is retired, with this reason, and exits.
     retire: str = ""
+    # The stop came from `fedgpu server stop` (else from a signal), for the log.
+    requested: bool = False
 
     def request_stop(self, retire: str = "") -> None:
+        self.requested = True
         if retire:
             self.retire = retire
         self.stop.set()
