@@ -196,6 +196,8 @@ class Registry:
             labels=labels,
             tasks=tasks,
             identity=digest,
+            # Its task loop starts now: one that never polls is not sampled for long.
+            loop_seen=now,
         )
         self._nodes[node_id] = node
         self._save([node])

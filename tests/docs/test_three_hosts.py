@@ -7,6 +7,7 @@ removed whether the page passed or not."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,8 +57,11 @@ def test_three_hosts_runs_as_written(tmp_path: Path) -> None:
     finally:
         _clean()
     work = tmp_path / "checkout"
+    aggregator = (work / "aggregator.log").read_text()
     # Each site registered from its own namespace's address, under its certificate's name.
     for n, site in enumerate(SITES, start=1):
+        assert re.search(rf"node {site} registered as {site}-\S+ from ipv4:10\.200\.{n}\.2:",
+                         aggregator), aggregator[-3000:]
         log = (work / f"{site}.log").read_text()
         assert "registered with aggregator.fedgpu.test:50051" in log, log[-2000:]
         assert "retired this node" in log

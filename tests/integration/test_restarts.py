@@ -172,3 +172,51 @@ def test_server_stop_keeps_nodes_unless_it_retires_them(
     # Retired with the federation: not listed as lost at the next start.
     fed.restart_server()
     assert _nodes(fed) == {}
+
+
+def test_a_node_that_only_heartbeats_is_not_sampled(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    """A site whose task loop is stuck still heartbeats: it must not be sampled (and hold up
+    or fail the round for everyone); `job status` says why it is left out."""
+    import threading
+
+    import grpc
+
+    from fedgpu.core.transport import token_metadata
+    from fedgpu.proto import pb, pb_grpc
+    from fedgpu.server.registry import LOOP_GRACE_S
+
+    fed = federation
+    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
+    _node(fed, "site-a", digits_split[0], tmp_path)
+    stop = threading.Event()
+    with grpc.insecure_channel(fed.address) as ch:
+        stub = pb_grpc.FederationStub(ch)
+        md = token_metadata(fed.token)
+        reg = stub.Register(pb.RegisterRequest(node_name="stuck", tasks=["digits"]),
+                            metadata=md, timeout=10)
+
+        def beat() -> None:
+            while not stop.wait(0.5):
+                stub.Heartbeat(pb.HeartbeatRequest(node_id=reg.node_id, state="idle"),
+                               metadata=md, timeout=5)
+
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        try:
+            _wait(lambda: _alive(fed, "site-a", "stuck"), "both registered", fed)
+            time.sleep(LOOP_GRACE_S + 1)  # its loop has now been quiet for longer than that
+            assert _nodes(fed)["stuck"]["alive"] is True  # it heartbeats
+            job_id = _submit(fed, write_job(tmp_path / "job.toml", rounds=2, min_nodes=1,
+                                            fraction=1.0, round_deadline_s=600))
+            done = _wait(lambda: (d := fed.query("GetJob", job_id=job_id))["state"] in
+                         ("finished", "failed", "stopped") and d, "the job's end", fed,
+                         timeout=300)
+            assert done["state"] == "finished", done
+            why = {n["name"]: n["reason"] for n in done["nodes"]}
+            assert "task loop has not asked for work" in (why["stuck"] or ""), why
+            rounds = fed.query("ListRounds", job_id=job_id)["rounds"]
+            assert rounds and all("stuck" not in json.dumps(r["participants"]) for r in rounds)
+        finally:
+            stop.set()
+            beater.join(timeout=10)
