@@ -213,10 +213,16 @@ def test_a_node_that_only_heartbeats_is_not_sampled(
                          ("finished", "failed", "stopped") and d, "the job's end", fed,
                          timeout=300)
             assert done["state"] == "finished", done
-            why = {n["name"]: n["reason"] for n in done["nodes"]}
-            assert "task loop has not asked for work" in (why["stuck"] or ""), why
             rounds = fed.query("ListRounds", job_id=job_id)["rounds"]
             assert rounds and all("stuck" not in json.dumps(r["participants"]) for r in rounds)
+            # A job that needs both waits, and says why the stuck one is left out.
+            two = _submit(fed, write_job(tmp_path / "two.toml", rounds=1, min_nodes=2))
+            doc = _wait(lambda: (d := fed.query("GetJob", job_id=two))["state"] == "waiting"
+                        and d, "the second job waiting", fed)
+            why = {n["name"]: n["reason"] for n in doc["nodes"]}
+            assert "task loop has not asked for work" in (why["stuck"] or ""), why
+            assert why["site-a"] is None, why
+            assert "stuck: its task loop" in doc["reason"], doc["reason"]
         finally:
             stop.set()
             beater.join(timeout=10)
