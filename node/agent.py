@@ -6,6 +6,8 @@ aggregator no longer knows registers again. A task it cannot take (a payload ove
 round that cannot start) is reported to the aggregator as a failed task; the agent stays up.
 A job whose [resources] its GPUs cannot give now is answered "ineligible" (no failure), and a
 task the aggregator abandons (node/liveness.py) has its worker killed and is not answered.
+An aggregator that stops (restart, upgrade, crash) never ends the agent: it polls until the
+aggregator is back. It exits only when retired (`nodes forget`, `server stop --retire-nodes`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.gpu_sampler import MemorySampler
-from fedgpu.node.liveness import Liveness
+from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
 from fedgpu.node.rounds import local_dp, workfiles
 from fedgpu.node.rounds.factory_client import FactoryClient
@@ -149,6 +151,10 @@ class Agent:
             return self._loop()
         except Stopped:
             return 0
+        except registration.Retired as exc:
+            log.info("the aggregator retired this node (%s); exiting", exc)
+            self._set_state("retired")
+            return 0
         except Exception:
             if self._stop.is_set():
                 return 0  # stopped from another thread: the client was closed under us
@@ -214,7 +220,7 @@ class Agent:
                 # that broke before its header said what the task was is asked for again.
                 header, payload = retry(
                     self._pull, what="task poll", policy=self._policy(None),
-                    retryable=lambda e: is_unreachable(e) or (
+                    retryable=lambda e: is_unreachable(e) or cut_off(e, self._stop) or (
                         isinstance(e, PayloadError) and e.header is None),
                     stop=self._stop, on_retry=self._lost)
             except PayloadError as exc:
@@ -235,8 +241,8 @@ class Agent:
             if header.kind == pb.TASK_KIND_NONE:
                 continue
             if header.kind == pb.TASK_KIND_SHUTDOWN:
-                log.info("aggregator says the run is over (%s); exiting", header.message)
-                self._set_state("done")
+                log.info("the aggregator retired this node (%s); exiting", header.message)
+                self._set_state("retired")
                 return 0
             self._handle(header, payload)
         return 0
@@ -391,6 +397,9 @@ class Agent:
                 continue
             if not reply.known:
                 self._reregister.set()
+            if reply.shutdown:  # retired while training: its loop may not poll for long
+                log.info("the aggregator retired this node; exiting")
+                return self.shutdown()
             self._offers = list(reply.offers)
             self._write_status()
 

@@ -24,6 +24,13 @@ from fedgpu.proto import pb
 log = logging.getLogger("fedgpu.node")
 
 
+def cut_off(exc: BaseException, stop: threading.Event) -> bool:
+    """A call the aggregator cut off as it stopped (not our own client closing under it): an
+    aggregator restarting, so ask again."""
+    return (not stop.is_set() and isinstance(exc, grpc.RpcError)
+            and exc.code() == grpc.StatusCode.CANCELLED)
+
+
 class Liveness:
     def __init__(self, client: AggregatorClient, flags: policy.GpuFlags) -> None:
         self.client = client

@@ -21,6 +21,15 @@ from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
 
+# How the aggregator's refusal of a retired node begins (server/federation_service.py).
+RETIRED_PREFIX = "retired: "
+
+
+class Retired(Exception):
+    """The operator retired this node (`fedgpu nodes forget`, `server stop --retire-nodes`):
+    the agent's service is over, and it exits cleanly."""
+
+
 # Refusals that another try cannot change: the agent stops and says why.
 FINAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
@@ -54,6 +63,10 @@ def _once(client: AggregatorClient, cfg: AgentConfig, req: pb.RegisterRequest
     try:
         return client.register(req)
     except grpc.RpcError as exc:
+        details = exc.details() or ""
+        if (exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                and details.startswith(RETIRED_PREFIX)):
+            raise Retired(details.removeprefix(RETIRED_PREFIX)) from None
         if exc.code() in FINAL:
             raise FedgpuError(f"aggregator at {cfg.aggregator} refused us: "
                               f"{exc.details()}") from None
@@ -72,7 +85,7 @@ def register(client: AggregatorClient, cfg: AgentConfig, req: pb.RegisterRequest
              repeats: Repeats, policy_: RetryPolicy, stop: threading.Event
              ) -> pb.RegisterReply:
     """Register, retrying an unreachable aggregator until the policy's deadline (FedgpuError
-    then); Stopped when `stop` is set meanwhile."""
+    then); Stopped when `stop` is set meanwhile, Retired when the operator retired us."""
     pause = repeats.next_delay()
     if pause:
         log.warning("the aggregator forgot this node again soon after it registered (%d "

@@ -26,6 +26,7 @@ from fedgpu.server.admin_guard import bounded, guarded, outcome_of, status_of
 from fedgpu.server.auth import Auth, Caller
 from fedgpu.server.jobs import estimate
 from fedgpu.server.jobs.queue import JobError, JobManager
+from fedgpu.server.lifecycle import Lifecycle
 from fedgpu.server.people import People, PeopleError
 from fedgpu.server.registry import NotForgotten
 from fedgpu.server.views import documents as docs
@@ -91,10 +92,11 @@ def _unidentified(context: grpc.aio.ServicerContext) -> str:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, jobs: JobManager, auth: Auth,
+    def __init__(self, jobs: JobManager, auth: Auth, lifecycle: Lifecycle | None = None,
                  dashboard: dict[str, Any] | None = None) -> None:
         self.jobs = jobs
         self.auth = auth
+        self.lifecycle = lifecycle or Lifecycle()
         # Where the dashboard listens ({"host", "port"}; None: off): `fedgpu ui` asks.
         self.dashboard = dashboard
 
@@ -275,6 +277,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await context.abort(code, str(exc)[:500])
             raise
         return _reply({"forgotten": node.name, "node_id": node.node_id})
+
+    @guarded
+    async def StopServer(self, request: admin_pb2.StopServerRequest,
+                         context: grpc.aio.ServicerContext) -> admin_pb2.JsonReply:
+        # Answered first, then stopped: the reply must get out before the port closes.
+        retire = ("retired by the operator ('fedgpu server stop --retire-nodes')"
+                  if request.retire_nodes else "")
+        asyncio.get_running_loop().call_later(0.2, self.lifecycle.request_stop, retire)
+        return _reply({"stopping": True, "retire_nodes": request.retire_nodes})
 
     @guarded
     async def JobLogs(self, request: admin_pb2.JobLogsRequest,

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import secrets
 import signal
+import sqlite3
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,11 @@ from fedgpu.server.jobs.events import JobLogHandler
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED
 from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.store import JobStore
+from fedgpu.server.lifecycle import Lifecycle
 from fedgpu.server.people import People
 from fedgpu.server.permissions import job_study
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
+from fedgpu.server.registry_store import RegistryStore
 from fedgpu.server.transfer.bulk_server import BulkServer
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
@@ -139,12 +142,16 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> int:
                         "lost when the aggregator stops", state_dir)
         store = JobStore(state_dir)
         stack.callback(store.close)
-        return await _serve(cfg, mutual, credentials, store, state_dir, ready)
+        nodes = RegistryStore(state_dir)
+        stack.callback(nodes.close)
+        registry = Registry(cfg.heartbeat_interval_s, max_nodes=cfg.max_nodes, store=nodes)
+        return await _serve(cfg, mutual, credentials, store, registry, state_dir, ready)
 
 
 async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCredentials | None,
-                 store: JobStore, state_dir: Path, ready: asyncio.Event | None) -> int:
-    registry = Registry(cfg.heartbeat_interval_s, max_nodes=cfg.max_nodes)
+                 store: JobStore, registry: Registry, state_dir: Path,
+                 ready: asyncio.Event | None) -> int:
+    lifecycle = Lifecycle()
     jobs = JobManager(store, registry, state_dir, cfg.chunk_size, cfg.max_queued_jobs,
                       cfg.initial_weights_dir, cfg.max_update_bytes)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
@@ -163,10 +170,12 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                 audit_log=audit_log)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     tickets = TicketBook() if cfg.bulk_port != 0 else None
-    federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets)
+    federation = FederationService(registry, jobs, auth, uploads, federation_id, tickets,
+                                   lifecycle=lifecycle)
     pb_grpc.add_FederationServicer_to_server(federation, server)
     dashboard = {"host": cfg.ui_host, "port": cfg.ui_port} if cfg.ui_port else None
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth, dashboard), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(jobs, auth, lifecycle, dashboard),
+                                               server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -236,7 +245,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if ready is not None:
         ready.set()
 
-    stop = asyncio.Event()
+    stop = lifecycle.stop
     loop = asyncio.get_running_loop()
     # Installed explicitly, so SIGINT works even when inherited as ignored (a script's `&`);
     # SIGHUP stops us too, unless it is ignored (`nohup`).
@@ -248,25 +257,37 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         except (NotImplementedError, RuntimeError):
             pass
     run_task = asyncio.create_task(jobs.run_forever())
+    flusher = asyncio.create_task(_flush_registry(registry, cfg.heartbeat_interval_s))
     stop_wait = asyncio.create_task(stop.wait())
     waits = {stop_wait}
     if cfg.exit_when_done:
         waits.add(asyncio.create_task(_queue_done(jobs)))
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if not stop.is_set():
+        # `fedgpu run`: the run is over, and so is the federation it made.
+        lifecycle.retire = "the run is over"
     jobs.exiting.set()
     if stop.is_set():
-        log.info("shutting down on signal")
-    else:
-        # Give polling nodes a moment to hear "shutdown" before the port closes.
-        for node in registry.all():
-            node.wakeup.set()
+        log.info("shutting down on %s: %s",
+                 "request ('fedgpu server stop')" if lifecycle.requested else "signal",
+                 "retiring every node" if lifecycle.retire
+                 else "nodes keep their registration and reconnect after a restart")
+    for node in registry.all():
+        # Polls end now: retired nodes hear so, the others that the aggregator is stopping.
+        node.wakeup.set()
+    if lifecycle.retire:
+        # Give polling nodes a moment to hear it before the port closes.
         await _drain(registry, timeout=8.0)
+        registry.retire_all()
+    flusher.cancel()
+    if not lifecycle.retire:
+        registry.flush()
     run_task.cancel()
     for t in waits:
         t.cancel()
     # Checkpoints are written between rounds, so by the time the signal handler ran none
     # was half-written; waiting for the cancelled job only lets it record where it was.
-    await asyncio.gather(run_task, *waits, return_exceptions=True)
+    await asyncio.gather(run_task, flusher, *waits, return_exceptions=True)
     logging.getLogger("fedgpu.server").removeHandler(events)
     for closer in closers:
         await closer.close()
@@ -280,6 +301,17 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         return 0
     last = store.jobs(limit=1)
     return 0 if last and last[0].state == JobState.FINISHED else 1
+
+
+async def _flush_registry(registry: Registry, interval_s: float) -> None:
+    """Nodes' last-seen times to disk every few heartbeats (at least 10 s apart: one
+    transaction for the whole registry each time); a SIGKILL loses that much."""
+    while True:
+        await asyncio.sleep(max(10.0, 2 * interval_s))
+        try:
+            registry.flush()
+        except sqlite3.Error as exc:
+            log.warning("cannot save the node registry: %s", exc)
 
 
 async def _queue_done(jobs: JobManager) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +26,8 @@ from fedgpu.core.constants import TaskApproval, Transport
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs.queue import JobError, JobManager
-from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull
+from fedgpu.server.lifecycle import Lifecycle
+from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Retired
 from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
@@ -40,6 +42,10 @@ from fedgpu.server.transfer.wire_limits import WireError, shown
 log = logging.getLogger("fedgpu.server.federation")
 
 MAX_POLL_S = 30
+# A long poll ends after this share of the time the node asked for, drawn at random: after a
+# restart thousands of sites poll at once, and must not all come back in the same second
+# forever after.
+POLL_JITTER = (0.6, 1.0)
 
 def _as_dict(msg: Any) -> dict[str, Any]:
     return MessageToDict(msg, preserving_proto_field_name=True,
@@ -69,6 +75,7 @@ class FederationService(pb_grpc.FederationServicer):
         federation_id: str,
         tickets: TicketBook | None = None,
         bulk_port: int = 0,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.registry = registry
         self.jobs = jobs
@@ -81,6 +88,7 @@ class FederationService(pb_grpc.FederationServicer):
         # The bulk port and its tickets; None / 0 when the weights move over gRPC only.
         self.tickets = tickets
         self.bulk_port = bulk_port if tickets is not None else 0
+        self.lifecycle = lifecycle or Lifecycle()
 
     @property
     def orch(self) -> Orchestrator:
@@ -132,6 +140,10 @@ class FederationService(pb_grpc.FederationServicer):
         except NameTaken as exc:
             log.warning("refused registration from %s: %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except Retired as exc:
+            log.info("refused registration from %s: %s", context.peer(), exc)
+            # The agent reads "retired:" as the end of its service, not as an error.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"retired: {exc}")
         node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
         node.stated_examples = max(request.num_examples, 0)
         node.capacity = capacity
@@ -181,7 +193,7 @@ class FederationService(pb_grpc.FederationServicer):
         offered = {o.sha256 for o in offers}
         node.bundle_states = {b.sha256: (b.state, b.reason) for b in request.bundles
                               if b.sha256 in offered}
-        return pb.HeartbeatReply(known=True, shutdown=self.jobs.exiting.is_set(),
+        return pb.HeartbeatReply(known=True, shutdown=bool(self.lifecycle.retire),
                                  abandon=abandon, offers=offers,
                                  bulk_port=self.bulk_port)
 
@@ -206,21 +218,32 @@ class FederationService(pb_grpc.FederationServicer):
         if self.bulk_port:
             # Why a node falls back to gRPC, as it tells us (`fedgpu nodes` bulk_error).
             node.bulk_error = wire_limits.truncate(request.bulk_error, 512) or None
-        wait_s = min(max(request.wait_s, 0), MAX_POLL_S)
-        task = self.orch.task_for(node)
-        if task is None and not self.jobs.exiting.is_set() and wait_s:
-            node.wakeup.clear()
-            try:
-                await asyncio.wait_for(node.wakeup.wait(), timeout=wait_s)
-            except TimeoutError:
-                pass
-            self.registry.touch(node.node_id)
-            task = self.orch.task_for(node)
+        wait_s = min(max(request.wait_s, 0), MAX_POLL_S) * random.uniform(*POLL_JITTER)
+        node.polling += 1
+        node.loop_seen = time.time()
+        try:
+            task = None if self.lifecycle.retire else self.orch.task_for(node)
+            if task is None and not self.jobs.exiting.is_set() and wait_s:
+                node.wakeup.clear()
+                try:
+                    await asyncio.wait_for(node.wakeup.wait(), timeout=wait_s)
+                except TimeoutError:
+                    pass
+                self.registry.touch(node.node_id)
+                task = None if self.lifecycle.retire else self.orch.task_for(node)
+        finally:
+            node.polling -= 1
+            node.loop_seen = time.time()
         if task is None:
-            if self.jobs.exiting.is_set():
+            if self.lifecycle.retire:
                 node.state = "shutdown"
                 yield pb.TaskChunk(header=pb.TaskHeader(
-                    kind=pb.TASK_KIND_SHUTDOWN, message="the aggregator is shutting down"))
+                    kind=pb.TASK_KIND_SHUTDOWN, message=self.lifecycle.retire))
+            elif self.jobs.exiting.is_set():
+                # A stop is a restart: the node keeps its registration and polls again.
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    "the aggregator is stopping (a restart keeps this "
+                                    "node's registration): poll again")
             else:
                 yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE))
             return

@@ -20,7 +20,8 @@ FEDERATION_READS = frozenset({"ListNodes"})
 JOB_READS = frozenset({"GetStatus", "ListRounds", "GetJob", "JobLogs", "ListJobs"})
 JOB_ACTS = frozenset({"StopJob", "DownloadModel"})
 SUBMITS = frozenset({"SubmitJob"})
-ADMIN_ONLY = frozenset({"ForgetNode", "AddUser", "ListUsers", "RevokeUser", "GetAudit"})
+ADMIN_ONLY = frozenset({"ForgetNode", "AddUser", "ListUsers", "RevokeUser", "GetAudit",
+                        "StopServer"})
 CALLS = FEDERATION_READS | JOB_READS | JOB_ACTS | SUBMITS | ADMIN_ONLY
 
 

@@ -40,6 +40,7 @@ from fedgpu.cli.job import model as job_model
 from fedgpu.cli.job import status as job_status
 from fedgpu.cli.job import stop as job_stop
 from fedgpu.cli.job import submit as job_submit
+from fedgpu.cli.kit import commands as kit_commands
 from fedgpu.cli.node import approve as node_approve
 from fedgpu.cli.node import factory as node_factory
 from fedgpu.cli.node import health as node_health
@@ -49,6 +50,7 @@ from fedgpu.cli.node import tasks as node_tasks
 from fedgpu.cli.report import report
 from fedgpu.cli.run import run
 from fedgpu.cli.server import start as server_start
+from fedgpu.cli.server import stop as server_stop
 from fedgpu.cli.task import check as task_check
 from fedgpu.cli.task import new as task_new
 from fedgpu.core import lifetime
@@ -120,8 +122,13 @@ certs_app.command("operator")(certs.operator)
 certs_app.command("k8s-secrets")(certs.k8s_secrets)
 certs_app.command("request")(certs_request.request)
 certs_app.command("sign")(certs_request.sign)
+kit_app = _group("kit", "Startup kits: one directory per site ('fedgpu node start --kit DIR') "
+                 "and per person (a saved connection).", DEPLOY)
+kit_app.command("site")(kit_commands.site)
+kit_app.command("operator")(kit_commands.operator)
 server_app = _group("server", "The aggregator.", DEPLOY)
 server_app.command("start")(server_start.start)
+server_app.command("stop")(server_stop.stop)
 
 # ---- Operate a federation ------------------------------------------------------------------
 connection_app = _group(
@@ -134,7 +141,7 @@ connection_app.command("use")(connection.use)
 connection_app.command("remove")(connection.remove)
 connection_app.command("save-compose")(connection.save_compose)
 app.command("status", rich_help_panel=OPERATE)(status.status)
-# `fedgpu nodes` lists them; `fedgpu nodes forget NAME` removes one.
+# `fedgpu nodes` lists them; `fedgpu nodes forget NODE` retires one.
 nodes_app = typer.Typer(help=nodes.nodes.__doc__, invoke_without_command=True)
 nodes_app.callback(invoke_without_command=True)(nodes.nodes)
 nodes_app.command("forget")(nodes.forget)

@@ -1,8 +1,9 @@
-"""`fedgpu nodes` (the nodes registered with a running aggregator) and `fedgpu nodes forget`
-(remove one)."""
+"""`fedgpu nodes` (the nodes registered with a running aggregator, and those of its last run
+that have not come back: `lost`) and `fedgpu nodes forget` (retire one)."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 import typer
@@ -15,8 +16,9 @@ from fedgpu.core import admin_client
 
 @connection_options
 def nodes(conn: Target, as_json: AsJson = False) -> None:
-    """Registered nodes, their GPU decision and last round's memory; `fedgpu nodes forget
-    NAME` removes a lost one.
+    """Registered nodes, their GPU decision and last round's memory; a node that stopped, or has
+    not come back since the aggregator restarted, is `lost` with its last-seen time (UTC);
+    `fedgpu nodes forget NODE` retires one.
 
     Example: fedgpu nodes --json
     """
@@ -25,14 +27,17 @@ def nodes(conn: Target, as_json: AsJson = False) -> None:
 
 @connection_options
 def forget(conn: Target,
-           name: Annotated[str, typer.Argument(help="The node's name, as 'fedgpu nodes' "
-                                               "lists it.")],
+           name: Annotated[str, typer.Argument(
+               metavar="NODE", help="The node's name or id, as 'fedgpu nodes --json' lists "
+               "them, or a unique prefix of one.")],
            force: Annotated[bool, typer.Option(
-               "--force", help="Also a node still alive: it is told it is unknown and "
-               "registers again.")] = False,
+               "--force", help="Also a node still alive: it is told it is retired and "
+               "exits.")] = False,
            as_json: AsJson = False) -> None:
-    """Remove a node's record from the aggregator: a lost node (one that stopped, or whose
-    name another agent needs), or with --force a live one.
+    """Retire a node: its record goes, and the node may not register again under its identity
+    (a live one, with --force, exits at once; a lost one is refused, and exits, when it comes
+    back). Restarting the aggregator never retires a node; only this and 'fedgpu server stop
+    --retire-nodes' do.
 
     Example: fedgpu nodes forget node-cpu-3
     """
@@ -41,7 +46,8 @@ def forget(conn: Target,
     if as_json:
         print_json(doc)
     else:
-        typer.echo(f"forgot node {doc['forgotten']} (id {doc['node_id']})")
+        typer.echo(f"retired node {doc['forgotten']} (id {doc['node_id']}): it exits when it "
+                   "next reaches the aggregator")
 
 
 def show_nodes(doc: dict[str, Any]) -> None:
@@ -65,8 +71,17 @@ def show_nodes(doc: dict[str, Any]) -> None:
             via = "grpc*"
             notes.append(f"* {n['name']}: bulk port unreachable ({n['bulk_error']}), weights "
                          "move over gRPC")
-        table.add_row(n["name"], n["state"], d.get("device", "-"),
+        state = n["state"]
+        if state == "lost" and n.get("last_seen_at"):
+            state = f"lost {_since(n['last_seen_at'])}"
+        table.add_row(n["name"], state, d.get("device", "-"),
                       str(n["rounds_completed"]), mem if r else "-", via, decision)
     print_table(table)
     for note in notes:
         typer.echo(note)
+
+
+def _since(at: float) -> str:
+    """When a lost node was last seen, in UTC: the time today, the date before."""
+    then = time.gmtime(at)
+    return time.strftime("%H:%M" if then[:3] == time.gmtime()[:3] else "%Y-%m-%d", then)

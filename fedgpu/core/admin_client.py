@@ -32,6 +32,7 @@ _REQUESTS = {
     "ListUsers": admin_pb2.ListUsersRequest,
     "RevokeUser": admin_pb2.RevokeUserRequest,
     "GetAudit": admin_pb2.GetAuditRequest,
+    "StopServer": admin_pb2.StopServerRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20

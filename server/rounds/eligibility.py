@@ -15,13 +15,14 @@ does not burn its round retries on sites that have not approved it yet: it waits
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.config import Job
 from fedgpu.core.constants import BundleState, TaskApproval
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import LOOP_GRACE_S, Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
 
@@ -47,14 +48,35 @@ def gpu_fits(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
     return admission.refusal(needs, node.capacity)
 
 
-CHECKS: tuple[Check, ...] = (task_available, gpu_fits)
+def task_loop_polls(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
+    """Its task loop asks for work (server/registry.py): heartbeats alone do not make a node
+    that can train (its worker loop may be stuck, or busy with another task). A node working
+    on a task of the open round is busy by design: `job status` must not call it stuck."""
+    if node.pending is not None:
+        return None
+    quiet = node.loop_quiet_s(time.time())
+    if quiet > LOOP_GRACE_S:
+        return (f"its task loop has not asked for work for {quiet:.0f} s (busy or stuck): "
+                "sampled again once it polls")
+    return None
+
+
+CHECKS: tuple[Check, ...] = (task_loop_polls, task_available, gpu_fits)
+
+
+def lost_since(node: Node) -> str:
+    """'lost since 12:03 UTC' (the day too when not today): how a job waiting for a site that
+    stopped heartbeating, or has not come back after a restart, names it."""
+    then, now = time.gmtime(node.last_seen), time.gmtime()
+    shown = time.strftime("%H:%M" if then[:3] == now[:3] else "%Y-%m-%d %H:%M", then)
+    return f"lost since {shown} UTC"
 
 
 def eligibility(job: Job, node: Node, alive: bool, bundle: BundleRef | None = None
                 ) -> str | None:
     """Why `node` cannot take part in `job` now; None when it can."""
     if not alive:
-        return "not connected (no heartbeat)"
+        return lost_since(node)
     for check in CHECKS:
         reason = check(job, node, bundle)
         if reason is not None:

@@ -26,9 +26,10 @@ def test_every_command_block_of_the_tutorials_is_marked() -> None:
     for name in ("first-federation.md", "compose.md", "own-task.md", "kubernetes.md"):
         assert [b for b in found[name] if b.run], f"{name} runs no block"
     # Each tutorial page is run by some test: here, or in the e2e suite; the language-model
-    # tutorial by tests/integration/test_causal_lm.py (which checks its outcome too).
+    # tutorial by tests/integration/test_causal_lm.py (which checks its outcome too), the
+    # three-hosts one by tests/docs/test_three_hosts.py (it needs network namespaces).
     covered = {"first-federation.md", "own-task.md", "kubernetes.md", "compose.md",
-               "fine-tune-a-language-model.md"}
+               "fine-tune-a-language-model.md", "three-hosts.md"}
     assert {n for n, bs in found.items() if bs} <= covered, "a new tutorial needs its test"
 
 

@@ -191,7 +191,8 @@ def _volatile(doc: Any) -> Any:
     # Ages and countdowns move between two requests; everything else must be equal.
     if isinstance(doc, dict):
         return {k: _volatile(v) for k, v in doc.items()
-                if k not in ("last_seen_s", "uptime_s", "deadline_in_s", "alive", "state")}
+                if k not in ("last_seen_s", "last_seen_at", "uptime_s", "deadline_in_s", "alive",
+                             "state")}
     if isinstance(doc, list):
         return [_volatile(v) for v in doc]
     return doc

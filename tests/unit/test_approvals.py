@@ -192,7 +192,7 @@ def test_eligibility_follows_the_sites_answers() -> None:
     assert "rejected" in eligibility(job, node, True, ref)
     node.bundle_states = {b.sha256: ("approved", "")}
     assert eligibility(job, node, True, ref) is None
-    assert eligibility(job, node, False, ref) == "not connected (no heartbeat)"
+    assert eligibility(job, node, False, ref).startswith("lost since ")
     node.task_approval = "any"
     node.bundle_states = {b.sha256: ("unusable", "needs scipy")}
     assert "needs scipy" in eligibility(job, node, True, ref)

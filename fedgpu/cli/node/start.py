@@ -17,10 +17,18 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 
 
 def start(
-    aggregator: Annotated[str, typer.Option(
-        envvar="FEDGPU_AGGREGATOR", help="Aggregator address HOST:PORT.")],
-    data: Annotated[Path, typer.Option(
-        envvar="FEDGPU_DATA", help="This node's data directory (from 'fedgpu data split').")],
+    aggregator: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_AGGREGATOR", show_default=False,
+        help="Aggregator address HOST:PORT (required, unless the --kit has it).")] = None,
+    data: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_DATA", show_default=False,
+        help="This node's data directory (from 'fedgpu data split'; required, unless the "
+             "--kit has it).")] = None,
+    kit: Annotated[Path | None, typer.Option(
+        envvar="FEDGPU_NODE_KIT",
+        help="A site's startup kit ('fedgpu kit site NAME'): the aggregator's address, the "
+             "site's name, certificate and CA, and its data and GPU policy when the kit has "
+             "them. A flag given here wins over the kit's value.")] = None,
     name: Annotated[str | None, typer.Option(
         envvar="FEDGPU_NODE_NAME",
         help="Node name (default: the --tls-cert's name, else the hostname and a short id kept "
@@ -29,8 +37,9 @@ def start(
         envvar="FEDGPU_TOKEN", help="The aggregator's token.")] = None,
     insecure: Annotated[bool, typer.Option(
         "--insecure", help="Connect without a token (aggregator must run --insecure).")] = False,
-    gpu: Annotated[str, typer.Option(
-        envvar="FEDGPU_GPU", help="GPU policy: none, offer or enforce.")] = "offer",
+    gpu: Annotated[str | None, typer.Option(
+        envvar="FEDGPU_GPU", show_default="offer",
+        help="GPU policy: none, offer or enforce.")] = None,
     gpu_index: Annotated[str | None, typer.Option(
         envvar="FEDGPU_GPU_INDEX", help="Preferred GPU: NVML index or UUID.")] = None,
     gpu_min_free_mib: Annotated[int, typer.Option(
@@ -81,6 +90,8 @@ def start(
     """Start a training node: register with the aggregator and serve its tasks.
 
     Example: fedgpu node start --aggregator agg.example.org:50051 --data data/node-1 --name site-a
+
+    Example: fedgpu node start --kit kits/site-a
     """
     from fedgpu.core import certs, tls
     from fedgpu.node import policy
@@ -89,8 +100,23 @@ def start(
     from fedgpu.node.data import DataDirError, check_data_dir
 
     logs.setup(log_level)
+    if kit is not None:
+        from fedgpu.cli.kit.files import read_node_kit
+
+        k = read_node_kit(kit)
+        aggregator, data, name = aggregator or k.aggregator, data or k.data, name or k.name
+        gpu = gpu or k.gpu
+        if not (tls_cert or tls_key or tls_ca):
+            tls_cert, tls_key, tls_ca = k.tls_cert, k.tls_key, k.tls_ca
+    if aggregator is None:
+        raise ConfigError("no aggregator: pass --aggregator HOST:PORT (or FEDGPU_AGGREGATOR), "
+                          "or --kit DIR with a site's startup kit")
+    if data is None:
+        raise ConfigError("no data directory: pass --data DIR (or FEDGPU_DATA), or a --kit "
+                          "made with 'fedgpu kit site NAME --data DIR'")
     try:
-        flags = policy.parse_gpu_flags(gpu, gpu_index, gpu_min_free_mib, gpu_memory_fraction)
+        flags = policy.parse_gpu_flags(gpu or "offer", gpu_index, gpu_min_free_mib,
+                                       gpu_memory_fraction)
     except policy.PolicyError as exc:
         raise ConfigError(str(exc)) from None
     tls_files = tls.from_options(tls_cert, tls_key, tls_ca)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"C\n\x0fGetAuditRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0e\n\x06verify\x18\x03 \x01(\x08\"R\n\x0e\x41\x64\x64UserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07studies\x18\x03 \x03(\t\x12\x13\n\x0b\x63\x65rt_sha256\x18\x04 \x01(\t\"\x12\n\x10ListUsersRequest\"!\n\x11RevokeUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"0\n\x11\x46orgetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\"\n\x10ListNodesRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"3\n\x11ListRoundsRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x9f\x01\n\x0fSubmitJobHeader\x12\x10\n\x08job_toml\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x13\n\x0b\x62undle_size\x18\x03 \x01(\x03\x12\x15\n\rbundle_sha256\x18\x04 \x01(\t\x12\x1c\n\x14initial_weights_size\x18\x14 \x01(\x03\x12\x1e\n\x16initial_weights_sha256\x18\x15 \x01(\t\"V\n\x0eSubmitJobChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedgpu.v1.SubmitJobHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x11\n\x0fListJobsRequest\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"&\n\x14\x44ownloadModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x0bModelHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"N\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedgpu.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\x84\x07\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tSubmitJob\x12\x19.fedgpu.v1.SubmitJobChunk\x1a\x14.fedgpu.v1.JsonReply(\x01\x12<\n\x08ListJobs\x12\x1a.fedgpu.v1.ListJobsRequest\x1a\x14.fedgpu.v1.JsonReply\x12\x38\n\x06GetJob\x12\x18.fedgpu.v1.GetJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07StopJob\x12\x19.fedgpu.v1.StopJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x07JobLogs\x12\x19.fedgpu.v1.JobLogsRequest\x1a\x14.fedgpu.v1.JsonReply0\x01\x12I\n\rDownloadModel\x12\x1f.fedgpu.v1.DownloadModelRequest\x1a\x15.fedgpu.v1.ModelChunk0\x01\x12@\n\nForgetNode\x12\x1c.fedgpu.v1.ForgetNodeRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07\x41\x64\x64User\x12\x19.fedgpu.v1.AddUserRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tListUsers\x12\x1b.fedgpu.v1.ListUsersRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nRevokeUser\x12\x1c.fedgpu.v1.RevokeUserRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x08GetAudit\x12\x1a.fedgpu.v1.GetAuditRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"fedgpu/proto/fedgpu/v1/admin.proto\x12\tfedgpu.v1\"C\n\x0fGetAuditRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0e\n\x06verify\x18\x03 \x01(\x08\"R\n\x0e\x41\x64\x64UserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07studies\x18\x03 \x03(\t\x12\x13\n\x0b\x63\x65rt_sha256\x18\x04 \x01(\t\"\x12\n\x10ListUsersRequest\"!\n\x11RevokeUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"0\n\x11\x46orgetNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\")\n\x11StopServerRequest\x12\x14\n\x0cretire_nodes\x18\x01 \x01(\x08\"\"\n\x10ListNodesRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"3\n\x11ListRoundsRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x05\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x9f\x01\n\x0fSubmitJobHeader\x12\x10\n\x08job_toml\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x13\n\x0b\x62undle_size\x18\x03 \x01(\x03\x12\x15\n\rbundle_sha256\x18\x04 \x01(\t\x12\x1c\n\x14initial_weights_size\x18\x14 \x01(\x03\x12\x1e\n\x16initial_weights_sha256\x18\x15 \x01(\t\"V\n\x0eSubmitJobChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedgpu.v1.SubmitJobHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x11\n\x0fListJobsRequest\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x0eJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\tafter_seq\x18\x03 \x01(\x03\"&\n\x14\x44ownloadModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"J\n\x0bModelHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"N\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedgpu.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\tJsonReply\x12\x0c\n\x04json\x18\x01 \x01(\t2\xc6\x07\n\x05\x41\x64min\x12>\n\tListNodes\x12\x1b.fedgpu.v1.ListNodesRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tGetStatus\x12\x1b.fedgpu.v1.GetStatusRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nListRounds\x12\x1c.fedgpu.v1.ListRoundsRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tSubmitJob\x12\x19.fedgpu.v1.SubmitJobChunk\x1a\x14.fedgpu.v1.JsonReply(\x01\x12<\n\x08ListJobs\x12\x1a.fedgpu.v1.ListJobsRequest\x1a\x14.fedgpu.v1.JsonReply\x12\x38\n\x06GetJob\x12\x18.fedgpu.v1.GetJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07StopJob\x12\x19.fedgpu.v1.StopJobRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x07JobLogs\x12\x19.fedgpu.v1.JobLogsRequest\x1a\x14.fedgpu.v1.JsonReply0\x01\x12I\n\rDownloadModel\x12\x1f.fedgpu.v1.DownloadModelRequest\x1a\x15.fedgpu.v1.ModelChunk0\x01\x12@\n\nForgetNode\x12\x1c.fedgpu.v1.ForgetNodeRequest\x1a\x14.fedgpu.v1.JsonReply\x12:\n\x07\x41\x64\x64User\x12\x19.fedgpu.v1.AddUserRequest\x1a\x14.fedgpu.v1.JsonReply\x12>\n\tListUsers\x12\x1b.fedgpu.v1.ListUsersRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nRevokeUser\x12\x1c.fedgpu.v1.RevokeUserRequest\x1a\x14.fedgpu.v1.JsonReply\x12<\n\x08GetAudit\x12\x1a.fedgpu.v1.GetAuditRequest\x1a\x14.fedgpu.v1.JsonReply\x12@\n\nStopServer\x12\x1c.fedgpu.v1.StopServerRequest\x1a\x14.fedgpu.v1.JsonReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,32 +41,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REVOKEUSERREQUEST']._serialized_end=255
   _globals['_FORGETNODEREQUEST']._serialized_start=257
   _globals['_FORGETNODEREQUEST']._serialized_end=305
-  _globals['_LISTNODESREQUEST']._serialized_start=307
-  _globals['_LISTNODESREQUEST']._serialized_end=341
-  _globals['_GETSTATUSREQUEST']._serialized_start=343
-  _globals['_GETSTATUSREQUEST']._serialized_end=377
-  _globals['_LISTROUNDSREQUEST']._serialized_start=379
-  _globals['_LISTROUNDSREQUEST']._serialized_end=430
-  _globals['_SUBMITJOBHEADER']._serialized_start=433
-  _globals['_SUBMITJOBHEADER']._serialized_end=592
-  _globals['_SUBMITJOBCHUNK']._serialized_start=594
-  _globals['_SUBMITJOBCHUNK']._serialized_end=680
-  _globals['_LISTJOBSREQUEST']._serialized_start=682
-  _globals['_LISTJOBSREQUEST']._serialized_end=699
-  _globals['_GETJOBREQUEST']._serialized_start=701
-  _globals['_GETJOBREQUEST']._serialized_end=732
-  _globals['_STOPJOBREQUEST']._serialized_start=734
-  _globals['_STOPJOBREQUEST']._serialized_end=766
-  _globals['_JOBLOGSREQUEST']._serialized_start=768
-  _globals['_JOBLOGSREQUEST']._serialized_end=835
-  _globals['_DOWNLOADMODELREQUEST']._serialized_start=837
-  _globals['_DOWNLOADMODELREQUEST']._serialized_end=875
-  _globals['_MODELHEADER']._serialized_start=877
-  _globals['_MODELHEADER']._serialized_end=951
-  _globals['_MODELCHUNK']._serialized_start=953
-  _globals['_MODELCHUNK']._serialized_end=1031
-  _globals['_JSONREPLY']._serialized_start=1033
-  _globals['_JSONREPLY']._serialized_end=1058
-  _globals['_ADMIN']._serialized_start=1061
-  _globals['_ADMIN']._serialized_end=1961
+  _globals['_STOPSERVERREQUEST']._serialized_start=307
+  _globals['_STOPSERVERREQUEST']._serialized_end=348
+  _globals['_LISTNODESREQUEST']._serialized_start=350
+  _globals['_LISTNODESREQUEST']._serialized_end=384
+  _globals['_GETSTATUSREQUEST']._serialized_start=386
+  _globals['_GETSTATUSREQUEST']._serialized_end=420
+  _globals['_LISTROUNDSREQUEST']._serialized_start=422
+  _globals['_LISTROUNDSREQUEST']._serialized_end=473
+  _globals['_SUBMITJOBHEADER']._serialized_start=476
+  _globals['_SUBMITJOBHEADER']._serialized_end=635
+  _globals['_SUBMITJOBCHUNK']._serialized_start=637
+  _globals['_SUBMITJOBCHUNK']._serialized_end=723
+  _globals['_LISTJOBSREQUEST']._serialized_start=725
+  _globals['_LISTJOBSREQUEST']._serialized_end=742
+  _globals['_GETJOBREQUEST']._serialized_start=744
+  _globals['_GETJOBREQUEST']._serialized_end=775
+  _globals['_STOPJOBREQUEST']._serialized_start=777
+  _globals['_STOPJOBREQUEST']._serialized_end=809
+  _globals['_JOBLOGSREQUEST']._serialized_start=811
+  _globals['_JOBLOGSREQUEST']._serialized_end=878
+  _globals['_DOWNLOADMODELREQUEST']._serialized_start=880
+  _globals['_DOWNLOADMODELREQUEST']._serialized_end=918
+  _globals['_MODELHEADER']._serialized_start=920
+  _globals['_MODELHEADER']._serialized_end=994
+  _globals['_MODELCHUNK']._serialized_start=996
+  _globals['_MODELCHUNK']._serialized_end=1074
+  _globals['_JSONREPLY']._serialized_start=1076
+  _globals['_JSONREPLY']._serialized_end=1101
+  _globals['_ADMIN']._serialized_start=1104
+  _globals['_ADMIN']._serialized_end=2070
 # @@protoc_insertion_point(module_scope)

@@ -46,6 +46,12 @@ class ForgetNodeRequest(_message.Message):
     force: bool
     def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
+class StopServerRequest(_message.Message):
+    __slots__ = ("retire_nodes",)
+    RETIRE_NODES_FIELD_NUMBER: _ClassVar[int]
+    retire_nodes: bool
+    def __init__(self, retire_nodes: _Optional[bool] = ...) -> None: ...
+
 class ListNodesRequest(_message.Message):
     __slots__ = ("offset",)
     OFFSET_FIELD_NUMBER: _ClassVar[int]

@@ -104,6 +104,11 @@ class AdminStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.StopServer = channel.unary_unary(
+                '/fedgpu.v1.Admin/StopServer',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -169,8 +174,9 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ForgetNode(self, request, context):
-        """Remove a node's record (`fedgpu nodes forget NAME`): a lost one, or a live one with force
-        (it is told it is unknown and registers again).
+        """Retire a node (`fedgpu nodes forget NODE`, a name or id by unique prefix): its record goes
+        and the node, told it is retired, exits (a lost one hears it when it comes back); a live
+        one only with force.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +206,14 @@ class AdminServicer:
         """The aggregator's audit log (`fedgpu audit show|verify` with a connection; admins only):
         records after `after_seq`, at most `limit` (a page: ask again from `next_seq`), and with
         verify the aggregator's own check of the whole chain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopServer(self, request, context):
+        """Stop the aggregator (`fedgpu server stop`). Nodes keep their registration and reconnect
+        when it is back, unless retire_nodes: then every node is told it is retired and exits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -276,6 +290,11 @@ def add_AdminServicer_to_server(servicer, server):
             'GetAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAudit,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'StopServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopServer,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
             ),
     }
@@ -656,6 +675,33 @@ class Admin:
             target,
             '/fedgpu.v1.Admin/GetAudit',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.GetAuditRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/StopServer',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,114 @@
+"""Startup kits (`fedgpu kit site|operator`, fedgpu/cli/kit/): what a kit holds, key modes,
+no silent overwrite, the archive, a certificate already issued reused, and node.toml read
+back the way `fedgpu node start --kit` reads it, with clear errors for a kit that is not one."""
+
+from __future__ import annotations
+
+import stat
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedgpu.cli.kit.files import NodeKit, read_node_kit
+from fedgpu.core import certs
+from fedgpu.core.errors import ConfigError
+from tests.fixtures.federation import cli
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def _ca(tmp: Path) -> Path:
+    ca = tmp / "certs"
+    certs.init_ca(ca)
+    return ca
+
+
+def test_a_site_kit_holds_what_node_start_needs(tmp_path: Path) -> None:
+    ca = _ca(tmp_path)
+    out = tmp_path / "kits" / "site-a"
+    r = cli("kit", "site", "site-a", "--aggregator", "10.200.0.1:50051", "--ca-dir", str(ca),
+            "--out", str(out), "--data", "/srv/site-a", "--gpu", "none", "--archive")
+    assert r.returncode == 0, r.stderr
+    assert f"fedgpu node start --kit {out}" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["ca.crt", "node.crt", "node.key",
+                                                      "node.toml"]
+    assert _mode(out / "node.key") == 0o600 and _mode(out) == 0o700
+    pem = (out / "node.crt").read_bytes()
+    assert certs.role(pem) is certs.Role.NODE and certs.identity(pem) == "site-a"
+    assert (out / "ca.crt").read_bytes() == (ca / "ca.crt").read_bytes()
+    kit = read_node_kit(out)
+    assert kit == NodeKit("10.200.0.1:50051", "site-a", out / "node.crt", out / "node.key",
+                          out / "ca.crt", Path("/srv/site-a"), "none")
+    # The archive unpacks to the same files, the key still private.
+    with tarfile.open(out.with_name("site-a.tar.gz")) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert sorted(members) == [f"site-a/{n}" for n in ("ca.crt", "node.crt", "node.key",
+                                                         "node.toml")]
+    assert members["site-a/node.key"].mode & 0o777 == 0o600
+
+    # An existing kit is not replaced unless asked; the certificate issued is reused.
+    r = cli("kit", "site", "site-a", "--aggregator", "10.200.0.1:50051", "--ca-dir", str(ca),
+            "--out", str(out))
+    assert r.returncode != 0 and "--force" in r.stderr
+    assert read_node_kit(out).data == Path("/srv/site-a")  # untouched
+    r = cli("kit", "site", "site-a", "--aggregator", "agg:50051", "--ca-dir", str(ca),
+            "--out", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert read_node_kit(out).aggregator == "agg:50051" and read_node_kit(out).data is None
+    assert (out / "node.crt").read_bytes() == pem
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_an_operator_kit_is_a_saved_connection(tmp_path: Path) -> None:
+    ca = _ca(tmp_path)
+    out = tmp_path / "alice-kit"
+    r = cli("kit", "operator", "alice", "--aggregator", "agg.example.org:50051", "--ca-dir",
+            str(ca), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert _mode(out / "operator.key") == 0o600
+    assert certs.role((out / "operator.crt").read_bytes()) is certs.Role.OPERATOR
+    doc = tomllib.loads((out / "connections.toml").read_text())
+    assert doc["default"] == "alice"
+    assert doc["connections"]["alice"] == {
+        "address": "agg.example.org:50051", "tls_ca": "ca.crt", "tls_cert": "operator.crt",
+        "tls_key": "operator.key"}
+    # The saved connection resolves inside the kit (read as `--connection alice` reads it).
+    from fedgpu.cli.common import connections
+
+    saved = connections.load(out / "connections.toml").saved["alice"]
+    assert saved.tls_key == out / "operator.key" and saved.tls_key.is_file()
+
+
+def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    ca = _ca(tmp_path)
+    out = tmp_path / "k"
+    for args, why in ((["--aggregator", "no-port"], "HOST:PORT"),
+                      (["--aggregator", "a:1", "--gpu", "lots"], "none, offer, enforce")):
+        r = cli("kit", "site", "s", "--ca-dir", str(ca), "--out", str(out), *args)
+        assert r.returncode != 0 and why in r.stderr, r.stderr
+    r = cli("kit", "site", "s", "--aggregator", "a:1", "--ca-dir", str(tmp_path / "nope"),
+            "--out", str(out))
+    assert r.returncode != 0 and "no CA" in r.stderr
+    assert not out.exists()
+
+
+def test_a_directory_that_is_not_a_kit_is_named_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="fedgpu kit site NAME"):
+        read_node_kit(tmp_path)
+    (tmp_path / "node.toml").write_text('aggregator = "a:1"\nname = "s"\nport = 1\n')
+    with pytest.raises(ConfigError, match="unknown key.*port"):
+        read_node_kit(tmp_path)
+    (tmp_path / "node.toml").write_text('aggregator = "a:1"\nname = "s"\n')
+    with pytest.raises(ConfigError, match="lacks tls_cert"):
+        read_node_kit(tmp_path)
+    (tmp_path / "node.toml").write_text('aggregator = "a:1"\nname = "s"\ntls_cert = "x"\n'
+                                        'tls_key = "y"\ntls_ca = "z"\n')
+    with pytest.raises(ConfigError, match="not a file"):
+        read_node_kit(tmp_path)
+    # And `node start --kit` says so, before anything starts.
+    r = cli("node", "start", "--kit", str(tmp_path / "missing"))
+    assert r.returncode != 0 and "fedgpu kit site NAME" in r.stderr, r.stderr
