@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
 
 from fedgpu.core import admission
-from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuMode, GpuNeed
+from fedgpu.core.job.resources import Resources
 from fedgpu.node.gpu_records import has_room, label, rank, training_devices
 from fedgpu.node.nvml import GpuRecord, NvmlSnapshot
 

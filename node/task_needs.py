@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from fedgpu.core.config import Resources
+from fedgpu.core.job.resources import Resources
 from fedgpu.node.policy import Ineligible
 
 log = logging.getLogger("fedgpu.node")

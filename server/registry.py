@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedgpu.core.admission import SiteCapacity
-from fedgpu.core.config import Resources
+from fedgpu.core.job.resources import Resources
 from fedgpu.server.registry_store import RegistryStore, SavedNode
 
 

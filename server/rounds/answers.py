@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fedgpu.core.config import Job
+from fedgpu.core.job import Job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rejections import Reject, UpdateRejected

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from fedgpu.core.config import Job
+from fedgpu.core.job import Job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
-from fedgpu.core.config import Job
 from fedgpu.core.constants import BundleState, TaskApproval
+from fedgpu.core.job import Job
 from fedgpu.server.registry import LOOP_GRACE_S, Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]

@@ -19,8 +19,8 @@ import numpy as np
 from fedgpu.core import codec, digests, jsondoc
 from fedgpu.core.admission_wire import resources_to_wire
 from fedgpu.core.bundles import BundleRef
-from fedgpu.core.config import Job
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
+from fedgpu.core.job import Job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Answers

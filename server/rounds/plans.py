@@ -13,8 +13,8 @@ import logging
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
-from fedgpu.core.config import Job
 from fedgpu.core.hetero_config import LocalWork
+from fedgpu.core.job import Job
 from fedgpu.core.job_bounds import derived_seed
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedgpu.core import mixing
-from fedgpu.core.config import Job
+from fedgpu.core.job import Job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState, RunFailed

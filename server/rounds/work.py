@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedgpu.core import codec
-from fedgpu.core.config import Job
 from fedgpu.core.hetero_config import BUDGET_HPARAM, LocalWork
+from fedgpu.core.job import Job
 from fedgpu.core.job.strategies import UpdateNeed
 from fedgpu.core.update_codecs import UpdateCodec, UpdateCodecError, decode_update
 from fedgpu.proto import pb

@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import Any
 
-from fedgpu.core.config import Job
+from fedgpu.core.job import Job
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.aggregator import Outcome
 from fedgpu.core.secagg.errors import SecAggError

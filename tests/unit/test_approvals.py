@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedgpu.core.bundles import Bundle, BundleError, open_archive, pack_files
-from fedgpu.core.config import Job
 from fedgpu.core.constants import BundleState, TaskApproval
+from fedgpu.core.job import Job
 from fedgpu.node.approvals import SiteTasks
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.proto import pb

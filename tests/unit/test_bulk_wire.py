@@ -13,8 +13,8 @@ import pytest
 
 from fedgpu.core import bulk, codec
 from fedgpu.core.buffers import BufferPool
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.transfer.payload import ModelPayload, to_wire, wire_spec
 from fedgpu.server.transfer.tickets import TicketBook, TicketRefused
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuNeed
+from fedgpu.core.job.resources import Resources
 from fedgpu.node import task_needs
 from fedgpu.node.policy import Ineligible
 from fedgpu.node.tasks.base import HyperparameterError

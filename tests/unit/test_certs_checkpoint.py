@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from fedgpu.core import certs
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.jobs import resume
 from fedgpu.server.rounds.checkpoint import Checkpointer, CheckpointError
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.core.config import parse_job
 from fedgpu.core.constants import RoundStatus, RunState, Transport
+from fedgpu.core.job import parse_job
 from fedgpu.proto import pb
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.memory_store import MemoryStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tomllib
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.server.jobs.estimate import LONG_S, estimate
 from fedgpu.server.registry import Node
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.memory_store import MemoryStore
 from fedgpu.server.jobs.state import HISTORY_KEYS, SavedHistory

@@ -107,7 +107,7 @@ def _heavy(names: set[str]) -> list[str]:
 
 
 def test_importing_core_loads_neither_node_server_torch_nor_nvml() -> None:
-    names = _loaded(["-c", "import fedgpu.core, fedgpu.core.codec, fedgpu.core.config, "
+    names = _loaded(["-c", "import fedgpu.core, fedgpu.core.codec, fedgpu.core.job, "
                      "fedgpu.core.transport, fedgpu.core.tls, fedgpu.core.datasets"])
     assert _heavy(names) == []
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuNeed
+from fedgpu.core.job.resources import Resources
 from fedgpu.node.gpu_records import (
     GpuRecord,
     MigPlacement,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedgpu.core import mixing
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.rounds.ring import RingAverage, block_range, peer_host
 from fedgpu.server.strategies.update import UpdateIn
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.attempt import RoundState, RunFailed

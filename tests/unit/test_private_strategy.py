@@ -168,7 +168,7 @@ def test_the_nodes_reason_for_no_initial_model_reaches_the_job() -> None:
     # E.g. Opacus refusing the task's model under dp_sgd: the job fails with those words.
     import time
 
-    from fedgpu.core.config import parse_job
+    from fedgpu.core.job import parse_job
     from fedgpu.proto import pb
     from fedgpu.server.rounds.attempt import RoundState
     from fedgpu.server.rounds.plans import InitPlan
@@ -191,7 +191,7 @@ def test_a_resumed_run_continues_the_same_account() -> None:
     import json
 
     from fedgpu.core import jsondoc
-    from fedgpu.core.config import parse_job
+    from fedgpu.core.job import parse_job
     from fedgpu.server.registry import Registry
     from fedgpu.server.rounds.engine import Orchestrator
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.records import RoundRecord

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.server.registry import LOOP_GRACE_S, NotForgotten, Registry, Retired
 from fedgpu.server.registry_store import FILENAME, RegistryStore
 from fedgpu.server.rounds.eligibility import eligibility

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.sampling import sample, sample_size
 

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from fedgpu.core.config import parse_job
 from fedgpu.core.constants import Transport
+from fedgpu.core.job import parse_job
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest

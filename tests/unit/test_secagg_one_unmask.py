@@ -14,7 +14,7 @@ import asyncio
 
 import numpy as np
 
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import Stage
 from fedgpu.core.secagg.messages import KeyRelay, Setup, ShareRelay, UnmaskRequest

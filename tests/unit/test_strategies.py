@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgpu.core.config import parse_job
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import parse_job
 from fedgpu.core.job.strategies import JOB_STRATEGIES, STRATEGY_SPECS
 from fedgpu.server.rounds.checkpoint import Checkpointer
 from fedgpu.server.rounds.ring import RingAverage

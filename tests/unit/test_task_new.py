@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from fedgpu.cli.app import app
-from fedgpu.core.config import parse_job
+from fedgpu.core.job import parse_job
 
 
 def test_task_new_writes_a_job_file_beside_the_task(tmp_path: Path) -> None:

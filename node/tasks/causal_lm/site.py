@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedgpu.core.config import Resources
 from fedgpu.core.constants import GpuNeed
+from fedgpu.core.job.resources import Resources
 from fedgpu.node.rounds.switches import LOOP_DEFAULTS
 from fedgpu.node.tasks.base import HyperparameterError
 from fedgpu.node.tasks.causal_lm import memory
