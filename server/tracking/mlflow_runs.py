@@ -38,12 +38,23 @@ def client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a local store's artifacts go: beside its database (MLflow's default for a sqlite
+    store is ./mlruns of whatever directory the aggregator was started in); None: the store's
+    own default (a tracking server decides, a file store keeps them inside itself)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri.removeprefix("sqlite:///")).resolve()
+    return (database.parent / f"{database.stem}-artifacts").as_uri()
+
+
 class MlflowRuns:
     def __init__(self, uri: str) -> None:
         self.client = client(uri)
         found = self.client.get_experiment_by_name(EXPERIMENT)
         self.experiment = (found.experiment_id if found is not None
-                           else self.client.create_experiment(EXPERIMENT))
+                           else self.client.create_experiment(
+                               EXPERIMENT, artifact_location=artifact_root(uri)))
         self._logged: dict[str, set[tuple[str, int]]] = {}
 
     def run_for(self, job_id: str, name: str, job: Mapping[str, Any]) -> str:

@@ -67,6 +67,9 @@ def test_a_job_is_one_mlflow_run(federation: Federation, digits_split: list[Path
     assert "rounds.json" in files and "model" in files
     model = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
     assert model == {"model/global.safetensors"}
+    # Beside the store, not in the aggregator's working directory.
+    assert (tmp_path / "mlflow-artifacts").is_dir()
+    assert list((tmp_path / "mlflow-artifacts").rglob("global.safetensors"))
 
 
 def test_a_restart_continues_the_same_run(federation: Federation, digits_split: list[Path],
