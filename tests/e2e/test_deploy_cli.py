@@ -180,5 +180,10 @@ def test_up_ps_logs_down(compose_project: Any) -> None:
 
     down = fedgpu("down", env=env, timeout=300)
     assert down.returncode == 0, down.stderr
-    assert down.stdout.strip() == f"project {project.name} is down"
+    # `fedgpu up` made the deployment the default connection; `down` retires it, so the next
+    # command does not dial a deployment that is gone.
+    assert down.stdout.splitlines() == [f"project {project.name} is down",
+                                         "removed connection 'compose' (the deployment is down)"]
+    saved = json.loads(fedgpu("connection", "list", "--json", env=env).stdout)
+    assert "compose" not in [c["name"] for c in saved["connections"]]
     assert ps_json(project)["services"] == []

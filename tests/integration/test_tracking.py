@@ -14,6 +14,7 @@ import pytest
 from tests.fixtures.federation import Federation, write_job
 
 mlflow = pytest.importorskip("mlflow", reason="fedgpu[tracking] (MLflow) is not installed")
+ROUNDS = 40
 
 
 def _run_of(uri: str):
@@ -75,7 +76,9 @@ def test_a_job_is_one_mlflow_run(federation: Federation, digits_split: list[Path
 def test_a_restart_continues_the_same_run(federation: Federation, digits_split: list[Path],
                                           tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    job = write_job(tmp_path / "job.toml", rounds=4)
+    # Rounds enough that the job is still running when the run holds its second one (a
+    # digits round takes ~0.2 s; the store is polled every second).
+    job = write_job(tmp_path / "job.toml", rounds=ROUNDS)
     state = tmp_path / "state"
     agg = federation.start_server(job, "--state-dir", str(state), "--operator-token",
                                   federation.operator_token, "--tracking-uri", uri)
@@ -104,7 +107,7 @@ def test_a_restart_continues_the_same_run(federation: Federation, digits_split: 
     client, runs = _run_of(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")]
-    assert sorted(steps) == [1, 2, 3, 4], "a round logged twice or lost across the restart"
+    assert sorted(steps) == list(range(1, ROUNDS + 1)), "a round logged twice or lost"
 
 
 def test_a_store_that_cannot_be_opened_stops_the_start_with_the_reason(tmp_path: Path) -> None:
