@@ -157,15 +157,31 @@ def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: 
     # HEALTHCHECK then presents it to its own mTLS port without needing a node's key.
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH]
                                                  if server else [])
+    cert = leaf_certificate(ca_cert, ca_key, key.public_key(), common_name, sans, role,
+                            days, usages)
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+    ca_copy.write_bytes((ca_dir / CA_CERT).read_bytes())
+    return Issued(cert_path, key_path, ca_copy)
+
+
+def leaf_certificate(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
+                     public: ec.EllipticCurvePublicKey, common_name: str, sans: list[str],
+                     role: Role, days: int,
+                     usages: list[x509.ObjectIdentifier] | None = None) -> x509.Certificate:
+    """A certificate the CA signs for `public`: CN and OU (the role, the CA's decision), the
+    SANs, client use (and server use where asked). Keys made here and requests signed here
+    (fedgpu/core/csr.py) get the same certificate."""
+    usages = usages or [ExtendedKeyUsageOID.CLIENT_AUTH]
     names = list(dict.fromkeys([common_name, *sans]))
     start = _now()
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([
             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.value),
             x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(start + dt.timedelta(days=days))
@@ -182,10 +198,6 @@ def _issue(ca_dir: Path, out: Path, cert_name: str, key_name: str, common_name: 
                        critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_key(key_path, key)
-    _write_cert(cert_path, cert)
-    ca_copy.write_bytes((ca_dir / CA_CERT).read_bytes())
-    return Issued(cert_path, key_path, ca_copy)
 
 
 def server_sans(given: list[str], keep_defaults: bool = True) -> list[str]:

@@ -17,7 +17,6 @@ over another channel, as SSH host keys are checked.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import os
 from enum import StrEnum
@@ -27,7 +26,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 
 from fedgpu.core import certs
 from fedgpu.core.errors import ConfigError
@@ -123,30 +122,8 @@ def sign(csr_path: Path, ca_dir: Path, kind: Kind, out: Path, days: int = 825,
     if out.exists() and not force:
         raise ConfigError(f"{out} already exists; pass --force to replace")
     ca_cert, ca_key = certs._load_ca(ca_dir)
-    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([
-            # The role is the CA's decision (`kind`); any OU the request asked for is ignored.
-            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, _ROLE[kind].value),
-            x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=False, key_cert_sign=False,
-            crl_sign=False, content_commitment=False, data_encipherment=False,
-            key_agreement=True, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
-                       critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    # The role is the CA's decision (`kind`); any OU the request asked for is ignored.
+    cert = certs.leaf_certificate(ca_cert, ca_key, public, name, [], _ROLE[kind], days)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (out.parent / certs.CA_CERT).write_bytes((ca_dir / certs.CA_CERT).read_bytes())
