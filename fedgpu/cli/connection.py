@@ -143,11 +143,9 @@ def remove(name: Name) -> None:
     Example: fedgpu connection remove prod
     """
     with connections.editing() as box:
-        gone = box[0].get(connections.check_name(name), connections.file_path())
-        box[0] = connections.without(box[0], name)
-    own = connections.file_path().parent / connections.TOKENS_DIR / name
-    if gone.token_file is not None and gone.token_file == own:
-        own.unlink(missing_ok=True)
+        # An unknown name is refused here, with the saved names.
+        box[0].get(connections.check_name(name), connections.file_path())
+    connections.forget(name)
     typer.echo(f"removed connection {name!r}")
 
 

@@ -268,3 +268,17 @@ def put(conns: Connections, conn: SavedConnection, make_default: bool) -> Connec
 def without(conns: Connections, name: str) -> Connections:
     saved = {k: v for k, v in conns.saved.items() if k != name}
     return replace(conns, saved=saved, default=None if conns.default == name else conns.default)
+
+
+def forget(name: str) -> SavedConnection | None:
+    """Remove a saved connection, and the token file saved with it; what was removed, or None
+    when there was no such connection."""
+    with editing() as box:
+        gone = box[0].saved.get(name)
+        if gone is None:
+            return None
+        box[0] = without(box[0], name)
+    own = file_path().parent / TOKENS_DIR / name
+    if gone.token_file is not None and gone.token_file == own:
+        own.unlink(missing_ok=True)
+    return gone

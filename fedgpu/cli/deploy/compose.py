@@ -341,12 +341,6 @@ def retire_connection(name: str = "compose") -> str | None:
     down, so the next command does not dial it; what to print, or None if there was none."""
     from fedgpu.cli.common import connections
 
-    with connections.editing() as box:
-        gone = box[0].saved.get(name)
-        if gone is None:
-            return None
-        box[0] = connections.without(box[0], name)
-    own = connections.file_path().parent / connections.TOKENS_DIR / name
-    if gone.token_file is not None and gone.token_file == own:
-        own.unlink(missing_ok=True)
+    if connections.forget(name) is None:
+        return None
     return f"removed connection {name!r} (the deployment is down)"
