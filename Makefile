@@ -37,7 +37,7 @@ demo: venv
 test: venv
 	@# Without checkov (no registry reachable) its test skips, saying why; the rest still runs.
 	@$(MAKE) --no-print-directory checkov-venv || echo "warning: checkov not installed"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # checkov (the security linter of deploy/k8s, tests/unit/test_k8s_security.py) pins
 # networkx < 2.7 and packaging < 24, which would downgrade the dev venv under torch: it gets
