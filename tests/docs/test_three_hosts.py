@@ -67,6 +67,10 @@ def test_three_hosts_runs_as_written(tmp_path: Path) -> None:
         assert "retired this node" in log
     nodes = next(r for r in results if "fedgpu nodes" in r.block.text).output
     assert all(site in nodes for site in SITES), nodes
-    # The kit's key stays private once unpacked at the site.
-    key = work / "hosts" / "site-a" / "site-a" / "node.key"
-    assert key.stat().st_mode & 0o777 == 0o600
+    # Each site's key was made at the site, stays private there, and never reached the kits
+    # the CA wrote (threat model: the CA's host and the hand-over hold no site key).
+    for site in SITES:
+        key = work / "hosts" / site / site / "node.key"
+        assert key.stat().st_mode & 0o777 == 0o600
+        assert not [p for p in (work / "kits").rglob("*") if p.name == "node.key"]
+        assert key.read_bytes() not in (work / "kits" / f"{site}.tar.gz").read_bytes()

@@ -112,3 +112,52 @@ def test_a_directory_that_is_not_a_kit_is_named_with_the_fix(tmp_path: Path) -> 
     # And `node start --kit` says so, before anything starts.
     r = cli("node", "start", "--kit", str(tmp_path / "missing"))
     assert r.returncode != 0 and "fedgpu kit site NAME" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["site", "operator"])
+def test_a_kit_from_a_request_carries_no_key(tmp_path: Path, kind: str) -> None:
+    """Threat model: the CA's host and the way back to the site must never hold the site's (or
+    person's) private key. With --csr the kit is made from the request alone, so the key stays
+    where `certs request` made it; a kit for another name than the request's is refused."""
+    ca = _ca(tmp_path)
+    site = tmp_path / "site" / "site-a"
+    r = cli("certs", "request", "site-a", "--out", str(site), "--kind", kind)
+    assert r.returncode == 0, r.stderr
+    key_name = "node.key" if kind == "site" else "operator.key"
+    key = (site / key_name).read_bytes()
+    transit = tmp_path / "transit"
+    transit.mkdir()
+    (transit / "site-a.csr").write_bytes((site / "site-a.csr").read_bytes())
+    out = tmp_path / "kits" / "site-a"
+    wrong = cli("kit", kind if kind == "site" else "operator", "site-b", "--aggregator",
+                "agg:50051", "--ca-dir", str(ca), "--csr", str(transit / "site-a.csr"),
+                "--out", str(out))
+    assert wrong.returncode != 0 and "not 'site-b'" in wrong.stderr and not out.exists()
+    r = cli("kit", kind, "site-a", "--aggregator", "agg:50051", "--ca-dir", str(ca), "--csr",
+            str(transit / "site-a.csr"), "--out", str(out), "--archive")
+    assert r.returncode == 0, r.stderr
+    everything = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(site)]
+    for path in everything:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            with tarfile.open(path) as tar:
+                data = b"".join(tar.extractfile(m).read() for m in tar.getmembers()
+                                if m.isfile())
+        assert key not in data and (b"PRIVATE KEY" not in data or path == ca / "ca.key"), path
+    # Unpacked where the key is, the kit is complete: node start --kit (or the saved
+    # connection) finds the site's own key.
+    with tarfile.open(out.with_name("site-a.tar.gz")) as tar:
+        tar.extractall(site.parent, filter="data")
+    if kind == "site":
+        kit = read_node_kit(site)
+        assert kit.tls_key == site / "node.key" and kit.tls_key.read_bytes() == key
+        assert certs.identity(kit.tls_cert.read_bytes()) == "site-a"
+    else:
+        from fedgpu.cli.common import connections
+
+        saved = connections.load(site / "connections.toml").saved["site-a"]
+        assert saved.tls_key == site / "operator.key"
+        assert certs.role(saved.tls_cert.read_bytes()) is certs.Role.OPERATOR
+    r = cli("kit", "site", "x", "--aggregator", "a:1", "--ca-dir", str(ca), "--key-path", "/k",
+            "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "--csr" in r.stderr

@@ -27,6 +27,14 @@ Archive = Annotated[bool, typer.Option(
     "--archive", help="Also write DIR.tar.gz, to hand over as one file.")]
 Force = Annotated[bool, typer.Option("--force", help="Replace an existing kit.")]
 Days = Annotated[int, typer.Option(help="Validity of a newly issued certificate, in days.")]
+Csr = Annotated[Path | None, typer.Option(
+    "--csr", help="A certificate request the site or person made with 'fedgpu certs request "
+    "NAME --out DIR' (its key stays there): the kit carries the certificate signed from it "
+    "and no key. Unpack the kit into that DIR.")]
+KeyPath = Annotated[str | None, typer.Option(
+    "--key-path", help="With --csr: where the key is on the site's or person's machine, as "
+    "the kit's config names it (default: beside the kit's files, as 'certs request' wrote "
+    "it).")]
 
 
 def _address(aggregator: str) -> str:
@@ -46,6 +54,8 @@ def site(
         "(without it the site passes --data to 'node start').")] = None,
     gpu: Annotated[str | None, typer.Option(
         "--gpu", help="The site's GPU policy (none, offer, enforce) in node.toml.")] = None,
+    csr_file: Csr = None,
+    key_path: KeyPath = None,
     archive: Archive = False,
     days: Days = 825,
     force: Force = False,
@@ -54,6 +64,9 @@ def site(
     the CA certificate, and node.toml with the aggregator's address, the site's name and its
     TLS files. On the site's host, 'fedgpu node start --kit DIR' needs nothing else.
 
+    With --csr (the site made its key and request with 'fedgpu certs request'), the kit holds
+    the certificate signed from the request and no key: the key never leaves the site.
+
     Example: fedgpu kit site site-a --aggregator agg.example.org:50051 --data /srv/data
     """
     from fedgpu.core import certs
@@ -61,16 +74,24 @@ def site(
     address = _address(aggregator)
     if gpu is not None and gpu not in ("none", "offer", "enforce"):
         raise ConfigError(f"--gpu {gpu!r}: one of none, offer, enforce")
+    _key_path_needs_csr(csr_file, key_path)
     out = out or Path("kits") / name
-    issued = _certificate(ca_dir, name, certs.Role.NODE, days)
+    issued = None if csr_file else _certificate(ca_dir, name, certs.Role.NODE, days)
     with files.writing(out, force) as tmp:
-        files.copy_file(issued.cert, tmp / certs.NODE_CERT)
-        files.copy_file(issued.key, tmp / certs.NODE_KEY, private=True)
-        files.copy_file(ca_dir / certs.CA_CERT, tmp / certs.CA_CERT)
+        _certificate_files(tmp, issued, csr_file, ca_dir, name, certs.Role.NODE, days)
         files.write_text(tmp / files.NODE_CONFIG, files.node_toml(
-            address, name, data, gpu, certs.NODE_CERT, certs.NODE_KEY, certs.CA_CERT))
+            address, name, data, gpu, certs.NODE_CERT, key_path or certs.NODE_KEY,
+            certs.CA_CERT))
     typer.echo(f"site {name}: kit in {out}; on its host: fedgpu node start --kit {out}"
                + ("" if data else " --data DIR"))
+    if csr_file is not None:
+        from fedgpu.core.csr import fingerprint
+
+        typer.echo(f"request fingerprint sha256 {fingerprint(csr_file.read_bytes())}: check it "
+                   "against the one the site read out")
+        typer.echo(f"no key in the kit: put its files beside the site's {key_path or 'node.key'}"
+                   f" (the directory 'fedgpu certs request' wrote), e.g. tar xzf {name}.tar.gz"
+                   " where that directory is")
     if archive:
         typer.echo(f"archive: {files.archive(out, force)}")
 
@@ -80,6 +101,8 @@ def operator(
     aggregator: Aggregator,
     ca_dir: CaDir = Path("certs"),
     out: Out = None,
+    csr_file: Csr = None,
+    key_path: KeyPath = None,
     archive: Archive = False,
     days: Days = 825,
     force: Force = False,
@@ -88,6 +111,9 @@ def operator(
     connections.toml, a saved connection NAME with paths inside the kit. Use it with
     FEDGPU_CONFIG_DIR=DIR and --connection NAME, or copy the files into your own.
 
+    With --csr (the person made their key and request with 'fedgpu certs request NAME
+    --kind operator'), the kit holds the certificate signed from it and no key.
+
     Example: fedgpu kit operator alice --aggregator agg.example.org:50051
     """
     from fedgpu.cli.common import connections
@@ -95,15 +121,14 @@ def operator(
 
     address = _address(aggregator)
     connections.check_name(name)
+    _key_path_needs_csr(csr_file, key_path)
     out = out or Path("kits") / f"operator-{name}"
-    issued = _certificate(ca_dir, name, certs.Role.OPERATOR, days)
+    issued = None if csr_file else _certificate(ca_dir, name, certs.Role.OPERATOR, days)
     saved = connections.SavedConnection(name, address, tls_ca=Path(certs.CA_CERT),
                                         tls_cert=Path(certs.OPERATOR_CERT),
-                                        tls_key=Path(certs.OPERATOR_KEY))
+                                        tls_key=Path(key_path or certs.OPERATOR_KEY))
     with files.writing(out, force) as tmp:
-        files.copy_file(issued.cert, tmp / certs.OPERATOR_CERT)
-        files.copy_file(issued.key, tmp / certs.OPERATOR_KEY, private=True)
-        files.copy_file(ca_dir / certs.CA_CERT, tmp / certs.CA_CERT)
+        _certificate_files(tmp, issued, csr_file, ca_dir, name, certs.Role.OPERATOR, days)
         files.write_text(tmp / files.CONNECTIONS,
                          connections.dumps(connections.Connections(name, {name: saved})))
     typer.echo(f"operator {name}: kit in {out}; FEDGPU_CONFIG_DIR={out} fedgpu status "
@@ -112,12 +137,33 @@ def operator(
         typer.echo(f"archive: {files.archive(out, force)}")
 
 
+def _key_path_needs_csr(csr_file: Path | None, key_path: str | None) -> None:
+    if key_path is not None and csr_file is None:
+        raise ConfigError("--key-path names the key a site or person made with 'fedgpu certs "
+                          "request': pass their request with --csr")
+
+
+def _certificate_files(tmp: Path, issued: Issued | None, csr_file: Path | None, ca_dir: Path,
+                       name: str, role: Role, days: int) -> None:
+    """The kit's certificate, key and CA certificate: copied from what `_certificate` issued,
+    or, for a request (--csr), the certificate signed from it and no key at all."""
+    from fedgpu.core import certs, csr
+
+    cert_name, key_name = ((certs.NODE_CERT, certs.NODE_KEY) if role is certs.Role.NODE
+                           else (certs.OPERATOR_CERT, certs.OPERATOR_KEY))
+    if csr_file is not None:
+        kind = csr.Kind.SITE if role is certs.Role.NODE else csr.Kind.OPERATOR
+        csr.sign(csr_file, ca_dir, kind, tmp / cert_name, days, expect_name=name)
+        return
+    assert issued is not None
+    files.copy_file(issued.cert, tmp / cert_name)
+    files.copy_file(issued.key, tmp / key_name, private=True)
+    files.copy_file(ca_dir / certs.CA_CERT, tmp / certs.CA_CERT)
+
+
 def _certificate(ca_dir: Path, name: str, role: Role, days: int) -> Issued:
     """The certificate and key the kit carries: one already issued for `name` by this CA, else
-    one issued now, its key made here.
-
-    Where the site made its own key and signing request (`fedgpu certs request`), the kit is to
-    carry the signed certificate and no key: that is the one place to add it."""
+    one issued now, its key made here (a kit made from a request, --csr, uses neither)."""
     from fedgpu.core import certs
 
     if role is certs.Role.NODE:
