@@ -97,12 +97,10 @@ def cuda_touched() -> str | None:
 
     if torch.cuda.is_initialized():
         return "torch initialised CUDA in the factory"
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    if "libcuda.so" in maps:
-        return "the CUDA driver library is loaded in the factory"
+    # The driver library being mapped is not a hazard: CUDA builds of torch 2.11 dlopen
+    # libcuda.so at `import torch` (seen on an H200, cu130) without initialising it. What a
+    # child cannot inherit is an initialised driver (cuInit: its threads, which fork_hazard's
+    # thread count sees, and its device handles); torch.cuda.is_initialized covers torch's own.
     return None
 
 

@@ -119,17 +119,30 @@ def _warm_up(hint: dict | None) -> None:
         if data_dir and all(hasattr(task, a) for a in ("batch_loss", "optimizer", "batch_size")):
             data = task.load_data(Path(data_dir))
             idx = torch.arange(min(task.batch_size(hparams), task.train_size(data)))
-            loss, _ = task.batch_loss(model, data, idx)
-            loss.backward()
-            task.optimizer(model, hparams).step()
+            if _backward_keeps_cuda_untouched():
+                loss, _ = task.batch_loss(model, data, idx)
+                loss.backward()
+                task.optimizer(model, hparams).step()
             model.eval()
             with torch.no_grad():
                 task.batch_loss(model, data, idx)
         return
     x = torch.randn(8, 1, 8, 8, requires_grad=True)
     conv = torch.nn.Conv2d(1, 4, 3, padding=1)
-    fc = torch.nn.Linear(4 * 8 * 8, 10)
-    fc(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean().backward()
+    out = torch.nn.Linear(4 * 8 * 8, 10)(torch.relu(conv(x)).flatten(1)).logsumexp(1).mean()
+    if _backward_keeps_cuda_untouched():
+        out.backward()
+
+
+def _backward_keeps_cuda_untouched() -> bool:
+    """Whether a warm-up may run backward. The first backward of a process starts autograd's
+    per-device threads, and on a CUDA build of torch counting the devices initialises the
+    CUDA driver (cuInit: a driver thread, device handles): a factory that did so cannot fork
+    workers safely (seen on an H200, torch 2.11+cu130: every round then spawned a fresh
+    worker). On such builds the warm-up stays forward-only."""
+    import torch
+
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
 
 
 def _warm_up_streaming(task: Any, hparams: dict, data_dir: str | None) -> None:
@@ -148,8 +161,12 @@ def _warm_up_streaming(task: Any, hparams: dict, data_dir: str | None) -> None:
     two = torch.utils.data.Subset(sets.train, range(min(2, len(sets.train))))
     # No worker processes, no switches: this warms imports, Pillow and autograd on the CPU;
     # CUDA stays untouched until the round hands this process its GPU.
-    Loop(task, model, torch.device("cpu"), LoopSettings(batch_size=2, num_workers=0),
-         Switches(), task_hp).train(two, seed=0, round_started=0.0)
+    loop = Loop(task, model, torch.device("cpu"), LoopSettings(batch_size=2, num_workers=0),
+                Switches(), task_hp)
+    if _backward_keeps_cuda_untouched():
+        loop.train(two, seed=0, round_started=0.0)
+    else:
+        loop.evaluate(two)
 
 
 def main(argv: list[str] | None = None) -> int:
