@@ -26,6 +26,7 @@ from fedgpu.core.audit import AUDIT_FILE, AuditError, AuditLog
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.site_policy import REFUSAL_PREFIX
 from fedgpu.node import identity, messages, nvml, policy, registration, ring, secagg, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
@@ -265,7 +266,7 @@ class Agent:
             hparams_json = header.hyperparameters_json
             try:
                 if reasons := self.rules.refusals(header, kind):
-                    raise policy.Ineligible("site policy: " + "; ".join(reasons))
+                    raise policy.Ineligible(REFUSAL_PREFIX + "; ".join(reasons))
                 # A built-in task may refine the job's needs for this site (causal-lm: its base
                 # model must be here; GPU memory estimated from its size when not given).
                 need, hparams_json = task_needs.for_site(

@@ -152,6 +152,7 @@ class FederationService(pb_grpc.FederationServicer):
         node.capacity = capacity
         node.task_approval = request.task_approval
         node.site_policy = _site_policy(request, name)
+        node.policy_refusal = None  # it may have restarted with another policy
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         self.auth.audit_soon(f"node {name}", "node.register", node.node_id, "OK", node.peer)

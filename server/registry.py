@@ -71,6 +71,8 @@ class Node:
     # The site's own policy as it advertised it at registration (None: it has none): the
     # aggregator samples by it; the node's own check decides (fedgpu/core/site_policy.py).
     site_policy: SitePolicy | None = None
+    # Its own policy's last refusal of a job: (that job, until when it is believed, why).
+    policy_refusal: tuple[Any, float, str] | None = None
     bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
     # sha256 of the identity secret it registered with ("" from nodes that send none): who
     # may take this name over while the node is alive.

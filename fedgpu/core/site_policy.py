@@ -40,6 +40,11 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.suggest import did_you_mean
 
 POLICY_ENV = "FEDGPU_NODE_POLICY"
+# How a node's "ineligible" answer begins when its policy refused the task: the aggregator
+# then leaves the site out of that job for REFUSAL_MEMORY_S (not only until its next
+# heartbeat, as for busy GPUs), so a lasting refusal is not asked again every few seconds.
+REFUSAL_PREFIX = "site policy: "
+REFUSAL_MEMORY_S = 60.0
 # Bounds: the policy travels in every registration and is parsed by the aggregator too.
 MAX_POLICY_BYTES = 64 << 10
 MAX_LIST = 1000
@@ -143,7 +148,7 @@ class SitePolicy:
                 out.append(f"round {round_number} is past the site's maximum "
                            f"{self.max_rounds} per job")
         if self.max_gpu_hours is not None and gpu_hours_spent >= self.max_gpu_hours:
-            out.append(f"the site has spent {gpu_hours_spent:.2f} GPU-hours on this job, "
+            out.append(f"the site has spent {gpu_hours_spent:.3g} GPU-hours on this job, "
                        f"its maximum is {self.max_gpu_hours:g}")
         if self.hours is not None and now is not None and not self.hours.contains(now):
             out.append(f"the site trains only {self.hours.text()}")

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from fedgpu.core.job import Job
+from fedgpu.core.site_policy import REFUSAL_MEMORY_S, REFUSAL_PREFIX
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rejections import Reject, UpdateRejected
@@ -185,6 +186,8 @@ class Answers:
         reason = header.ineligible_reason or "no reason given"
         rnd.ineligible.append(Ineligibility(node.node_id, node.name, reason))
         node.refusal = (self.run.job.needs, reason)
+        if reason.startswith(REFUSAL_PREFIX):
+            node.policy_refusal = (self.run.job, time.time() + REFUSAL_MEMORY_S, reason)
         node.pending = None
         log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
                  extra={"node": node.name})

@@ -23,7 +23,7 @@ from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import BundleState, TaskApproval
 from fedgpu.core.job import Job
-from fedgpu.core.site_policy import terms_of
+from fedgpu.core.site_policy import REFUSAL_PREFIX, terms_of
 from fedgpu.server.registry import LOOP_GRACE_S, Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
@@ -67,12 +67,15 @@ def site_policy_allows(job: Job, node: Node, bundle: BundleRef | None) -> str | 
     """The site's own policy as it advertised it (fedgpu/core/site_policy.py), its hours
     against the clock now: a site that would refuse is not sampled (its own check decides
     in the end; this spares the round an attempt and says why in `job status`)."""
+    remembered = node.policy_refusal
+    if remembered is not None and remembered[0] is job and time.time() < remembered[1]:
+        return remembered[2]
     if node.site_policy is None:
         return None
     reasons = node.site_policy.refusals(
         terms_of(job, bundle_sha256=bundle.sha256 if bundle is not None else ""),
         dt.datetime.now(dt.UTC))
-    return "site policy: " + "; ".join(reasons) if reasons else None
+    return REFUSAL_PREFIX + "; ".join(reasons) if reasons else None
 
 
 CHECKS: tuple[Check, ...] = (task_loop_polls, task_available, site_policy_allows, gpu_fits)
