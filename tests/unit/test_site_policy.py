@@ -38,7 +38,7 @@ from fedgpu.proto import pb
 
 FULL = """
 studies = ["onco", "cardio"]
-tasks = ["digits", "%s"]
+tasks = ["digits", "BUNDLE"]
 task_approval = "approved"
 require_secure_aggregation = true
 max_epsilon = 8.0
@@ -46,7 +46,7 @@ max_rounds = 50
 max_gpu_hours = 10
 hours = "20:00-06:00"
 timezone = "Europe/Berlin"
-""" % ("ab" * 32)
+""".replace("BUNDLE", "ab" * 32)
 
 GOOD = JobTerms(job_id="j1", study="onco", task="digits", rounds=20, secure_aggregation=True,
                 dp_mode="central", target_epsilon=4.0)
@@ -96,7 +96,8 @@ def test_a_policy_file_with_a_mistake_is_refused_with_the_key_and_the_fix(
 
 def test_limits_bound_what_a_policy_and_its_advertised_copy_may_hold(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="at most 1000 names"):
-        parse("studies = [%s]" % ", ".join(f'"s{i}"' for i in range(1001)))
+        names = ", ".join(f'"s{i}"' for i in range(1001))
+        parse(f"studies = [{names}]")
     with pytest.raises(ConfigError, match="over 65536 bytes"):
         parse("# " + "x" * (64 << 10))
     with pytest.raises(ConfigError, match="not JSON"):
@@ -111,7 +112,7 @@ def test_limits_bound_what_a_policy_and_its_advertised_copy_may_hold(tmp_path: P
     ("studies = ['onco']", JobTerms(), JobTerms(study="onco"), "the job names no study"),
     ("tasks = ['digits']", JobTerms(task="cifar"), JobTerms(task="digits"),
      "task 'cifar' is not among the site's tasks ('digits')"),
-    ("tasks = ['%s']" % ("cd" * 32), JobTerms(task="mine", bundle_sha256="ef" * 32),
+    (f"tasks = ['{'cd' * 32}']", JobTerms(task="mine", bundle_sha256="ef" * 32),
      JobTerms(task="mine", bundle_sha256="cd" * 32), "task 'mine' (bundle efefefefefef)"),
     ("require_secure_aggregation = true", JobTerms(), JobTerms(secure_aggregation=True),
      "the site requires secure_aggregation = true"),
