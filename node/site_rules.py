@@ -60,6 +60,8 @@ class SiteRules:
                 # The terms claim secure aggregation; the task itself shows whether it is.
                 reasons.append("the site requires secure aggregation and this training task "
                                "is a plain round")
+            if self.policy.max_epsilon is not None and kind == "train":
+                reasons += _noise_missing(header, terms.dp_mode)
             reasons = list(dict.fromkeys(reasons))
         if reasons:
             why = "; ".join(reasons)
@@ -107,3 +109,15 @@ class SiteRules:
             os.replace(tmp, path)
         except OSError as exc:
             log.error("cannot count GPU time of job %s in %s: %s", job_id, path, exc)
+
+
+def _noise_missing(header: pb.TaskHeader, dp_mode: str) -> list[str]:
+    """Local and distributed DP noise is added here, by the settings the task carries: a
+    training task of such a job without them would upload an update with no noise."""
+    if dp_mode == "local" and not header.HasField("privacy_local"):
+        return ["the job claims local DP and this training task carries no noise settings"]
+    if dp_mode == "distributed" and header.secagg_setup and not header.HasField(
+            "privacy_distributed"):
+        return ["the job claims distributed DP and this training task carries no noise "
+                "settings"]
+    return []

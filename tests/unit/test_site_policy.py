@@ -203,6 +203,13 @@ def test_the_node_checks_the_task_itself_and_audits_each_refusal(tmp_path: Path)
         "the site requires secure aggregation and this training task is a plain round"]
     # An evaluation carries no setup in any job: the claim alone is checked.
     assert rules.refusals(_task(kind=pb.TASK_KIND_EVALUATE, secagg=False), "evaluate") == []
+    # Local DP noise is added here, by settings the task must carry.
+    dp = _rules(tmp_path / "dp", "max_epsilon = 8")
+    local = _task(dp_mode="local", target_epsilon=4.0)
+    assert dp.refusals(local, "train") == [
+        "the job claims local DP and this training task carries no noise settings"]
+    local.privacy_local.CopyFrom(pb.PrivacyLocalDp(clip_norm=1.0, noise_multiplier=1.0))
+    assert dp.refusals(local, "train") == []
     no_terms = pb.TaskHeader(task_name="digits", round=1, kind=pb.TASK_KIND_TRAIN)
     assert "sent no job terms" in rules.refusals(no_terms, "train")[0]
     # A site without a policy takes everything, terms or none.
