@@ -187,6 +187,14 @@ class SitePolicy:
         return ", ".join(parts) or "no conditions"
 
 
+def refuses_study(policy: SitePolicy | None, study: str) -> str | None:
+    """Why a site with `policy` would not join or serve `study` (None: it would): the check
+    behind enrolling a site in a study, on the policy the site advertised."""
+    if policy is None or policy.studies is None or study in policy.studies:
+        return None
+    return f"{REFUSAL_PREFIX}this site serves {_list(policy.studies)}, not study {study!r}"
+
+
 def stricter_approval(flag: TaskApproval, policy: TaskApproval | None) -> TaskApproval:
     """The node's task approval: its --task-approval, narrowed by the policy's (the file can
     only make the site stricter: installed < approved < any)."""

@@ -29,6 +29,7 @@ from fedgpu.core.site_policy import (
     from_json,
     load,
     parse,
+    refuses_study,
     stricter_approval,
     terms_of,
 )
@@ -153,6 +154,14 @@ def test_the_round_the_gpu_time_and_the_hours_are_checked_where_they_are_known()
     assert p.refusals(job, None) == []
     day = parse("hours = '08:00-18:00'")  # UTC by default
     assert day.refusals(job, NOON) == [] and day.refusals(job, NIGHT) != []
+
+
+def test_a_site_joins_only_the_studies_its_policy_serves() -> None:
+    assert refuses_study(None, "onco") is None
+    assert refuses_study(parse("max_rounds = 3"), "onco") is None
+    assert refuses_study(parse("studies = ['onco']"), "onco") is None
+    assert refuses_study(parse("studies = ['onco']"), "cardio") == (
+        "site policy: this site serves 'onco', not study 'cardio'")
 
 
 def test_the_file_can_only_narrow_the_nodes_task_approval() -> None:
