@@ -26,6 +26,7 @@ from fedgpu.core.audit import AUDIT_FILE, AuditError, AuditLog
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
+from fedgpu.core.site_policy import REFUSAL_PREFIX
 from fedgpu.node import identity, messages, nvml, policy, registration, ring, secagg, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
@@ -44,6 +45,7 @@ from fedgpu.node.rounds.process import (
     simulated_gpus,
 )
 from fedgpu.node.rounds.workfiles import KINDS
+from fedgpu.node.site_rules import SiteRules
 from fedgpu.node.status import write_status
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
@@ -69,6 +71,8 @@ class Agent:
         self.secagg_identity = secagg.secagg_identity(cfg.tls)
         # The site's audit log: tasks run and refused here, beside its approvals' records.
         self.audit = AuditLog(state_dir / AUDIT_FILE)
+        # The site's own policy: checked on every task before anything else (node/site_rules.py).
+        self.rules = SiteRules(cfg.site_policy, state_dir, self.audit)
         cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -261,6 +265,8 @@ class Agent:
         try:
             hparams_json = header.hyperparameters_json
             try:
+                if reasons := self.rules.refusals(header, kind):
+                    raise policy.Ineligible(REFUSAL_PREFIX + "; ".join(reasons))
                 # A built-in task may refine the job's needs for this site (causal-lm: its base
                 # model must be here; GPU memory estimated from its size when not given).
                 need, hparams_json = task_needs.for_site(
@@ -332,6 +338,7 @@ class Agent:
             self.liveness.done()
             self._audit_task(header, kind, outcome, error)
             if outcome is not None:
+                self.rules.spent(header, outcome.resources)
                 outcome.cleanup()
             self._set_state("idle")
 

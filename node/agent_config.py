@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedgpu.core import tls
 from fedgpu.core.constants import DEFAULT_RING_PORT, TaskApproval
+from fedgpu.core.site_policy import SitePolicy
 from fedgpu.node import policy
 
 
@@ -50,3 +51,5 @@ class AgentConfig:
     # Secure aggregation: the site's floor on a round's threshold, on top of the strict
     # majority of its shareholders (0: the majority only).
     secagg_min_threshold: int = 0
+    # The site's own policy (fedgpu/core/site_policy.py, `--policy FILE`); None: none.
+    site_policy: SitePolicy | None = None

@@ -54,6 +54,7 @@ def request(cfg: AgentConfig, identity: str, snapshot: nvml.NvmlSnapshot,
         num_examples=data.train_examples(cfg.data_dir),
         capacity=capacity,
         task_approval=task_approval,
+        site_policy_json=cfg.site_policy.to_json() if cfg.site_policy is not None else "",
     )
 
 

@@ -18,11 +18,14 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from fedgpu.core import site_policy
 from fedgpu.core.admission import SiteCapacity
 from fedgpu.core.admission_wire import capacity_from_wire
 from fedgpu.core.bulk import Direction
 from fedgpu.core.bundles import BundleError
 from fedgpu.core.constants import TaskApproval, Transport
+from fedgpu.core.errors import ConfigError
+from fedgpu.core.site_policy import SitePolicy
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs.queue import JobError, JobManager
@@ -148,6 +151,8 @@ class FederationService(pb_grpc.FederationServicer):
         node.stated_examples = max(request.num_examples, 0)
         node.capacity = capacity
         node.task_approval = request.task_approval
+        node.site_policy = _site_policy(request, name)
+        node.policy_refusal = None  # it may have restarted with another policy
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
                  node.peer, request.decision.reason or "n/a")
         self.auth.audit_soon(f"node {name}", "node.register", node.node_id, "OK", node.peer)
@@ -358,3 +363,13 @@ class FederationService(pb_grpc.FederationServicer):
     async def _abort(context: grpc.aio.ServicerContext, exc: UpdateRejected) -> None:
         code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
         await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
+
+
+def _site_policy(request: pb.RegisterRequest, name: str) -> SitePolicy | None:
+    """The policy the node advertised (None: none, or one this aggregator cannot read: the
+    node decides for itself either way, so the registration stands)."""
+    try:
+        return site_policy.from_json(request.site_policy_json, f"node {name}'s site policy")
+    except ConfigError as exc:
+        log.warning("%s: its tasks are offered as if it had none (it checks them itself)", exc)
+        return None

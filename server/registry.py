@@ -24,6 +24,7 @@ from typing import Any
 
 from fedgpu.core.admission import SiteCapacity
 from fedgpu.core.job.resources import Resources
+from fedgpu.core.site_policy import SitePolicy
 from fedgpu.server.registry_store import RegistryStore, SavedNode
 
 
@@ -67,6 +68,11 @@ class Node:
     # Which code from the wire the node's site runs (TaskApproval; "" from older nodes), and
     # its latest answer about each offered bundle: sha256 -> (BundleState, reason).
     task_approval: str = ""
+    # The site's own policy as it advertised it at registration (None: it has none): the
+    # aggregator samples by it; the node's own check decides (fedgpu/core/site_policy.py).
+    site_policy: SitePolicy | None = None
+    # Its own policy's last refusal of a job: (that job, until when it is believed, why).
+    policy_refusal: tuple[Any, float, str] | None = None
     bundle_states: dict[str, tuple[str, str]] = field(default_factory=dict)
     # sha256 of the identity secret it registered with ("" from nodes that send none): who
     # may take this name over while the node is alive.
@@ -326,6 +332,7 @@ class Registry:
                 "labels": n.labels,
                 "tasks": n.tasks,
                 "task_approval": n.task_approval or None,
+                "site_policy": n.site_policy.to_dict() if n.site_policy is not None else None,
                 "stated_examples": n.stated_examples or None,
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
                 "transport": n.transport,

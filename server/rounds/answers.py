@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from fedgpu.core.job import Job
+from fedgpu.core.site_policy import REFUSAL_MEMORY_S, REFUSAL_PREFIX
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node
 from fedgpu.server.rejections import Reject, UpdateRejected
@@ -184,7 +185,11 @@ class Answers:
         (server/rounds/eligibility.py) so the next attempt samples among the others."""
         reason = header.ineligible_reason or "no reason given"
         rnd.ineligible.append(Ineligibility(node.node_id, node.name, reason))
-        node.refusal = (self.run.job.needs, reason)
+        if reason.startswith(REFUSAL_PREFIX):
+            # The site's policy: about this job, not its GPUs (other jobs may still fit).
+            node.policy_refusal = (self.run.job, time.time() + REFUSAL_MEMORY_S, reason)
+        else:
+            node.refusal = (self.run.job.needs, reason)
         node.pending = None
         log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
                  extra={"node": node.name})

@@ -15,6 +15,7 @@ does not burn its round retries on sites that have not approved it yet: it waits
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import BundleState, TaskApproval
 from fedgpu.core.job import Job
+from fedgpu.core.site_policy import REFUSAL_PREFIX, terms_of
 from fedgpu.server.registry import LOOP_GRACE_S, Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
@@ -61,7 +63,22 @@ def task_loop_polls(job: Job, node: Node, bundle: BundleRef | None) -> str | Non
     return None
 
 
-CHECKS: tuple[Check, ...] = (task_loop_polls, task_available, gpu_fits)
+def site_policy_allows(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
+    """The site's own policy as it advertised it (fedgpu/core/site_policy.py), its hours
+    against the clock now: a site that would refuse is not sampled (its own check decides
+    in the end; this spares the round an attempt and says why in `job status`)."""
+    remembered = node.policy_refusal
+    if remembered is not None and remembered[0] is job and time.time() < remembered[1]:
+        return remembered[2]
+    if node.site_policy is None:
+        return None
+    reasons = node.site_policy.refusals(
+        terms_of(job, bundle_sha256=bundle.sha256 if bundle is not None else ""),
+        dt.datetime.now(dt.UTC))
+    return REFUSAL_PREFIX + "; ".join(reasons) if reasons else None
+
+
+CHECKS: tuple[Check, ...] = (task_loop_polls, task_available, site_policy_allows, gpu_fits)
 
 
 def lost_since(node: Node) -> str:

@@ -21,6 +21,8 @@ from fedgpu.core.admission_wire import resources_to_wire
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
 from fedgpu.core.job import Job
+from fedgpu.core.site_policy import terms_of
+from fedgpu.core.site_policy_wire import terms_to_wire
 from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Answers
@@ -54,6 +56,8 @@ class Orchestrator:
         # The task's bundle (None: installed on the nodes): named in every task header, and
         # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
         self.bundle = bundle
+        # What each site's own policy checks of the job (fedgpu/core/site_policy.py).
+        self._terms = terms_to_wire(terms_of(job, job_id))
         self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
                                           name=bundle.name, entry=bundle.entry, job_id=job_id)
                             if bundle is not None else None)
@@ -279,6 +283,7 @@ class Orchestrator:
                 payload_size=payload.size if payload is not None else 0,
                 evaluated_round=self.global_round,
                 bundle=self._bundle_msg,
+                job_terms=self._terms,
                 **fields,
             )
             if payload is not None:

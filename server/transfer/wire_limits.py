@@ -17,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from fedgpu.core.constants import BUNDLE_STATES, TASK_APPROVALS
+from fedgpu.core.site_policy import MAX_POLICY_BYTES
 from fedgpu.proto import pb
 from fedgpu.server.rejections import Reject
 
@@ -114,7 +115,11 @@ def check_registration(req: pb.RegisterRequest) -> str:
     for key, value in req.labels.items():
         check_text(key, "a label name", MAX_LABEL_KEY)
         check_text(value, f"label {key!r}", MAX_LABEL_VALUE)
-    check_message(req, "RegisterRequest", skip=frozenset({"node_name", "labels"}))
+    check_message(req, "RegisterRequest",
+                  skip=frozenset({"node_name", "labels", "site_policy_json"}))
+    # The site's policy is parsed (strictly, bounded) where it is read: federation_service.
+    if len(req.site_policy_json) > MAX_POLICY_BYTES:
+        raise WireError(f"site_policy_json is over {MAX_POLICY_BYTES} bytes")
     if req.task_approval and req.task_approval not in TASK_APPROVALS:
         raise WireError(f"task_approval {shown(req.task_approval)} is not one of "
                         f"{', '.join(TASK_APPROVALS)}")

@@ -13,9 +13,11 @@ import typer
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import WATCH_INTERVAL_S, AsJson
 from fedgpu.cli.common.output import print_json
+from fedgpu.cli.job.precheck import Precheck
 from fedgpu.core import admin_client
 from fedgpu.core.bundles import pack_dir
-from fedgpu.core.job import read_job_file
+from fedgpu.core.errors import FedgpuError
+from fedgpu.core.job import Job, read_job_file
 
 
 @connection_options
@@ -33,6 +35,11 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
                "--watch", help="Then follow this job round by round until it ends, as "
                                "'fedgpu status --watch --job ID' does (exit code 1 when it "
                                "fails or is stopped).")] = False,
+           queue_anyway: Annotated[bool, typer.Option(
+               "--queue-anyway",
+               help="Queue the job even when fewer than min_nodes connected sites would "
+                    "accept it by their advertised policies (sites may join or change "
+                    "later).")] = False,
            as_json: AsJson = False) -> None:
     """Queue a job (and its task bundle and initial weights, both sent with it); it runs when
     the jobs before it have ended.
@@ -55,6 +62,8 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
         typer.echo(f"task bundle {bundle.manifest.name!r} from {folder}: sha256 "
                    f"{bundle.sha256} ({len(bundle.files)} files, {bundle.size:,} bytes)",
                    err=True)
+    check = _ask_sites(conn, jf.job, bundle.sha256 if bundle is not None else "",
+                       queue_anyway)
     weights = None if weights_on_aggregator else jf.initial_weights
     doc = admin_client.submit_job(conn.address, conn.token, jf.text, str(job_file),
                                   bundle=bundle.data if bundle is not None else None,
@@ -63,6 +72,8 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
         # On stderr: the job is queued all the same, and stdout stays the one document/line.
         typer.echo(f"warning: {warning}", err=True)
     if as_json:
+        if check.refusing or check.hours:
+            doc["site_policies"] = check.to_dict()
         print_json(doc)
     else:
         typer.echo(f"job {doc['job_id']} {doc['state']}")
@@ -73,6 +84,28 @@ def submit(conn: Target, job_file: Annotated[Path, typer.Argument(help="The job 
                        err=True)
     if watch:
         _follow(conn, doc["job_id"])
+
+
+def _ask_sites(conn: Target, job: Job, bundle_sha256: str, queue_anyway: bool) -> Precheck:
+    """Which connected sites would refuse the job by their own policy, said on stderr before
+    anything is queued; too few left to run it: nothing is queued (unless --queue-anyway)."""
+    from fedgpu.cli.job.precheck import precheck
+    from fedgpu.core.site_policy import terms_of
+
+    check = precheck(conn.address, conn.token, conn.tls, terms_of(job, "", bundle_sha256))
+    for name, reasons in check.refusing.items():
+        typer.echo(f"site {name} would refuse this job: {'; '.join(reasons)}", err=True)
+    for name, window in check.hours.items():
+        typer.echo(f"site {name} trains only {window}", err=True)
+    if check.refusing and check.accepting < job.min_nodes:
+        msg = (f"{check.accepting} of {check.alive} connected site(s) would accept this job "
+               f"and it needs min_nodes = {job.min_nodes}: " + "; ".join(
+                   f"{n}: {'; '.join(r)}" for n, r in check.refusing.items()))
+        if not queue_anyway:
+            raise FedgpuError(f"not queued: {msg} (change the job, or pass --queue-anyway "
+                              "to wait for sites that would accept it)")
+        typer.echo(f"warning: {msg}; queued anyway (--queue-anyway)", err=True)
+    return check
 
 
 def _follow(conn: Target, job_id: str) -> None:

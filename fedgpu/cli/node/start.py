@@ -80,6 +80,11 @@ def start(
     ] = DEFAULT_RING_PORT,
     task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
     state_dir: StateDirOpt = None,
+    policy_file: Annotated[Path | None, typer.Option(
+        "--policy", envvar="FEDGPU_NODE_POLICY", show_default=False,
+        help="The site's policy (TOML): the studies, tasks and job terms this site trains "
+             "for (docs: how-to/site-policies.md). Every task is checked against it here; "
+             "the aggregator only sees it.")] = None,
     secagg_min_threshold: Annotated[int, typer.Option(
         envvar="FEDGPU_SECAGG_MIN_THRESHOLD", min=0,
         help="Secure aggregation: refuse a round whose threshold (shares needed to rebuild a "
@@ -133,6 +138,15 @@ def start(
         check_data_dir(data)
     except DataDirError as exc:
         raise ConfigError(str(exc)) from None
+    site_policy = None
+    if policy_file is not None:
+        from fedgpu.core import site_policy as sp
+
+        site_policy = sp.load(policy_file)
+        task_approval = sp.stricter_approval(task_approval, site_policy.task_approval)
+        logging.getLogger("fedgpu.node").info("site policy %s: %s (--task-approval %s)",
+                                              policy_file, site_policy.summary(),
+                                              task_approval)
     agent = Agent(AgentConfig(
         aggregator=aggregator,
         data_dir=data,
@@ -151,6 +165,7 @@ def start(
         task_approval=task_approval,
         state_dir=state_dir,
         secagg_min_threshold=secagg_min_threshold,
+        site_policy=site_policy,
     ))
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -110,7 +110,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "identity", "capacity")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "identity", "capacity", "site_policy_json")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class RegisterRequest(_message.Message):
     TASK_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SITE_POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     devices: DeviceInventory
@@ -142,7 +143,8 @@ class RegisterRequest(_message.Message):
     task_approval: str
     identity: str
     capacity: NodeCapacity
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., identity: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ...) -> None: ...
+    site_policy_json: str
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., identity: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., site_policy_json: _Optional[str] = ...) -> None: ...
 
 class NodeCapacity(_message.Message):
     __slots__ = ("gpu_mode", "gpu_min_free_mib", "nvml_available", "nvml_reason", "gpus")
@@ -189,7 +191,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "job_terms")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +213,7 @@ class TaskHeader(_message.Message):
     SECAGG_STAGE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_LOCAL_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_DISTRIBUTED_FIELD_NUMBER: _ClassVar[int]
+    JOB_TERMS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -232,7 +235,24 @@ class TaskHeader(_message.Message):
     secagg_stage_timeout_s: float
     privacy_local: PrivacyLocalDp
     privacy_distributed: PrivacyDistributedDp
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ...) -> None: ...
+    job_terms: JobTerms
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ...) -> None: ...
+
+class JobTerms(_message.Message):
+    __slots__ = ("job_id", "study", "rounds", "secure_aggregation", "dp_mode", "target_epsilon")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STUDY_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SECURE_AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    DP_MODE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    study: str
+    rounds: int
+    secure_aggregation: bool
+    dp_mode: str
+    target_epsilon: float
+    def __init__(self, job_id: _Optional[str] = ..., study: _Optional[str] = ..., rounds: _Optional[int] = ..., secure_aggregation: _Optional[bool] = ..., dp_mode: _Optional[str] = ..., target_epsilon: _Optional[float] = ...) -> None: ...
 
 class PrivacyLocalDp(_message.Message):
     __slots__ = ("clip_norm", "noise_multiplier")
