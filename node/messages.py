@@ -109,6 +109,12 @@ def ineligible(task: pb.TaskHeader, node_id: str, reason: str) -> pb.UpdateHeade
                            ineligible=True, ineligible_reason=reason[:1000])
 
 
+def train_metrics(result: Mapping[str, Any] | None) -> dict[str, float]:
+    """A round result's train metrics as sent, before any allow-list (secure aggregation
+    masks them: node/secagg.py)."""
+    return _floats((result or {}).get("train_metrics"))
+
+
 def _floats(d: Any) -> dict[str, float]:
     if not isinstance(d, dict):
         return {}

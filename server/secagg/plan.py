@@ -138,10 +138,16 @@ class SecAggPlan(StarPlan):
             if record is not None:
                 record.extra["secure_aggregation"] = sround.summary()
                 if sround.outcome is not None:
-                    # Per-site example counts are secret: the round shows their total. The
-                    # sites' losses stay on the sites (node/clear_fields.py): no train loss.
-                    record.num_examples = sround.outcome.total_weight
-                    record.train_loss = None
+                    # Per-site numbers are secret: the round shows the sums that came out of
+                    # the masked vector (the examples-weighted mean loss, total examples,
+                    # steps, examples/s); under distributed DP the weight total only.
+                    out = sround.outcome
+                    sums = {k: v["value"] for k, v in out.metrics.items()}
+                    record.num_examples = int(sums.get("examples", out.total_weight))
+                    loss = sums.get("loss")
+                    record.train_loss = None if loss is None else float(loss)
+                    if out.metrics:
+                        record.extra["masked_metrics"] = out.metrics
             if sround.failure is not None and rnd.error is None:
                 rnd.error = f"round {rnd.number} attempt {rnd.attempt}: {sround.failure}"
                 if record is not None:

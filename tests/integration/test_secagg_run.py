@@ -51,8 +51,8 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
                        text=True, env=base_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     for i in (1, 2):
-        # The sites' losses stay on the sites under secure aggregation: none to show.
-        assert re.search(rf"round {i}/2: finished, train loss -, 3/3 nodes", r.stdout)
+        # The sites' losses travel masked: the round shows their examples-weighted mean.
+        assert re.search(rf"round {i}/2: finished, train loss \d+\.\d+, 3/3 nodes", r.stdout)
     assert float(re.search(r"final global model: accuracy ([\d.]+)", r.stdout).group(1)) >= 0.8
     rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
     for rnd in rounds:
@@ -67,8 +67,13 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
         assert all(u["num_examples"] == 0 for u in rnd["updates"])
         # Nothing per site in the clear (node/clear_fields.py): no loss, examples, steps.
         assert all(u["train_metrics"] == {} for u in rnd["updates"]), rnd["updates"]
-        assert rnd["train_loss"] is None
-        assert rnd["num_examples"] == sa["total_weight"] > 0
+        # ... they came out of the masked vector as sums over the three sites only.
+        sums = rnd["masked_metrics"]
+        assert {k: v["sites"] for k, v in sums.items()} == {
+            "loss": 3, "examples": 3, "steps": 3, "examples_per_s": 3}
+        assert 0 < rnd["train_loss"] == sums["loss"]["value"] < 5
+        assert rnd["num_examples"] == sums["examples"]["value"] == sa["total_weight"] > 0
+        assert sums["steps"]["value"] >= 3 and sums["examples_per_s"]["value"] > 0
         assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
 
 
