@@ -70,11 +70,18 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
         # ... they came out of the masked vector as sums over the three sites only.
         sums = rnd["masked_metrics"]
         assert {k: v["sites"] for k, v in sums.items()} == {
-            "loss": 3, "examples": 3, "steps": 3, "examples_per_s": 3}
+            "loss": 3, "examples": 3, "steps": 3, "examples_per_s": 3, "eval_loss": 3,
+            "eval_accuracy": 3, "num_eval_examples": 3}
         assert 0 < rnd["train_loss"] == sums["loss"]["value"] < 5
         assert rnd["num_examples"] == sums["examples"]["value"] == sa["total_weight"] > 0
         assert sums["steps"]["value"] >= 3 and sums["examples_per_s"]["value"] > 0
+        assert all(u["eval_metrics"] == {} and u["num_eval_examples"] == 0
+                   for u in rnd["updates"]), rnd["updates"]
         assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
+    # The evaluation of round 1's model (sent by round 2's sites) is one masked sum of three.
+    (entry,) = rounds[0]["eval"]["per_node"]
+    assert entry["node"] == "3 sites (masked sum)" and entry["num_examples"] == 360
+    assert 0.7 < rounds[0]["eval"]["accuracy"] == entry["metrics"]["accuracy"] <= 1
 
 
 # Round -> the stage the scripted site drops at.
@@ -191,6 +198,13 @@ def test_a_site_dropping_at_each_stage_is_recovered(federation: Federation,
     transports = {u["node"]: u["transport"] for u in rounds[4]["updates"]}
     assert transports == {"dropper": "grpc", "node-1": "bulk", "node-2": "bulk",
                           "node-3": "bulk"}
+    # The real nodes' training numbers came out as sums; the scripted site masked none, so
+    # each sum says it covers three sites, and job status shows the last round's.
+    assert {v["sites"] for v in rounds[4]["masked_metrics"].values()} == {3}
+    status = federation.query("GetJob", job_id=doc["job_id"])
+    last = status["masked_metrics"]
+    assert last["round"] == 4 and last["loss"] == rounds[4]["train_loss"] > 0
+    assert last["examples"] == rounds[4]["num_examples"] > 0
 
 
 def test_below_threshold_the_round_fails_by_name_and_is_retried(

@@ -86,13 +86,30 @@ def test_the_largest_round_cannot_overflow_a_32_bit_ring() -> None:
     assert m["loss"]["sites"] == MAX_SITES
 
 
-def test_distributed_dp_sends_no_metrics() -> None:
-    # A sum of the sites' un-noised statistics would escape the privacy account: a site with a
-    # noise share sends zeros there even if asked for metrics.
-    out, agg = run_local(_updates(5), [1] * 5, Settings(clip=8.0), metrics=METRICS,
+EVAL = [{"eval_loss": 0.5 + i, "eval_accuracy": 0.25 * i, "num_eval_examples": 10.0 * i}
+        for i in range(1, 6)]
+
+
+def test_the_evaluation_is_weighted_by_held_out_examples() -> None:
+    metrics = [{**m, **e} for m, e in zip(METRICS, EVAL, strict=True)]
+    out, _ = run_local(_updates(5), [10, 30, 60, 99, 7], Settings(), metrics=metrics, seed=0)
+    m = out.metrics
+    assert m["num_eval_examples"] == {"value": 150, "sites": 5}
+    # sum(n_i x score_i) / sum(n_i), n_i = 10 i.
+    assert m["eval_loss"]["value"] == pytest.approx(
+        sum(10 * i * (0.5 + i) for i in range(1, 6)) / 150, abs=1e-6)
+    assert m["eval_accuracy"]["value"] == pytest.approx(
+        sum(10 * i * 0.25 * i for i in range(1, 6)) / 150, abs=1e-6)
+
+
+def test_distributed_dp_sends_the_evaluation_only() -> None:
+    # A sum of the sites' un-noised training numbers would escape the privacy account: a site
+    # with a noise share sends none of them even if asked; its held-out evaluation goes.
+    metrics = [{**m, **e} for m, e in zip(METRICS, EVAL, strict=True)]
+    out, agg = run_local(_updates(5), [1] * 5, Settings(clip=8.0), metrics=metrics,
                          noise=NoiseShare(1.0, 1.0), seed=0)
     assert agg.params.metrics == masked_metrics.SLOTS
-    assert out.metrics == {}
+    assert set(out.metrics) == {"eval_loss", "eval_accuracy", "num_eval_examples"}
 
 
 def test_a_setup_with_another_metrics_size_is_refused() -> None:

@@ -175,7 +175,8 @@ class SiteSession:
         the sum must be bounded by the clip, not by the examples it claims.
 
         `metrics` (the round's train metrics) go masked after the weight when the round has
-        room for them (masked_metrics.py); never with `noise`: their sum is not noised."""
+        room for them (masked_metrics.py); with `noise` the evaluation only: a sum of the
+        training numbers is not noised."""
         self._expect(Stage.SHARE_KEYS, "masking the input")
         p = self.params
         if update.shape != (p.length,):
@@ -197,8 +198,8 @@ class SiteSession:
         w = site_weight(weight, p.max_weight)
         extra = None
         if p.metrics:
-            extra = masked_metrics.encode(None if noise is not None else metrics, w,
-                                          ring_dtype(p.ring_bits))
+            extra = masked_metrics.encode(metrics, w, ring_dtype(p.ring_bits),
+                                          train=noise is None)
         vector = encode(update, w, p.clip, p.bits, p.ring_bits,
                         self._rng if p.stochastic else None, extra)
         seeds = [(self._b, 1)]
