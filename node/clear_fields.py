@@ -8,12 +8,16 @@ such facts, so they stay in the site's log and only what is on the allow-list be
 
 - secure aggregation (with or without distributed DP): the share's noise std, which the
   aggregator checks is there (a masked input without noise must not enter a noised sum). The
-  example count travels masked inside the vector as the weight; the header says 0.
+  example count travels masked inside the vector as the weight; the header says 0. The
+  training numbers and the evaluation of the received model travel masked after it
+  (fedgpu/core/secagg/masked_metrics.py): the aggregator sees their sums only; under
+  distributed DP the evaluation only.
 - local DP: the noise std the site added, and DP-SGD's own (already private) accounting.
 
 Central DP trusts the aggregator with the update itself: nothing is held back there. What a
-header carries besides metrics (the GPU decision, resources, the evaluation of the model the
-site received) is not a statistic of the update: see docs/explanation/secure-aggregation.md.
+header carries besides metrics (the GPU decision, resources; under local DP the evaluation of
+the model the site received, on its held-out split) is not a statistic of the update: see
+docs/explanation/secure-aggregation.md.
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ def restrict(task: pb.TaskHeader, update: pb.UpdateHeader) -> list[str]:
     if len(update.iteration_loss):
         dropped.append("iteration_loss")
         del update.iteration_loss[:]
+    if task.secagg_setup and (update.eval_metrics or update.num_eval_examples):
+        # The site's evaluation of the model it received goes masked too (node/secagg.py).
+        dropped.extend(f"eval {k}" for k in sorted(update.eval_metrics))
+        update.eval_metrics.clear()
+        update.num_eval_examples = 0
     return dropped
 
 
@@ -57,5 +66,5 @@ def log_kept(round_: int, values: dict[str, float], dropped: list[str]) -> None:
     """The site's own record of what it did not send."""
     if dropped:
         shown = ", ".join(f"{k} {values[k]:.6g}" for k in dropped if k in values)
-        log.info("round %d: kept on this site (protected job): %s", round_,
+        log.info("round %d: not sent in the clear (protected job): %s", round_,
                  shown or ", ".join(dropped))

@@ -109,6 +109,21 @@ def ineligible(task: pb.TaskHeader, node_id: str, reason: str) -> pb.UpdateHeade
                            ineligible=True, ineligible_reason=reason[:1000])
 
 
+def masked_values(result: Mapping[str, Any] | None) -> dict[str, float]:
+    """A round result's numbers, before any allow-list, as secure aggregation masks them
+    (fedgpu/core/secagg/masked_metrics.py): its train metrics, and its evaluation of the
+    model it received as eval_loss, eval_accuracy and num_eval_examples."""
+    result = result or {}
+    out = _floats(result.get("train_metrics"))
+    ev = _floats(result.get("eval_metrics"))
+    for key in ("loss", "accuracy"):
+        if key in ev:
+            out[f"eval_{key}"] = ev[key]
+    if ev and isinstance(result.get("num_eval_examples"), int | float):
+        out["num_eval_examples"] = float(result["num_eval_examples"])
+    return out
+
+
 def _floats(d: Any) -> dict[str, float]:
     if not isinstance(d, dict):
         return {}

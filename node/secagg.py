@@ -89,18 +89,25 @@ class Link:
 
 async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
                     change: np.ndarray, weight: float,
-                    private: Spans | None = None) -> str | None:
+                    private: Spans | None = None,
+                    metrics: dict[str, float] | None = None) -> str | None:
     """Run the protocol for `task`: `change` is the round's change to the model (flat, in
     the layout of fedgpu/core/secagg/layout.py), `update` the header a plain answer would
-    have had (its metrics go with the masked input). With distributed DP (the task's
-    privacy_distributed) the site clips `change` over the `private` spans (its floating-point
-    values; all when None) and adds its noise share before masking. None when done, else why
-    it stopped."""
+    have had (its metrics go masked inside the input, when the round has room). With
+    distributed DP (the task's privacy_distributed) the site clips `change` over the
+    `private` spans (its floating-point values; all when None) and adds its noise share
+    before masking. `metrics`: the round's numbers before the allow-list
+    (messages.masked_values; None: those `update` carries). None when done, else why it stopped."""
     started = time.monotonic()
     stage = Stage.SETUP
-    # Only the allow-list leaves in the clear (node/clear_fields.py), whoever built `update`.
-    clear_fields.log_kept(task.round, dict(update.train_metrics),
-                          clear_fields.restrict(task, update))
+    # Only the allow-list leaves in the clear (node/clear_fields.py), whoever built `update`;
+    # the training numbers go masked inside the vector when the round has room for them.
+    if metrics is None:
+        metrics = messages.masked_values({
+            "train_metrics": dict(update.train_metrics),
+            "eval_metrics": dict(update.eval_metrics),
+            "num_eval_examples": update.num_eval_examples})
+    clear_fields.log_kept(task.round, metrics, clear_fields.restrict(task, update))
     ledger = link.ledger if link.ledger is not None else UnmaskLedger(None)
     model = model_digest(task)
     try:
@@ -124,7 +131,7 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
             log.warning("round %d: %d examples count as the round's max_weight %d",
                         task.round, int(weight), site.params.max_weight)
         masked = await asyncio.to_thread(site.masked_input, shares, change, weight, noise,
-                                         private)
+                                         private, metrics)
         del change
         if site.noise_report is not None:
             _note_share(task, update, site.noise_report)
@@ -314,5 +321,7 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
         return
     link = lambda wire: Link(wire, node_id, poll_s, max_bytes, cancelled,  # noqa: E731
                              ledger, min_threshold, identity)
+    # update_header kept the training and evaluation numbers on the site; they go masked.
+    metrics = messages.masked_values(outcome.result)
     client.run(lambda wire: take_part(link(wire), task, update, change,
-                                      float(update.num_examples), private))
+                                      float(update.num_examples), private, metrics))

@@ -22,5 +22,18 @@ def lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"{head} {sa.get('masked', 0)} of {sa['sites']} sites masked"
                    f"{', dropped ' + dropped if dropped else ''}"
                    f"{', ' + str(sa['recovered']) + ' recovered' if sa.get('recovered') else ''}"
-                   f", protocol {sa.get('protocol_s', 0):.1f}s")
+                   f", protocol {sa.get('protocol_s', 0):.1f}s"
+                   f"{sums(r.get('masked_metrics'))}")
     return out
+
+
+def sums(metrics: dict[str, Any] | None) -> str:
+    """`; sums of the masked metrics: 1,200 examples, 40 steps, 950.3 examples/s` (the
+    training loss is the table's column), or "" when the round carried none."""
+    parts = []
+    for key, label, fmt in (("examples", "examples", "{:,.0f}"), ("steps", "steps", "{:,.0f}"),
+                            ("examples_per_s", "examples/s", "{:,.1f}")):
+        entry = (metrics or {}).get(key)
+        if entry is not None:
+            parts.append(f"{fmt.format(entry['value'])} {label}")
+    return f"; sums of the masked metrics: {', '.join(parts)}" if parts else ""

@@ -79,8 +79,11 @@ class SecAggRound:
         stated = [n.stated_examples for n in chosen]
         if max_examples is not None:
             stated = [min(s, max_examples) if s > 0 else max_examples for s in stated]
+        # The sites' training and evaluation numbers travel masked after the weight and come
+        # out as sums (fedgpu/core/secagg/masked_metrics.py); under distributed DP the sites
+        # send the evaluation only (the noise covers the update, not its statistics).
         self.params = config.settings.resolve(len(chosen), layout.length(global_weights),
-                                              stated)
+                                              stated, metrics=True)
         # The roster (site names by index) lets sites with a TLS identity check that each
         # neighbour's certificate is the registered site's (fedgpu/core/secagg/identity.py).
         self.session = AggregatorSession(

@@ -115,15 +115,27 @@ class SecAggPlan(StarPlan):
                 upload_s=rnd.upload_s.get(node_id),
                 gpu_decision=node.decision if node is not None else {},
                 transport=rnd.transport.get(node_id)))
-            if header.eval_metrics:
-                run.history.attach_eval(header.evaluated_round, EvalEntry(
-                    node_id, sround.names[i], header.num_eval_examples,
-                    dict(header.eval_metrics)))
             if node is not None:
                 node.last_round = rnd.number
                 node.rounds_completed += 1
                 node.last_resources = resources.to_dict()
             rnd.slots[node_id] = SlotState.ACCEPTED
+
+        self._attach_eval(outcome, sround)
+
+    def _attach_eval(self, outcome: Outcome, sround: SecAggRound) -> None:
+        """The sites' evaluation of the model they received, summed while masked: one entry
+        for the sites together (no site's score is known)."""
+        m = outcome.metrics
+        n = m.get("num_eval_examples")
+        scores = {k: float(m[f"eval_{k}"]["value"]) for k in ("loss", "accuracy")
+                  if f"eval_{k}" in m}
+        if n is None or not scores or not sround.headers:
+            return
+        run: Any = self.run
+        evaluated = next(iter(sround.headers.values())).evaluated_round
+        run.history.attach_eval(evaluated, EvalEntry(
+            "", f"{n['sites']} sites (masked sum)", int(n["value"]), scores))
 
     def succeeded(self, rnd: RoundState) -> bool:
         sround = self.round
@@ -138,10 +150,16 @@ class SecAggPlan(StarPlan):
             if record is not None:
                 record.extra["secure_aggregation"] = sround.summary()
                 if sround.outcome is not None:
-                    # Per-site example counts are secret: the round shows their total. The
-                    # sites' losses stay on the sites (node/clear_fields.py): no train loss.
-                    record.num_examples = sround.outcome.total_weight
-                    record.train_loss = None
+                    # Per-site numbers are secret: the round shows the sums that came out of
+                    # the masked vector (the examples-weighted mean loss, total examples,
+                    # steps, examples/s); under distributed DP the weight total only.
+                    out = sround.outcome
+                    sums = {k: v["value"] for k, v in out.metrics.items()}
+                    record.num_examples = int(sums.get("examples", out.total_weight))
+                    loss = sums.get("loss")
+                    record.train_loss = None if loss is None else float(loss)
+                    if out.metrics:
+                        record.extra["masked_metrics"] = out.metrics
             if sround.failure is not None and rnd.error is None:
                 rnd.error = f"round {rnd.number} attempt {rnd.attempt}: {sround.failure}"
                 if record is not None:

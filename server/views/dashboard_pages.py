@@ -161,12 +161,15 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def secure_summary(sa: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def secure_summary(sa: Mapping[str, Any] | None,
+                   sums: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """A secure round's `secure_aggregation` (server/secagg/driver.py) with the dropped
-    sites counted by stage instead of named."""
+    sites counted by stage instead of named, and the sums of the sites' masked training
+    numbers (`sums`: the record's `masked_metrics`)."""
     if not sa:
         return None
     return {
+        "sums": {k: v.get("value") for k, v in (sums or {}).items()} or None,
         "sites": sa.get("sites"), "masked": sa.get("masked"),
         "dropped": {str(stage): len(names) for stage, names in (sa.get("dropped") or {}).items()},
         "recovered": sa.get("recovered"), "protocol_s": sa.get("protocol_s"),
@@ -225,7 +228,8 @@ def round_summary(rec: Mapping[str, Any], per_site: bool = True) -> dict[str, An
         "eval": _eval(rec.get("eval")),
         # [privacy]: the epsilon spent after this round (server/strategies/private.py).
         "epsilon": (rec.get("privacy") or {}).get("epsilon"),
-        "secure_aggregation": secure_summary(rec.get("secure_aggregation")),
+        "secure_aggregation": secure_summary(rec.get("secure_aggregation"),
+                                             rec.get("masked_metrics")),
         "work": work_summary(rec, per_site),
     }
 

@@ -212,7 +212,26 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
     doc["job"] = row.job
     if row.job.get("privacy"):
-        held = _engine(jobs, job_id)
-        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
-        doc["privacy"] = privacy.summary(row.job, rounds)
+        doc["privacy"] = privacy.summary(row.job, _round_dicts(jobs, job_id))
+    if row.job.get("secure_aggregation"):
+        doc["masked_metrics"] = last_masked_metrics(jobs, job_id)
     return doc
+
+
+def last_masked_metrics(jobs: JobManager, job_id: str) -> dict[str, Any] | None:
+    """The last finished secure round's sums of the sites' training numbers (they left the
+    sites masked: server/secagg/plan.py), as {"round": N, name: value}; None before one."""
+    for rec in reversed(_round_dicts(jobs, job_id)):
+        sums = rec.get("masked_metrics")
+        if rec.get("status") == "finished" and sums:
+            return {"round": rec.get("round"), **{k: v.get("value") for k, v in sums.items()}}
+    return None
+
+
+def _round_dicts(jobs: JobManager, job_id: str) -> list[dict[str, Any]]:
+    """The job's round records: the engine's while it is held, else the stored ones (a job
+    from before the aggregator's restart, or older than the last)."""
+    held = _engine(jobs, job_id)
+    if held is not None:
+        return held.history.dicts()
+    return (jobs.store.history(job_id) or SavedHistory()).records

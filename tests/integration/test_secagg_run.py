@@ -51,8 +51,8 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
                        text=True, env=base_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     for i in (1, 2):
-        # The sites' losses stay on the sites under secure aggregation: none to show.
-        assert re.search(rf"round {i}/2: finished, train loss -, 3/3 nodes", r.stdout)
+        # The sites' losses travel masked: the round shows their examples-weighted mean.
+        assert re.search(rf"round {i}/2: finished, train loss \d+\.\d+, 3/3 nodes", r.stdout)
     assert float(re.search(r"final global model: accuracy ([\d.]+)", r.stdout).group(1)) >= 0.8
     rounds = json.loads((run_dir / "rounds.json").read_text())["rounds"]
     for rnd in rounds:
@@ -67,9 +67,21 @@ def test_fedgpu_run_with_secure_aggregation(tmp_path: Path) -> None:
         assert all(u["num_examples"] == 0 for u in rnd["updates"])
         # Nothing per site in the clear (node/clear_fields.py): no loss, examples, steps.
         assert all(u["train_metrics"] == {} for u in rnd["updates"]), rnd["updates"]
-        assert rnd["train_loss"] is None
-        assert rnd["num_examples"] == sa["total_weight"] > 0
+        # ... they came out of the masked vector as sums over the three sites only.
+        sums = rnd["masked_metrics"]
+        assert {k: v["sites"] for k, v in sums.items()} == {
+            "loss": 3, "examples": 3, "steps": 3, "examples_per_s": 3, "eval_loss": 3,
+            "eval_accuracy": 3, "num_eval_examples": 3}
+        assert 0 < rnd["train_loss"] == sums["loss"]["value"] < 5
+        assert rnd["num_examples"] == sums["examples"]["value"] == sa["total_weight"] > 0
+        assert sums["steps"]["value"] >= 3 and sums["examples_per_s"]["value"] > 0
+        assert all(u["eval_metrics"] == {} and u["num_eval_examples"] == 0
+                   for u in rnd["updates"]), rnd["updates"]
         assert {u["transport"] for u in rnd["updates"]} == {"bulk"}
+    # The evaluation of round 1's model (sent by round 2's sites) is one masked sum of three.
+    (entry,) = rounds[0]["eval"]["per_node"]
+    assert entry["node"] == "3 sites (masked sum)" and entry["num_examples"] == 360
+    assert 0.7 < rounds[0]["eval"]["accuracy"] == entry["metrics"]["accuracy"] <= 1
 
 
 # Round -> the stage the scripted site drops at.
@@ -186,6 +198,13 @@ def test_a_site_dropping_at_each_stage_is_recovered(federation: Federation,
     transports = {u["node"]: u["transport"] for u in rounds[4]["updates"]}
     assert transports == {"dropper": "grpc", "node-1": "bulk", "node-2": "bulk",
                           "node-3": "bulk"}
+    # The real nodes' training numbers came out as sums; the scripted site masked none, so
+    # each sum says it covers three sites, and job status shows the last round's.
+    assert {v["sites"] for v in rounds[4]["masked_metrics"].values()} == {3}
+    status = federation.query("GetJob", job_id=doc["job_id"])
+    last = status["masked_metrics"]
+    assert last["round"] == 4 and last["loss"] == rounds[4]["train_loss"] > 0
+    assert last["examples"] == rounds[4]["num_examples"] > 0
 
 
 def test_below_threshold_the_round_fails_by_name_and_is_retried(

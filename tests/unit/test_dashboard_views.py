@@ -146,7 +146,7 @@ def test_a_secure_round_shows_its_protocol_with_drops_counted_by_stage() -> None
     s = round_summary(record(2, [update("a")], secure_aggregation=SECURE))
     assert s["secure_aggregation"] == {
         "sites": 4, "masked": 3, "dropped": {"masked-input": 1}, "recovered": 1,
-        "protocol_s": 3.41, "unmask_s": 0.01, "ring_bits": 32, "failed": None}
+        "protocol_s": 3.41, "unmask_s": 0.01, "ring_bits": 32, "failed": None, "sums": None}
     failed = {"sites": 3, "threshold": 2, "neighbours": 2, "protocol_s": 0.5,
               "failed": {"stage": "share-keys", "reason": "1 of 2 shareholders"}}
     f = round_summary(record(3, [], status="retried", secure_aggregation=failed))

@@ -80,7 +80,7 @@ async def _send(orch: Orchestrator, node: Node, task: pb.TaskHeader, stage: Stag
 
 
 async def _site(orch: Orchestrator, node: Node, change: np.ndarray, weight: int,
-                silent: bool = False) -> None:
+                silent: bool = False, metrics: dict[str, float] | None = None) -> None:
     task = await _task(orch, node, pb.TASK_KIND_TRAIN)
     assert task is not None and task.secagg_setup
     if silent:
@@ -96,7 +96,7 @@ async def _site(orch: Orchestrator, node: Node, change: np.ndarray, weight: int,
         await _send(orch, node, task, Stage.SHARE_KEYS, b"again")
     assert await _task(orch, node, pb.TASK_KIND_SECAGG_MASKED_INPUT) is not None
     shares = ShareRelay.decode(await _payload(orch, node))
-    masked = site.masked_input(shares, change, weight).encode()
+    masked = site.masked_input(shares, change, weight, metrics=metrics).encode()
     await _send(orch, node, task, Stage.MASKED_INPUT, masked,
                 train_metrics={"loss": 0.5})
     assert await _task(orch, node, pb.TASK_KIND_SECAGG_UNMASK) is not None
@@ -115,7 +115,10 @@ def test_a_silent_site_is_dropped_at_the_deadline_and_the_mean_is_fedavg() -> No
             # Stated at registration: they bound the weights, so the sum fits 32 bits.
             node.stated_examples = 100
         run = asyncio.create_task(orch.run())
-        await asyncio.gather(*(_site(orch, node, changes[i], weights[i], silent=i == 3)
+        losses, steps = [0.9, 0.3, 0.1, 7.0], [2, 3, 6, 9]
+        await asyncio.gather(*(_site(orch, node, changes[i], weights[i], silent=i == 3,
+                                     metrics={"loss": losses[i], "examples": weights[i],
+                                              "steps": steps[i], "examples_per_s": 100.5})
                                for i, node in enumerate(nodes)))
         await asyncio.wait_for(run, 30)
         assert orch.state == "finished", orch.error
@@ -125,9 +128,16 @@ def test_a_silent_site_is_dropped_at_the_deadline_and_the_mean_is_fedavg() -> No
         assert (sa["masked"], sa["total_weight"]) == (3, 100)
         # ring_bits = "auto": 4 sites x 128 (the power of two above 100) x 2^19 fits Z_2^32.
         assert (sa["ring_bits"], sa["max_weight"]) == (32, 128)
-        # No train loss: a site's loss is a fact about its data (node/clear_fields.py keeps
-        # it on the site; the aggregator does not average what an older node still sends).
-        assert record.num_examples == 100 and record.train_loss is None
+        # The training numbers came out of the masked vector as sums only: the
+        # examples-weighted mean loss of the three that masked (not the 0.5 each header
+        # still claims in the clear: the aggregator never averages what a header says).
+        assert record.num_examples == 100
+        assert record.train_loss == pytest.approx((10 * 0.9 + 30 * 0.3 + 60 * 0.1) / 100,
+                                                  abs=1e-6)
+        sums = record.extra["masked_metrics"]
+        assert sums["examples"] == {"value": 100, "sites": 3}
+        assert sums["steps"] == {"value": 11, "sites": 3}
+        assert sums["examples_per_s"]["value"] == pytest.approx(301.5, abs=1e-3)
         mean = sum(w * c.astype(np.float64) for w, c in zip(weights[:3], changes[:3],
                                                              strict=True)) / 100
         want = layout.apply(GLOBAL, mean)

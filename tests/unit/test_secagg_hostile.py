@@ -68,11 +68,13 @@ class FakeAggregator:
     def __init__(self, n: int = 3, stop_before: Stage | None = None,
                  identities: Sequence[SiteIdentity] = (),
                  tamper: Callable[[dict[int, KeyRelay]], dict[int, KeyRelay]] | None = None,
-                 ) -> None:
+                 metrics: bool = False) -> None:
         """`identities`: the sites' TLS identities (a signed round); `tamper`: what the
-        aggregator does to the key relays before site 1's goes out."""
+        aggregator does to the key relays before site 1's goes out; `metrics`: the round
+        carries the sites' numbers masked (fedgpu/core/secagg/masked_metrics.py)."""
         roster = tuple(i.name for i in identities)
-        self.agg = AggregatorSession(Settings().resolve(n, LENGTH), roster=roster)
+        self.agg = AggregatorSession(Settings().resolve(n, LENGTH, metrics=metrics),
+                                     roster=roster)
         setups = self.agg.start()
         self.setup = setups[1].encode()
         rng = np.random.default_rng(1)

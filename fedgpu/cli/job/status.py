@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from fedgpu.cli.common import ids
@@ -40,6 +42,8 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
         budget = f" of {p['target_epsilon']:g}" if p["target_epsilon"] is not None else ""
         lines.append(f"privacy ({p['mode']}): epsilon {fmt_value(p['epsilon_spent'])}{budget} "
                      f"spent at delta {p['delta']:g} over {p['rounds_accounted']} round(s)")
+    if doc.get("masked_metrics"):
+        lines.append(masked_line(doc["masked_metrics"]))
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))
@@ -49,3 +53,14 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
             table.add_row(n["name"], n["state"], "yes" if n["eligible"] else "no",
                           n["reason"] or "")
         print_table(table)
+
+
+def masked_line(m: dict[str, Any]) -> str:
+    """`round 4 (sums of the sites' masked numbers): train loss 0.4121, 1,200 examples, 40
+    steps, 950.3 examples/s`."""
+    parts = [f"train loss {fmt_value(m['loss'])}"] if m.get("loss") is not None else []
+    for key, label, fmt in (("examples", "examples", "{:,.0f}"), ("steps", "steps", "{:,.0f}"),
+                            ("examples_per_s", "examples/s", "{:,.1f}")):
+        if m.get(key) is not None:
+            parts.append(f"{fmt.format(m[key])} {label}")
+    return f"round {m['round']} (sums of the sites' masked numbers): {', '.join(parts)}"

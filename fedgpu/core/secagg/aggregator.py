@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedgpu.core.secagg import crypto, graph, shamir
+from fedgpu.core.secagg import crypto, graph, masked_metrics, shamir
 from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
 from fedgpu.core.secagg.messages import (
     CONTEXT_BYTES,
@@ -66,6 +66,9 @@ class Outcome:
     mean: np.ndarray
     total_weight: int
     report: RoundReport
+    # The sites' training numbers, summed while masked (masked_metrics.decode); empty when
+    # the round carried none.
+    metrics: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
 
 class AggregatorSession:
@@ -176,9 +179,9 @@ class AggregatorSession:
         if u not in self._sealed or u in self._masked:
             raise SecAggError(f"masked input from site {u}, which shared no keys or sent twice")
         dtype = ring_dtype(self.params.ring_bits)
-        if v.shape != (self.params.length + 1,) or v.dtype != dtype:
+        if v.shape != (self.params.vector_length,) or v.dtype != dtype:
             raise SecAggError(f"masked input from site {u} has {v.size} {v.dtype} values, the "
-                              f"round expects {self.params.length + 1} {dtype}")
+                              f"round expects {self.params.vector_length} {dtype}")
         if self._sum is None:
             self._sum = v.copy()
         else:
@@ -283,7 +286,8 @@ class AggregatorSession:
         self._sum = None
         apply_masks(total, corrections)
         p = self.params
-        mean, weight = decode_sum(total, p.clip, p.bits)
+        mean, weight = decode_sum(total[:p.length + 1], p.clip, p.bits)
+        metrics = masked_metrics.decode(total[p.length + 1:]) if p.metrics else {}
         self.finished = True
         report = RoundReport(
             sites=p.n_sites, masked=len(self._masked),
@@ -293,4 +297,4 @@ class AggregatorSession:
                 (Stage.MASKED_INPUT, tuple(dropped)),
                 (Stage.UNMASK, tuple(sorted(self._masked - self._answered)))) if d},
             recovered=recovered, seconds=time.monotonic() - self._started)
-        return Outcome(mean, weight, report)
+        return Outcome(mean, weight, report, metrics)

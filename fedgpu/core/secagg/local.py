@@ -35,14 +35,17 @@ def run_local(updates: Sequence[np.ndarray], weights: Sequence[float], settings:
               drop: Mapping[Stage, set[int]] | None = None, observe: Observer | None = None,
               seed: int | None = None, graph_seed: bytes | None = None,
               noise: NoiseShare | None = None, stated: Sequence[int] | None = None,
+              metrics: Sequence[Mapping[str, float]] | None = None,
               ) -> tuple[Outcome, AggregatorSession]:
     """Sites 1..n hold updates[i-1] with weights[i-1] (`stated`: the training-set sizes they
     stated at registration, which bound the round's weights); returns the outcome and the
     aggregator (for inspection). Raises BelowThreshold when too few sites survive a stage.
-    `noise`: every site adds its distributed-DP share (noise_share.py) before masking."""
+    `noise`: every site adds its distributed-DP share (noise_share.py) before masking.
+    `metrics`: each site's train metrics, masked after the weight (masked_metrics.py)."""
     drop = drop or {}
     n = len(updates)
-    params = settings.resolve(n, int(updates[0].size), list(stated) if stated else None)
+    params = settings.resolve(n, int(updates[0].size), list(stated) if stated else None,
+                              metrics=metrics is not None)
     agg = AggregatorSession(params, graph_seed=graph_seed)
     rng = np.random.default_rng(seed)
     sites = {i: SiteSession(Setup.decode(s.encode()), rng)
@@ -72,7 +75,8 @@ def run_local(updates: Sequence[np.ndarray], weights: Sequence[float], settings:
          lambda b: agg.receive_shares(ShareKeys.decode(b)))
     step(Stage.MASKED_INPUT, {i: m.encode() for i, m in agg.close_shares().items()},
          lambda s, b: s.masked_input(ShareRelay.decode(b), np.asarray(updates[s.me - 1]),
-                                     weights[s.me - 1], noise).encode(),
+                                     weights[s.me - 1], noise, None,
+                                     metrics[s.me - 1] if metrics else None).encode(),
          lambda b: agg.receive_masked(MaskedInput.decode(b)))
     step(Stage.UNMASK, {i: m.encode() for i, m in agg.close_masked().items()},
          lambda s, b: s.unmask(UnmaskRequest.decode(b)).encode(),

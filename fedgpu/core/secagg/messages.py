@@ -31,6 +31,7 @@ from fedgpu.core.secagg.crypto import KEY_BYTES, NONCE_BYTES, TAG_BYTES
 from fedgpu.core.secagg.encoding import Reader, Writer
 from fedgpu.core.secagg.errors import SecAggError
 from fedgpu.core.secagg.identity import MAX_CERT_BYTES, MAX_NAME_BYTES, MAX_SIGNATURE_BYTES
+from fedgpu.core.secagg.masked_metrics import SLOTS
 from fedgpu.core.secagg.params import MAX_LENGTH, MAX_SITES, RoundParams
 from fedgpu.core.secagg.prg import SEED_BYTES, ring_dtype
 from fedgpu.core.secagg.shamir import SHARE_BYTES
@@ -79,7 +80,7 @@ class Setup:
         w = (Writer(self.KIND).raw(self.context).u32(self.index).raw(self.graph_seed)
              .u32(p.n_sites).u32(p.degree).u32(p.threshold).f64(p.clip).u8(p.bits)
              .u8(p.ring_bits).u64(p.max_weight).u8(int(p.stochastic)).u64(p.length)
-             .u32(len(self.roster)))
+             .u32(p.metrics).u32(len(self.roster)))
         for name in self.roster:
             _put_blob(w, name.encode())
         return w.done()
@@ -90,7 +91,7 @@ class Setup:
         context, index, seed = r.raw(CONTEXT_BYTES), r.u32(), r.raw(SEED_BYTES)
         params = RoundParams(n_sites=r.u32(), degree=r.u32(), threshold=r.u32(), clip=r.f64(),
                              bits=r.u8(), ring_bits=r.u8(), max_weight=r.u64(),
-                             stochastic=bool(r.u8()), length=r.u64())
+                             stochastic=bool(r.u8()), length=r.u64(), metrics=r.u32())
         params.check()
         count = r.count(params.n_sites, "roster names")
         roster = tuple(_get_blob(r, MAX_NAME_BYTES, "a roster name").decode("utf-8", "replace")
@@ -237,7 +238,7 @@ _VECTOR_PAD = 6
 class MaskedInput:
     KIND = 6
     index: int
-    # Z_2^ring_bits elements: the update's values then the weight, all masked.
+    # Z_2^ring_bits elements: the update's values, the weight, the metrics, all masked.
     vector: np.ndarray = field(repr=False)
 
     def encode(self) -> bytearray:
@@ -259,8 +260,9 @@ class MaskedInput:
         r = Reader(data, cls.KIND, "masked-input")
         index, dtype = _index(r.u32()), ring_dtype(r.u8())
         n = r.u64()
-        if n > MAX_LENGTH + 1:
-            raise SecAggError(f"masked-input message has {n} values, at most {MAX_LENGTH + 1}")
+        if n > MAX_LENGTH + 1 + SLOTS:
+            raise SecAggError(f"masked-input message has {n} values, at most "
+                              f"{MAX_LENGTH + 1 + SLOTS}")
         if any(r.take(_VECTOR_PAD)):
             raise SecAggError("masked-input message has non-zero padding")
         vector = np.frombuffer(r.take(n * dtype.itemsize), dtype=dtype)

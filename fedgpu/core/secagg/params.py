@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from fedgpu.core.secagg import graph
 from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
+from fedgpu.core.secagg.masked_metrics import SLOTS
 from fedgpu.core.secagg.quantize import levels
 
 # Wire bounds: every count and size a decoder accepts is checked against these.
@@ -127,10 +128,13 @@ class Settings:
         if not 1 <= self.max_weight < 1 << 48:
             raise SecAggError(f"max_weight must be between 1 and 2^48, got {self.max_weight}")
 
-    def resolve(self, n: int, length: int, stated: list[int] | None = None) -> RoundParams:
+    def resolve(self, n: int, length: int, stated: list[int] | None = None,
+                metrics: bool = False) -> RoundParams:
         """The round's numbers for n sites and a model of `length` values (`stated`: the sites'
-        stated training-set sizes, when known); BelowThreshold when n sites cannot reach the
-        threshold, SecAggError when the sum could overflow the ring asked for."""
+        stated training-set sizes, when known; `metrics`: the sites' training numbers travel
+        masked after the weight, fedgpu/core/secagg/masked_metrics.py); BelowThreshold when
+        n sites cannot reach the threshold, SecAggError when the sum could overflow the ring
+        asked for."""
         k = graph.degree(n, self.neighbours)
         holders = k + 1
         t = self.threshold
@@ -147,7 +151,8 @@ class Settings:
             ring = next((r for r in RINGS if fits(n, weight, self.bits, r)), max(RINGS))
         params = RoundParams(n_sites=n, degree=k, threshold=need, clip=self.clip,
                              bits=self.bits, ring_bits=ring, max_weight=weight,
-                             stochastic=self.stochastic, length=length)
+                             stochastic=self.stochastic, length=length,
+                             metrics=SLOTS if metrics else 0)
         params.check()
         return params
 
@@ -164,8 +169,15 @@ class RoundParams:
     ring_bits: int
     max_weight: int
     stochastic: bool
-    # Values in the model's update; the masked vector has one more (the weight).
+    # Values in the model's update; the masked vector has one more (the weight), then
+    # `metrics` elements (0 or masked_metrics.SLOTS): the sites' training numbers.
     length: int
+    metrics: int = 0
+
+    @property
+    def vector_length(self) -> int:
+        """Elements of a masked input."""
+        return self.length + 1 + self.metrics
 
     def check(self) -> None:
         if not 2 <= self.n_sites <= MAX_SITES:
@@ -182,6 +194,9 @@ class RoundParams:
             raise SecAggError(f"bits {self.bits} do not fit the ring Z_2^{self.ring_bits}")
         if not 1 <= self.max_weight < 1 << 48 or not 1 <= self.length <= MAX_LENGTH:
             raise SecAggError("max_weight or the model's length is out of range")
+        if self.metrics not in (0, SLOTS):
+            raise SecAggError(f"a round's masked metrics take 0 or {SLOTS} elements, not "
+                              f"{self.metrics}")
         # The largest |sum| the ring must hold without wrapping around.
         if not fits(self.n_sites, self.max_weight, self.bits, self.ring_bits):
             raise SecAggError(

@@ -40,14 +40,16 @@ def site_weight(weight: float, max_weight: int) -> int:
 
 
 def encode(update: np.ndarray, weight: int, clip: float, bits: int, ring_bits: int,
-           rng: np.random.Generator | None) -> np.ndarray:
-    """[w * q(update), w] in Z_2^ring_bits; `rng` None rounds to nearest. Works block by block,
-    so float64 temporaries stay one block whatever the model's size."""
+           rng: np.random.Generator | None, extra: np.ndarray | None = None) -> np.ndarray:
+    """[w * q(update), w, extra] in Z_2^ring_bits (`extra`: ring elements appended as they
+    are); `rng` None rounds to nearest. Works block by block, so float64 temporaries stay one
+    block whatever the model's size."""
     if update.ndim != 1:
         raise SecAggError("quantisation takes a flat vector")
     dtype = ring_dtype(ring_bits)
     signed = np.dtype(f"<i{dtype.itemsize}")
-    out = np.empty(update.size + 1, dtype=dtype)
+    tail = 0 if extra is None else extra.size
+    out = np.empty(update.size + 1 + tail, dtype=dtype)
     scale = levels(bits) / clip
     w = np.array(weight, dtype=dtype)
     for start in range(0, update.size, BLOCK_ELEMENTS):
@@ -63,7 +65,9 @@ def encode(update: np.ndarray, weight: int, clip: float, bits: int, ring_bits: i
         # Two's complement: -3 becomes 2^ring_bits - 3, and sums wrap the same way.
         part[:] = q.astype(signed).view(dtype)
         np.multiply(part, w, out=part)
-    out[-1] = weight
+    out[update.size] = weight
+    if extra is not None:
+        out[update.size + 1:] = extra
     return out
 
 

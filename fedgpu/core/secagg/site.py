@@ -19,11 +19,12 @@ and aborts on a neighbour's key or survivor set that does not carry that neighbo
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import numpy as np
 from cryptography import x509
 
-from fedgpu.core.secagg import crypto, graph, shamir
+from fedgpu.core.secagg import crypto, graph, masked_metrics, shamir
 from fedgpu.core.secagg.errors import BelowThreshold, SecAggError, Stage
 from fedgpu.core.secagg.identity import SiteIdentity, keys_statement, verify, view_statement
 from fedgpu.core.secagg.messages import (
@@ -43,7 +44,7 @@ from fedgpu.core.secagg.messages import (
 )
 from fedgpu.core.secagg.noise_share import NoiseShare, ShareReport, Spans, add_share
 from fedgpu.core.secagg.params import majority_problem
-from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks
+from fedgpu.core.secagg.prg import SEED_BYTES, apply_masks, ring_dtype
 from fedgpu.core.secagg.quantize import encode, site_weight
 
 
@@ -163,7 +164,7 @@ class SiteSession:
 
     def masked_input(self, relay: ShareRelay, update: np.ndarray, weight: float,
                      noise: NoiseShare | None = None, private: Spans | None = None,
-                     ) -> MaskedInput:
+                     metrics: Mapping[str, float] | None = None) -> MaskedInput:
         """Clip, quantise, weight and mask `update` (flat float values, `params.length` of
         them). The pairwise masks are those of the neighbours whose shares arrived: exactly
         the sites the aggregator can unmask for if they drop later.
@@ -171,7 +172,11 @@ class SiteSession:
         With `noise` (distributed DP) the update is first clipped to its L2 norm and given
         this site's noise share for n_min = the threshold (noise_share.py), over the
         `private` spans (all values when None), and the weight is 1: a site's influence on
-        the sum must be bounded by the clip, not by the examples it claims."""
+        the sum must be bounded by the clip, not by the examples it claims.
+
+        `metrics` (the round's train metrics) go masked after the weight when the round has
+        room for them (masked_metrics.py); with `noise` the evaluation only: a sum of the
+        training numbers is not noised."""
         self._expect(Stage.SHARE_KEYS, "masking the input")
         p = self.params
         if update.shape != (p.length,):
@@ -190,8 +195,13 @@ class SiteSession:
                 raise SecAggError(f"site {self.me}: {why}")
             update, self.noise_report = add_share(update, noise, p.threshold, p.clip, private)
             weight = 1.0
-        vector = encode(update, site_weight(weight, p.max_weight), p.clip, p.bits,
-                        p.ring_bits, self._rng if p.stochastic else None)
+        w = site_weight(weight, p.max_weight)
+        extra = None
+        if p.metrics:
+            extra = masked_metrics.encode(metrics, w, ring_dtype(p.ring_bits),
+                                          train=noise is None)
+        vector = encode(update, w, p.clip, p.bits, p.ring_bits,
+                        self._rng if p.stochastic else None, extra)
         seeds = [(self._b, 1)]
         for peer in sorted(self._held):
             if peer != self.me:

@@ -287,6 +287,10 @@
         ? `${sa.sites} sites` : `${sa.masked} / ${sa.sites} masked`),
       drops.length ? h("div", {class: "sub dropped"}, `dropped: ${drops.join(", ")}`) : null,
       sa.recovered ? h("div", {class: "sub recovered"}, `${sa.recovered} recovered`) : null,
+      sa.sums ? h("div", {class: "sub sums"}, "sums: " + [
+        ["examples", "examples"], ["steps", "steps"], ["examples_per_s", "examples/s"]]
+        .filter(([k]) => sa.sums[k] !== undefined && sa.sums[k] !== null)
+        .map(([k, label]) => `${num(sa.sums[k], 0)} ${label}`).join(" · ")) : null,
       h("div", {class: "sub protocol"}, `protocol ${num(sa.protocol_s, 2)} s` +
         (sa.unmask_s !== null && sa.unmask_s !== undefined
           ? ` (unmask ${num(sa.unmask_s, 2)} s)` : "") +
