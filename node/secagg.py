@@ -110,10 +110,11 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
     clear_fields.log_kept(task.round, metrics, clear_fields.restrict(task, update))
     ledger = link.ledger if link.ledger is not None else UnmaskLedger(None)
     model = model_digest(task)
+    job = task.job_terms.job_id[:128] if task.HasField("job_terms") else ""
     try:
         noise = noise_share_of(task)
         # Refused up front when this model's sum was unmasked with this site in it already.
-        why = ledger.problem(model)
+        why = ledger.problem(model, job, task.round)
         if why is not None:
             raise SecAggError(why)
         site = SiteSession(Setup.decode(bytes(task.secagg_setup)),
@@ -147,12 +148,12 @@ async def take_part(link: Link, task: pb.TaskHeader, update: pb.UpdateHeader,
         stage = Stage.UNMASK
         request = UnmaskRequest.decode(await _wait(link, task, stage))
         reply = site.unmask(request)
-        why = ledger.problem(model)
+        why = ledger.problem(model, job, task.round)
         if why is not None:
             raise SecAggError(why)
         try:
             # Remembered before the reply leaves: a crash after sending must not forget it.
-            ledger.record(model, task.round)
+            ledger.record(model, task.round, job)
         except OSError as exc:
             raise SecAggError(f"cannot remember the answer in the state directory "
                               f"({exc}); not answering") from None

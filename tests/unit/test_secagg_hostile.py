@@ -89,10 +89,13 @@ class FakeAggregator:
         self.outcome: Outcome | None = None
         self.abandoned = False
 
-    def task(self, digest: str = "ab" * 32) -> pb.TaskHeader:
-        return pb.TaskHeader(task_id="t-1", round=1, kind=pb.TASK_KIND_TRAIN,
-                             secagg_setup=self.setup, payload_digest=digest,
-                             payload_digest_algorithm=pb.DIGEST_ALGORITHM_SHA256)
+    def task(self, digest: str = "ab" * 32, job: str = "") -> pb.TaskHeader:
+        header = pb.TaskHeader(task_id="t-1", round=1, kind=pb.TASK_KIND_TRAIN,
+                               secagg_setup=self.setup, payload_digest=digest,
+                               payload_digest_algorithm=pb.DIGEST_ALGORITHM_SHA256)
+        if job:
+            header.job_terms.job_id = job
+        return header
 
     def _relay(self, stage: Stage, msg: object) -> None:
         if stage == self.stop_before:
@@ -157,12 +160,12 @@ class FakeAggregator:
 
 
 def _attempt(fake: FakeAggregator, ledger: UnmaskLedger, digest: str = "ab" * 32,
-             identity: SiteIdentity | None = None) -> str | None:
+             identity: SiteIdentity | None = None, job: str = "") -> str | None:
     link = Link(fake, "node-1", 1, 1 << 20, lambda: fake.abandoned,  # type: ignore[arg-type]
                 ledger, identity=identity)
     update = pb.UpdateHeader(num_examples=10)
     return asyncio.run(asyncio.wait_for(
-        take_part(link, fake.task(digest), update, fake.changes[1], 10.0), 30))
+        take_part(link, fake.task(digest, job), update, fake.changes[1], 10.0), 30))
 
 
 # ---- differencing across attempts -----------------------------------------------------------
@@ -185,6 +188,23 @@ def test_a_second_run_of_an_unmasked_round_is_refused_even_after_a_restart(
         assert failed.failed and "trained from this same model" in failed.error
     # A round trained from another model (the next round) is answered as usual.
     assert _attempt(FakeAggregator(), UnmaskLedger(path), digest="cd" * 32) is None
+
+
+def test_a_round_of_a_named_job_is_unmasked_once_whatever_model_it_sends(
+        tmp_path: Path) -> None:
+    """The aggregator re-runs round 1 of job j-1 with a slightly different model (another
+    digest): the site that already answered round 1 of j-1 refuses, also after a restart; the
+    same model in another job is refused by its digest, and round 1 of another job with
+    another model is answered."""
+    path = tmp_path / FILE_NAME
+    assert _attempt(FakeAggregator(), UnmaskLedger(path), job="j-1") is None
+    for ledger in (UnmaskLedger(path), UnmaskLedger(path)):
+        again = FakeAggregator()
+        why = _attempt(again, ledger, digest="ef" * 32, job="j-1")
+        assert why is not None and "round 1 of job j-1" in why and again.outcome is None
+    why = _attempt(FakeAggregator(), UnmaskLedger(path), job="j-2")
+    assert why is not None and "trained from this same model" in why
+    assert _attempt(FakeAggregator(), UnmaskLedger(path), digest="ef" * 32, job="j-2") is None
 
 
 def test_an_attempt_retried_before_unmasking_still_completes(tmp_path: Path) -> None:
