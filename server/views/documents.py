@@ -8,14 +8,14 @@ import time
 from typing import Any
 
 import fedgpu
-from fedgpu.core.constants import JobState
+from fedgpu.core.constants import JobState, Mode
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import privacy
+from fedgpu.server.views import evaluation, privacy
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -212,7 +212,15 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
     doc["job"] = row.job
     if row.job.get("privacy"):
-        held = _engine(jobs, job_id)
-        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
-        doc["privacy"] = privacy.summary(row.job, rounds)
+        doc["privacy"] = privacy.summary(row.job, _rounds(jobs, job_id))
+    if row.job.get("mode") == Mode.EVALUATE:
+        doc["evaluation"] = evaluation.summary(_rounds(jobs, job_id))
     return doc
+
+
+def _rounds(jobs: JobManager, job_id: str) -> list[dict[str, Any]]:
+    held = _engine(jobs, job_id)
+    if held is not None:
+        return held.history.dicts()
+    saved = jobs.store.history(job_id)
+    return saved.records if saved is not None else []
