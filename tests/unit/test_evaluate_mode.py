@@ -154,3 +154,41 @@ def test_too_few_answers_retry_then_fail(tmp_path: Path) -> None:
     orch, seen = run_scoring(tmp_path, lone(), round_retries=1)
     assert orch.state == RunState.FAILED and len(seen) == 4
     assert [r.status for r in orch.history.records] == ["retried", "retried"]
+
+
+def test_fedgpu_run_refuses_model_from_job_before_starting_anything(tmp_path: Path) -> None:
+    # Its aggregator is a fresh one: there is no earlier job to take the model from.
+    from tests.fixtures.federation import cli
+
+    job = tmp_path / "job.toml"
+    job.write_text('task = "digits"\nmode = "evaluate"\nmodel_from_job = "a1b2c3"\n')
+    r = cli("run", "--job", str(job), "--run-dir", str(tmp_path / "run"))
+    assert r.returncode != 0 and "fedgpu run starts a fresh one" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_from_job_must_name_a_job_of_the_task_that_did_not_fail(tmp_path: Path) -> None:
+    from fedgpu.core.constants import JobState
+    from fedgpu.server.jobs.earlier import check_earlier, earlier_model
+
+    store = MemoryStore()
+    for job_id, task in (("done", "t"), ("other", "u"), ("broke", "t")):
+        store.add_job(job_id=job_id, name=job_id, task=task, job_toml="", job={"task": task},
+                      source="submit", source_sha256="", submitted_by="test", rounds=1,
+                      state_dir=f"jobs/{job_id}")
+    store.update("broke", state=JobState.FAILED)
+
+    def scoring(earlier: str) -> Any:
+        return parse_job({"task": "t", "mode": "evaluate", "model_from_job": earlier})
+
+    check_earlier(store, scoring("done"))  # queued still: it may finish first
+    for earlier, words in (("nope", "no job 'nope'"), ("other", "ran task 'u', not 't'"),
+                           ("broke", "job broke failed, so it has no final model")):
+        with pytest.raises(ConfigError, match=words):
+            check_earlier(store, scoring(earlier))
+    # At start, only a finished job's checkpoint is read.
+    with pytest.raises(ConfigError, match="is queued, not finished"):
+        earlier_model(store, tmp_path, "done")
+    store.update("done", state=JobState.FINISHED)
+    with pytest.raises(ConfigError, match="left no model"):
+        earlier_model(store, tmp_path, "done")
