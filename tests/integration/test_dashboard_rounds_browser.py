@@ -1,7 +1,8 @@
-"""The rounds table's secure-aggregation, local-work and per-site evaluation columns, in a real headless Chromium:
-the dashboard's HTTP server on loopback serves fixed documents (a plain round, a secure round
-with a site dropped and recovered, a secure round that failed, a time-budgeted round) and the
-page must show each round's figures in its row, as text."""
+"""The rounds table's secure-aggregation, local-work and per-site evaluation columns, in a real
+headless Chromium: the dashboard's HTTP server on loopback serves fixed documents (a plain
+round, a secure round with a site dropped and recovered, a secure round that failed, a
+time-budgeted round with its evaluation per site) and the page must show each round's figures
+in its row, as text."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ def test_rounds_show_secure_aggregation_and_work_per_site(url: str, tmp_path: Pa
             work: tr.querySelector('td.work').textContent,
             perSite: [...tr.querySelectorAll('td.work details li')].map((li) => li.textContent),
             accuracy: tr.querySelector('td.accuracy').firstChild.textContent,
-            evalSites: [...tr.querySelectorAll('td.accuracy details li')].map((li) => li.textContent),
+            evalSites: [...tr.querySelectorAll('td.accuracy details li')]
+              .map((li) => li.textContent),
           }]));
         """), 30, "the rounds table")
         assert rows["1"] == {"secure": "-", "work": "-", "perSite": [], "accuracy": "-",

@@ -9,12 +9,13 @@ and trains nothing is a mistake its author wants to hear about, not a key silent
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fedgpu.core.constants import Mode
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.hetero_config import HeteroWork
-from fedgpu.core.job.schema import combination_rule, key_rule
+from fedgpu.core.job.schema import Key, combination_rule, key_rule
 
 # Top-level keys that only training reads: set to anything but their default, they are
 # refused in an evaluate job.
@@ -23,12 +24,18 @@ TRAINING_KEYS: tuple[str, ...] = (
     "local_steps", "iterations", "ring_timeout_s")
 
 
-def _defaults() -> dict[str, Any]:
-    # Read from the declarations on Job (job.py imports this module to register the rules,
-    # so the import waits until a rule runs).
-    from fedgpu.core.job.job import top_keys
+# Each top-level key's default, as declared on Job: handed over by job.py once Job exists
+# (job.py imports this module, so this module cannot import job.py).
+_DEFAULTS: dict[str, Any] = {}
 
-    return {k.name: k.default for k in top_keys()}
+
+def declare_defaults(keys: Iterable[Key]) -> None:
+    _DEFAULTS.update({k.name: k.default for k in keys})
+
+
+def _defaults() -> dict[str, Any]:
+    assert _DEFAULTS, "job.py declares the keys' defaults when it is imported"
+    return _DEFAULTS
 
 
 @key_rule

@@ -190,6 +190,9 @@ def top_keys() -> list[schema.Key]:
     return schema.keys_of(Job)
 
 
+_eval_modes.declare_defaults(top_keys())
+
+
 def known_top_level() -> set[str]:
     names = {k.name for k in top_keys()}
     for section in schema.SECTIONS.values():
