@@ -51,6 +51,8 @@ def test_an_evaluate_job_scores_a_model_on_every_site_without_training(
 
     by_id = job_cli(fed, "submit", str(eval_job(tmp_path / "by-id.toml",
                                                 model_from_job=trained["job_id"])))
+    # The sites' training speed is known by now, but an evaluate job trains nothing.
+    assert by_id["estimate"] is None, by_id
     model = tmp_path / "trained.safetensors"
     r = cli("job", "model", trained["job_id"], "--out", str(model), "--address", fed.address,
             operator_token=OPERATOR_TOKEN)
