@@ -51,6 +51,8 @@ class Mode(StrEnum):
     RING = "ring"
     # FedBuff: nodes train on the model they have; each buffer of updates is one step.
     ASYNC = "async"
+    # No training: one round in which every chosen site scores one given model.
+    EVALUATE = "evaluate"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

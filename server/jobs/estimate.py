@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fedgpu.core import task_schemas
+from fedgpu.core.constants import Mode
 from fedgpu.core.hetero_config import LocalWork
 from fedgpu.core.job import Job
 from fedgpu.server.registry import Node
@@ -52,7 +53,9 @@ def round_seconds(job: Job, node: Node) -> float | None:
 
 def estimate(job: Job, nodes: Iterable[Node]) -> dict[str, Any] | None:
     """The job's training time on the live nodes that offer its task; None when no such node
-    has trained the task yet (nothing measured to go by)."""
+    has trained the task yet (nothing measured to go by), or the job trains nothing."""
+    if job.mode == Mode.EVALUATE:
+        return None
     offering = [n for n in nodes if not n.tasks or job.task in n.tasks]
     costed = [(s, n) for n in offering if (s := round_seconds(job, n)) is not None]
     if not costed:

@@ -37,6 +37,7 @@ from fedgpu.proto import admin_pb2
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume, submission
 from fedgpu.server.jobs.bundles import BundleStore
+from fedgpu.server.jobs.earlier import check_earlier
 from fedgpu.server.jobs.state import JobRow, SavedHistory, StateStore
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.checkpoint import Checkpointer
@@ -151,6 +152,7 @@ class Intake:
             if source == "submit":
                 self.check_task_offered(job, bundle)
             self.check_room()
+            check_earlier(self.store, job)
             if job.initial_weights is not None and weights is None:
                 weights = self.weights_from_dir(job)
         except BaseException:

@@ -30,6 +30,7 @@ from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs import resume
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
+from fedgpu.server.jobs.earlier import earlier_model
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
 from fedgpu.server.jobs.state import JobRow, StateStore
@@ -38,6 +39,7 @@ from fedgpu.server.rounds.buffered import AsyncPlan
 from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
+from fedgpu.server.rounds.scoring import ScorePlan
 from fedgpu.server.secagg.plan import SecAggPlan
 from fedgpu.server.transfer.wire_limits import shown
 
@@ -255,6 +257,8 @@ class JobManager:
 
     def _initial_weights(self, row: JobRow, job: Job) -> dict[str, np.ndarray] | None:
         directory = self.state_dir / row.state_dir
+        if job.model_from_job is not None:
+            return earlier_model(self.store, self.state_dir, job.model_from_job)
         initial = iw.load(directory)
         if initial is None and job.initial_weights is not None:
             if (directory / "state.json").exists():
@@ -278,7 +282,8 @@ class JobManager:
                             checkpointer=checkpointer, initial_weights=initial,
                             plan=(RingPlan(job) if job.mode == Mode.RING
                                   else SecAggPlan(job) if job.secure_aggregation
-                                  else AsyncPlan(job) if job.mode == Mode.ASYNC else None),
+                                  else AsyncPlan(job) if job.mode == Mode.ASYNC
+                                  else ScorePlan(job) if job.mode == Mode.EVALUATE else None),
                             bundle=row.bundle, job_id=row.job_id)
         if saved is not None:
             orch.restore(*saved)

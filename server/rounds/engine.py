@@ -144,7 +144,7 @@ class Orchestrator:
                                  self.end_reason)
                         break
                     await self._run_round(number, self.plan)
-                if self.job.evaluate:
+                if self.job.evaluate and self.plan.final_evaluation:
                     await self._run_round(self.job.rounds + 1, self._bound(EvalPlan(self.job)))
                 self.completed = True
                 # Once more with the final evaluation and `completed`, so a restart after the
@@ -202,6 +202,11 @@ class Orchestrator:
             if ok:
                 if new is not None:
                     await self.commit(new, number)
+                elif plan is self.plan and record is not None:
+                    # A job's round that makes no model (an evaluate job's): the round is
+                    # done, its model the one it was given.
+                    assert self.global_weights is not None
+                    await self.commit(self.global_weights, number)
                 return
             if not rnd.ineligible:
                 spent += 1
@@ -281,7 +286,7 @@ class Orchestrator:
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,
-                evaluated_round=self.global_round,
+                evaluated_round=plan.evaluated_round,
                 bundle=self._bundle_msg,
                 job_terms=self._terms,
                 **fields,

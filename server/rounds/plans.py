@@ -53,6 +53,9 @@ class Plan(ABC):
     aggregates: ClassVar[bool] = False
     # Closed attempts are round records in the history.
     recorded: ClassVar[bool] = False
+    # The job's plan: after its last round, the final federated evaluation (`evaluate`)
+    # scores the last model (an evaluate job's own round already did: server/rounds/scoring.py).
+    final_evaluation: ClassVar[bool] = True
 
     def __init__(self, job: Job) -> None:
         self.job = job

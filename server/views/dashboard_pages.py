@@ -149,10 +149,20 @@ def nodes_page(doc: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]],
     }
 
 
-def _eval(ev: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _eval(ev: Mapping[str, Any] | None, per_site: bool = False) -> dict[str, Any] | None:
+    """A round's federated evaluation; `per_site`: with each site's own metrics (the first
+    WORK_SITES by name: an evaluate job's result is its one round's sites)."""
     if not ev:
         return None
-    return {"loss": ev.get("loss"), "accuracy": ev.get("accuracy"), "nodes": ev.get("nodes")}
+    out = {"loss": ev.get("loss"), "accuracy": ev.get("accuracy"), "nodes": ev.get("nodes")}
+    if per_site:
+        sites = sorted(({"node": str(e.get("node", "")), "num_examples": e.get("num_examples"),
+                         "loss": (e.get("metrics") or {}).get("loss"),
+                         "accuracy": (e.get("metrics") or {}).get("accuracy")}
+                        for e in ev.get("per_node") or ()), key=lambda x: x["node"])
+        out["sites"] = sites[:WORK_SITES]
+        out["sites_not_listed"] = len(sites) - len(out["sites"])
+    return out
 
 
 def _spread(values: Sequence[float]) -> dict[str, float] | None:
@@ -202,7 +212,8 @@ def work_summary(rec: Mapping[str, Any], per_site: bool) -> dict[str, Any] | Non
     }
 
 
-def round_summary(rec: Mapping[str, Any], per_site: bool = True) -> dict[str, Any]:
+def round_summary(rec: Mapping[str, Any], per_site: bool = True,
+                  eval_sites: bool = False) -> dict[str, Any]:
     """One round record of `fedgpu rounds --json` without its per-update lists: counts,
     losses and the upload times' max and median; a secure round's protocol figures and a
     time-budgeted round's work per site (`per_site` False: its spread only)."""
@@ -225,7 +236,7 @@ def round_summary(rec: Mapping[str, Any], per_site: bool = True) -> dict[str, An
                                                "median": statistics.median(uploads)},
         "rejected": dict(sorted(rejected.items())),
         "failures": len(rec.get("failures") or ()),
-        "eval": _eval(rec.get("eval")),
+        "eval": _eval(rec.get("eval"), eval_sites),
         # [privacy]: the epsilon spent after this round (server/strategies/private.py).
         "epsilon": (rec.get("privacy") or {}).get("epsilon"),
         "secure_aggregation": secure_summary(rec.get("secure_aggregation"),
@@ -241,6 +252,8 @@ def rounds_summary(doc: Mapping[str, Any], query: RoundsQuery) -> dict[str, Any]
         "run_id": doc.get("run_id"),
         "initial_eval": _eval(doc.get("initial_eval")),
         "total": len(rounds),
-        "rounds": [round_summary(r, per_site=i >= len(shown) - WORK_ROUNDS)
+        # Each site's evaluation for the latest round only (an evaluate job's one round).
+        "rounds": [round_summary(r, per_site=i >= len(shown) - WORK_ROUNDS,
+                                 eval_sites=i == len(shown) - 1)
                    for i, r in enumerate(shown)],
     }

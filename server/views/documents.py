@@ -8,14 +8,14 @@ import time
 from typing import Any
 
 import fedgpu
-from fedgpu.core.constants import JobState
+from fedgpu.core.constants import JobState, Mode
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import privacy
+from fedgpu.server.views import evaluation, privacy
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -215,6 +215,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         doc["privacy"] = privacy.summary(row.job, _round_dicts(jobs, job_id))
     if row.job.get("secure_aggregation"):
         doc["masked_metrics"] = last_masked_metrics(jobs, job_id)
+    if row.job.get("mode") == Mode.EVALUATE:
+        doc["evaluation"] = evaluation.summary(_round_dicts(jobs, job_id))
     return doc
 
 

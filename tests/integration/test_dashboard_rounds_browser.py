@@ -1,7 +1,8 @@
-"""The rounds table's secure-aggregation and local-work columns, in a real headless Chromium:
-the dashboard's HTTP server on loopback serves fixed documents (a plain round, a secure round
-with a site dropped and recovered, a secure round that failed, a time-budgeted round) and the
-page must show each round's figures in its row, as text."""
+"""The rounds table's secure-aggregation, local-work and per-site evaluation columns, in a real
+headless Chromium: the dashboard's HTTP server on loopback serves fixed documents (a plain
+round, a secure round with a site dropped and recovered, a secure round that failed, a
+time-budgeted round with its evaluation per site) and the page must show each round's figures
+in its row, as text."""
 
 from __future__ import annotations
 
@@ -52,7 +53,13 @@ ROUNDS = {"run_id": "r1", "initial_eval": None, "rounds": [
         "sites": 3, "threshold": 2, "neighbours": 2, "protocol_s": 0.5, "ring_bits": 32,
         "max_weight": 512,
         "failed": {"stage": "share-keys", "reason": "1 of 2 shareholders"}}),
-    _round(4, round_train_s=2.0, updates=[
+    # Its evaluation per site (the latest round's only: an evaluate job's one round).
+    _round(4, round_train_s=2.0, eval={
+        "loss": 0.5, "accuracy": 0.875, "num_examples": 400, "nodes": 2, "per_node": [
+            {"node_id": "n2", "node": "slow-b", "num_examples": 300,
+             "metrics": {"loss": 0.6, "accuracy": 0.9}},
+            {"node_id": "n1", "node": "fast-a", "num_examples": 100,
+             "metrics": {"loss": 0.2, "accuracy": 0.8}}]}, updates=[
         _update("fast-a", 400, 12800), _update("slow-b", 55, 1760), _update("slow-c", 60, 1920)]),
 ]}
 
@@ -89,9 +96,16 @@ def test_rounds_show_secure_aggregation_and_work_per_site(url: str, tmp_path: Pa
             secure: tr.querySelector('td.secure').textContent,
             work: tr.querySelector('td.work').textContent,
             perSite: [...tr.querySelectorAll('td.work details li')].map((li) => li.textContent),
+            accuracy: tr.querySelector('td.accuracy').firstChild.textContent,
+            evalSites: [...tr.querySelectorAll('td.accuracy details li')]
+              .map((li) => li.textContent),
           }]));
         """), 30, "the rounds table")
-        assert rows["1"] == {"secure": "-", "work": "-", "perSite": []}
+        assert rows["1"] == {"secure": "-", "work": "-", "perSite": [], "accuracy": "-",
+                             "evalSites": []}
+        assert rows["4"]["accuracy"] == "0.875"
+        assert rows["4"]["evalSites"] == ["fast-a: accuracy 0.800, loss 0.200 on 100 examples",
+                                          "slow-b: accuracy 0.900, loss 0.600 on 300 examples"]
         secure = rows["2"]["secure"]
         for part in ("2 / 3 masked", "dropped: masked-input 1", "1 recovered",
                      "protocol 1.23 s (unmask 0.04 s)", "Z_2^32"):

@@ -8,6 +8,7 @@ import typer
 
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
+from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import fmt_value, new_table, print_json, print_table
 from fedgpu.cli.job.options import JobId
@@ -44,6 +45,9 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
                      f"spent at delta {p['delta']:g} over {p['rounds_accounted']} round(s)")
     if doc.get("masked_metrics"):
         lines.append(masked_line(doc["masked_metrics"]))
+    if doc.get("evaluation"):
+        lines.append("evaluation of the job's model on each site's held-out data:")
+        lines += site_lines(doc["evaluation"])
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))

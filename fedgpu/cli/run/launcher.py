@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.run.latest import link_latest
 from fedgpu.cli.run.run_config import LocalRunConfig, demo_job, free_port
 from fedgpu.core import admin_client, lifetime
@@ -375,7 +376,9 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         err = (run.last_status or {}).get("error") or "see the logs"
         run.say(f"run {state}: {err}; logs in {run.run_dir / 'logs'}")
         return 1
-    if last_eval and last_eval.get("accuracy") is not None:
+    if last_eval and run.cfg.job.mode == "evaluate":
+        run.say("\n".join(["the model on each site's held-out data:", *site_lines(last_eval)]))
+    elif last_eval and last_eval.get("accuracy") is not None:
         run.say(f"final global model: accuracy {last_eval['accuracy']:.4f}, loss "
                 f"{last_eval['loss']:.4f} on {last_eval['num_examples']} held-out examples "
                 f"of {last_eval['nodes']} nodes")

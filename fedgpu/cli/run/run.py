@@ -102,6 +102,10 @@ def run(
         min_nodes=min_nodes, seed=seed, use_gpu=use_gpu,
         hyperparameters={"local_epochs": local_epochs, **parse_hparams(hp or [])},
         mode=mode, iterations=iterations, local_steps=local_steps)
+    if the_job.model_from_job is not None:
+        raise ConfigError(f"{job}: 'model_from_job' names a job of a running aggregator, and "
+                          "fedgpu run starts a fresh one: give that job's model (from 'fedgpu "
+                          "job model') as 'initial_weights', or use 'fedgpu job submit'")
     code = run_local(LocalRunConfig(
         job=the_job, job_file=job, nodes=nodes, run_dir=run_dir, partition=partition,
         alpha=alpha, split_seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,

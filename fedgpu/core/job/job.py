@@ -17,6 +17,7 @@ from typing import Any
 from fedgpu.core.constants import MODES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.hetero_config import HeteroWork
+from fedgpu.core.job import eval_modes as _eval_modes
 from fedgpu.core.job import schema
 from fedgpu.core.job import sections as _sections
 from fedgpu.core.job.resources import Resources
@@ -37,13 +38,17 @@ from fedgpu.core.secagg.jobfile import JobSecAgg
 Scalar = int | float | str | bool
 
 
-# The sections and rules are registered by importing them (sections.py).
-assert _sections.registered
+# The sections and rules are registered by importing them (sections.py, eval_modes.py).
+assert _sections.registered and _eval_modes.registered
 
 
 def is_name(text: str) -> bool:
     # Names end up in logs and tables: no control characters that could forge a line.
     return 0 < len(text.strip()) and len(text) <= 128 and text.isprintable()
+
+
+def is_job_id(text: str) -> bool:
+    return 0 < len(text) <= 64 and all(c.isalnum() or c in "-_" for c in text) and text.isascii()
 
 
 def _section(name: str, default: Any) -> Any:
@@ -101,7 +106,9 @@ class Job:
     mode: str = key(
         "star", "`star` (the aggregator combines updates), `ring` (D-PSGD between the nodes; "
         "see [Train as a ring](../how-to/ring.md)) or `async` (FedBuff: a step per buffer of "
-        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)).", str,
+        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)) or `evaluate` (no "
+        "training: every site scores one model; see [Evaluate a model on every site]"
+        "(../how-to/evaluate-a-model.md)).", str,
         f"one of {', '.join(MODES)}", choices=MODES, resume=True, travels=True)
     evaluate: bool = key(
         True, "Federated evaluation of every global model on the nodes' held-out splits.",
@@ -153,6 +160,10 @@ class Job:
     secure_aggregation: JobSecAgg | None = _section("secure_aggregation", None)
     privacy: PrivacySettings | None = _section("privacy", None)
     hetero: HeteroWork = _section("hetero", HeteroWork)
+    model_from_job: str | None = key(
+        None, "`mode = \"evaluate\"`: score the final model of this earlier job (its id, "
+        "from `fedgpu job list`) instead of `initial_weights`.", str,
+        "a job id (1-64 letters, digits, '-' or '_')", optional=True, valid=is_job_id)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an
@@ -177,6 +188,9 @@ class Job:
 def top_keys() -> list[schema.Key]:
     """The job file's top-level keys (sections' flat keys excluded), in order."""
     return schema.keys_of(Job)
+
+
+_eval_modes.declare_defaults(top_keys())
 
 
 def known_top_level() -> set[str]:

@@ -143,8 +143,10 @@ def parse_privacy(table: object, source: str = "job", *, strategy: str = "fedavg
         raise ConfigError(f"{source}: [privacy] needs mode = \"star\": it accounts per "
                           "synchronised round, which mode = \"async\" does not have")
     if job_mode != "star":
-        raise ConfigError(f"{source}: [privacy] needs mode = \"star\" (in ring mode the nodes "
-                          "average among themselves: no aggregate to clip and noise)")
+        why = ("in ring mode the nodes average among themselves" if job_mode == "ring"
+               else f"mode = {job_mode!r} uploads no update")
+        raise ConfigError(f"{source}: [privacy] needs mode = \"star\" ({why}: no aggregate "
+                          "to clip and noise)")
     if strategy not in dp_strategies():
         raise ConfigError(f"{source}: [privacy] needs a strategy that averages "
                           f"({', '.join(dp_strategies())}), not {strategy!r}: the noise is "

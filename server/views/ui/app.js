@@ -299,6 +299,17 @@
         : null];
   }
 
+  // The latest round's evaluation: its weighted accuracy, each site's in a fold-out.
+  function evalCell(ev) {
+    const sites = ev.sites || [];
+    if (!sites.length) return [num(ev.accuracy)];
+    return [num(ev.accuracy), h("details", {class: "per-site"}, h("summary", {}, "per site"),
+      h("ul", {}, ...sites.map((x) => h("li", {"data-node": x.node},
+        `${x.node}: accuracy ${num(x.accuracy)}, loss ${num(x.loss)} on ` +
+        `${x.num_examples} examples`)),
+        ev.sites_not_listed ? h("li", {class: "muted"}, `${ev.sites_not_listed} more`) : null))];
+  }
+
   // A time-budgeted round: the spread of steps and examples, and each site's in a fold-out.
   function workCell(w) {
     if (!w) return [dash0];
@@ -324,7 +335,7 @@
         h("td", {}, r.attempt > 1 ? `${r.round} (attempt ${r.attempt})` : `${r.round}`),
         h("td", {}, h("span", {class: `badge state-${r.status}`}, r.status)),
         h("td", {}, r.participants), h("td", {}, r.nodes_reporting), h("td", {}, r.dropped),
-        h("td", {}, num(r.train_loss)), h("td", {}, num(ev.loss)), h("td", {}, num(ev.accuracy)),
+        h("td", {}, num(r.train_loss)), h("td", {}, num(ev.loss)), h("td", {class: "accuracy"}, ...evalCell(ev)),
         h("td", {}, num(r.duration_s, 1)),
         h("td", {}, r.upload_s ? `${num(r.upload_s.max, 2)} / ${num(r.upload_s.median, 2)}`
           : dash0),
