@@ -31,6 +31,8 @@ class TaskKind(StrEnum):
     INIT = "init"
     TRAIN = "train"
     EVALUATE = "evaluate"
+    # mode = "statistics": the node summarises its data (fedgpu/core/fedstats/), no model.
+    STATISTICS = "statistics"
 
 
 TASK_KINDS: tuple[str, ...] = tuple(k.value for k in TaskKind)
@@ -51,6 +53,8 @@ class Mode(StrEnum):
     RING = "ring"
     # FedBuff: nodes train on the model they have; each buffer of updates is one step.
     ASYNC = "async"
+    # Federated statistics (fedgpu/core/fedstats/): one round, no model, no training.
+    STATISTICS = "statistics"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

@@ -198,6 +198,8 @@ class Orchestrator:
             if ok:
                 if new is not None:
                     await self.commit(new, number)
+                elif plan.advances:
+                    self.global_round = number  # committed with the run's end
                 return
             if not rnd.ineligible:
                 spent += 1

@@ -32,6 +32,7 @@ KIND_NAMES = {
     pb.TASK_KIND_INIT: "init",
     pb.TASK_KIND_TRAIN: "train",
     pb.TASK_KIND_EVALUATE: "evaluate",
+    pb.TASK_KIND_STATISTICS: "statistics",
 }
 
 
@@ -53,6 +54,8 @@ class Plan(ABC):
     aggregates: ClassVar[bool] = False
     # Closed attempts are round records in the history.
     recorded: ClassVar[bool] = False
+    # A success is a round of the run though no model comes of it (mode = "statistics").
+    advances: ClassVar[bool] = False
 
     def __init__(self, job: Job) -> None:
         self.job = job

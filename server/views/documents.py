@@ -15,7 +15,7 @@ from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import privacy
+from fedgpu.server.views import privacy, statistics
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -215,4 +215,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         held = _engine(jobs, job_id)
         rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
         doc["privacy"] = privacy.summary(row.job, rounds)
+    if row.job.get("mode") == "statistics":
+        held = _engine(jobs, job_id)
+        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
+        doc["statistics"] = statistics.summary(rounds)
     return doc

@@ -112,3 +112,27 @@ def quantiles(spec: ColumnSpec, histogram: list[float | None], qs: tuple[float, 
 def _qname(q: float) -> str:
     """0.5 -> "p50", 0.025 -> "p2.5": the keys of the quantiles in every document."""
     return f"p{q * 100:g}"
+
+
+def summary_to_dict(s: ColumnSummary) -> dict[str, object]:
+    """A summary as the round's worker writes it to result.json, for its agent (on the site:
+    this is the exact summary, before release)."""
+    return {"name": s.spec.name, "lo": s.spec.lo, "hi": s.spec.hi, "bins": s.spec.bins,
+            "per_record": s.spec.per_record, "count": s.count, "sum": s.shifted_sum,
+            "sum_sq": s.shifted_sum_sq, "histogram": list(s.histogram)}
+
+
+def summary_from_dict(d: object) -> ColumnSummary:
+    """The worker's summary read back by the agent; ValueError when it is not one."""
+    try:
+        assert isinstance(d, dict)
+        spec = ColumnSpec(name=str(d["name"]), lo=float(d["lo"]), hi=float(d["hi"]),
+                          bins=int(d["bins"]), per_record=int(d["per_record"]))
+        hist = tuple(float(c) for c in d["histogram"])
+        out = ColumnSummary(spec=spec, count=float(d["count"]), shifted_sum=float(d["sum"]),
+                            shifted_sum_sq=float(d["sum_sq"]), histogram=hist)
+    except (AssertionError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a column summary: {exc!r}") from None
+    if len(hist) != spec.bins:
+        raise ValueError(f"column {spec.name!r}: {len(hist)} histogram cells for {spec.bins} bins")
+    return out

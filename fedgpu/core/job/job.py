@@ -16,6 +16,7 @@ from typing import Any
 
 from fedgpu.core.constants import MODES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.fedstats.jobfile import JobStatistics
 from fedgpu.core.hetero_config import HeteroWork
 from fedgpu.core.job import schema
 from fedgpu.core.job import sections as _sections
@@ -101,7 +102,9 @@ class Job:
     mode: str = key(
         "star", "`star` (the aggregator combines updates), `ring` (D-PSGD between the nodes; "
         "see [Train as a ring](../how-to/ring.md)) or `async` (FedBuff: a step per buffer of "
-        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)).", str,
+        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)) or `statistics` (one round "
+        "of per-site and combined statistics of the data, no model; see [Federated statistics]"
+        "(../how-to/statistics.md)).", str,
         f"one of {', '.join(MODES)}", choices=MODES, resume=True, travels=True)
     evaluate: bool = key(
         True, "Federated evaluation of every global model on the nodes' held-out splits.",
@@ -153,6 +156,7 @@ class Job:
     secure_aggregation: JobSecAgg | None = _section("secure_aggregation", None)
     privacy: PrivacySettings | None = _section("privacy", None)
     hetero: HeteroWork = _section("hetero", HeteroWork)
+    statistics: JobStatistics | None = _section("statistics", None)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an
