@@ -69,6 +69,9 @@ class StatsPlan(StarPlan):
     def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
                ok: bool) -> str:
         error = super().closed(rnd, record, chosen, ok)
+        if not ok and rnd.failures:
+            # The site's own words (e.g. a task without a statistics() hook) reach the job.
+            error = f"{rnd.failures[-1].node}: {rnd.failures[-1].error}"
         if record is not None:
             accepted = {u.node for u in rnd.updates}
             doc = combine({site: cols for site, cols in sorted(self.releases.items())

@@ -30,7 +30,7 @@ def site(federation: Federation, tmp_path: Path, digits_split: list[Path]) -> Fe
     return federation
 
 
-def test_statistics_job_combines_the_sites_exactly_and_holds_back_small_cells(
+def test_statistics_job_combines_exactly_holds_back_small_cells_and_needs_the_hook(
         site: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
     job = write_job(tmp_path / "stats.toml", rounds=None, name="stats", mode="statistics",
                     statistics={"min_count": 30})
@@ -62,6 +62,10 @@ def test_statistics_job_combines_the_sites_exactly_and_holds_back_small_cells(
     held = [sum(int(h[i] < threshold) for h in hists) for i in range(16)]
     assert combined["pixel"]["suppressed_cells"] == held
     assert any(held), "the split should leave some small pixel cells"
+    # What each site sent, as the aggregator holds it: its small cells are absent (None).
+    for name, h in zip(("site-a", "site-b"), hists, strict=True):
+        assert stats["sites"][name]["pixel"]["histogram"] == [
+            float(c) if c >= threshold else None for c in h]
     for i in range(16):
         sent = [int(h[i]) for h in hists if h[i] >= threshold]
         assert combined["pixel"]["histogram"][i] == (sum(sent) if sent else None)
@@ -75,9 +79,8 @@ def test_statistics_job_combines_the_sites_exactly_and_holds_back_small_cells(
     assert [(j["state"], j["rounds_done"], j["rounds"]) for j in listed
             if j["job_id"] == submitted["job_id"]] == [("finished", 1, 1)]
 
-
-def test_a_task_without_a_statistics_hook_is_refused_with_the_reason(
-        site: Federation, tmp_path: Path) -> None:
+    # On the same federation (a second one would cost its start-up): a bundled task without
+    # a statistics() hook is refused by the sites, and the job says why.
     bundle = tmp_path / "nostats"
     bundle.mkdir()
     (bundle / "fedgpu-task.toml").write_text('name = "nostats"\nentry = "nostats:Task"\n')
