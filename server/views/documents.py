@@ -149,6 +149,8 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
         full = privacy.summary(row.job, rounds) or {}
         doc["privacy"] = {k: full.get(k) for k in ("mode", "target_epsilon", "delta",
                                                    "epsilon_spent", "rounds_accounted")}
+    if row.job.get("mode") == "statistics":  # the dashboard's Statistics panel reads it
+        doc["statistics"] = _statistics(jobs, row.job_id)
     return doc
 
 
@@ -216,7 +218,13 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
         doc["privacy"] = privacy.summary(row.job, rounds)
     if row.job.get("mode") == "statistics":
-        held = _engine(jobs, job_id)
-        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
-        doc["statistics"] = statistics.summary(rounds)
+        doc["statistics"] = _statistics(jobs, job_id)
     return doc
+
+
+def _statistics(jobs: JobManager, job_id: str) -> dict[str, Any] | None:
+    """A statistics job's figures, from its engine or (ended before a restart) its store."""
+    held = _engine(jobs, job_id)
+    rounds = (held.history.dicts() if held is not None
+              else (jobs.store.history(job_id) or SavedHistory()).records)
+    return statistics.summary(rounds)

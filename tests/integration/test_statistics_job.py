@@ -10,6 +10,8 @@ docs/explanation/federated-statistics.md.
 
 from __future__ import annotations
 
+import http.client
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +19,15 @@ import pytest
 
 from fedgpu.core.datasets import TRAIN_FILE
 from fedgpu.node.data import read_split
-from tests.fixtures.federation import Federation, cli, write_job
+from tests.fixtures.federation import Federation, cli, free_port, write_job
 from tests.integration.test_jobs import job_cli, wait_job
 
 
 @pytest.fixture
 def site(federation: Federation, tmp_path: Path, digits_split: list[Path]) -> Federation:
-    federation.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
+    federation.ui_port = free_port()  # type: ignore[attr-defined]
+    federation.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1",
+                            "--ui-port", str(federation.ui_port))  # type: ignore[attr-defined]
     # Bundles allowed: the second test's task comes as one.
     for name, data in (("site-a", digits_split[0]), ("site-b", digits_split[1])):
         federation.start_node(name, data, "--gpu", "none", "--task-approval", "any")
@@ -75,6 +79,12 @@ def test_statistics_job_combines_exactly_holds_back_small_cells_and_needs_the_ho
     human = cli("job", "status", submitted["job_id"], "--address", site.address).stdout
     assert "statistics of 2 site(s) (min_count 30, noise none)" in human, human
     assert any(line.startswith("label") and "combined" in line for line in human.splitlines())
+    # The dashboard's Statistics panel reads the same document from /api/status.
+    conn = http.client.HTTPConnection("127.0.0.1", site.ui_port, timeout=10)  # type: ignore[attr-defined]
+    conn.request("GET", "/api/status", headers={"Authorization": f"Bearer {site.operator_token}"})
+    api = json.loads(conn.getresponse().read())
+    conn.close()
+    assert api["statistics"]["combined"] == combined and api["mode"] == "statistics"
     listed = job_cli(site, "list")
     assert [(j["state"], j["rounds_done"], j["rounds"]) for j in listed
             if j["job_id"] == submitted["job_id"]] == [("finished", 1, 1)]
