@@ -133,3 +133,21 @@ def test_settings_the_site_cannot_apply_are_a_failure_with_the_reason(
     assert not answer(_task(**release), update, {"statistics": columns})
     assert update.failed and "statistics not released" in update.error
     assert not update.statistics_json
+
+
+def test_causal_lm_statistics_round_counts_tokens_per_record(lm_data: Path,
+                                                             tmp_path: Path) -> None:
+    from fedgpu.node.tasks.causal_lm import adapters, corpus
+    from fedgpu.node.tasks.causal_lm.settings import parse
+
+    hp = {"model_dir": str(lm_data / "model"), "seq_len": 40}
+    result = runner.run_round(_spec("statistics", "causal-lm", lm_data / "node-1", hp), tmp_path)
+    (col,) = result.statistics or []
+    s = parse(hp)
+    train, _ = corpus.splits(lm_data / "node-1", s.eval_fraction)
+    texts = corpus.TextDataset(train, adapters.load_tokenizer(s), s.seq_len, s.text_field)
+    lengths = np.array([len(texts.tokenizer(texts.text(i))["input_ids"])
+                        for i in range(len(texts))], dtype=np.float64)
+    assert col["name"] == "tokens" and (col["lo"], col["hi"]) == (0.0, 40.0)
+    assert col["count"] == len(train) == result.num_examples
+    assert col["sum"] / col["count"] + 20.0 == pytest.approx(np.clip(lengths, 0, 40).mean())
