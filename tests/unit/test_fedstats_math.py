@@ -2,8 +2,14 @@
 std against numpy on the concatenated data, quantiles within the stated error (one bin width),
 suppression and noise as release.py states them, hostile documents refused.
 
-Threat model: docs/explanation/federated-statistics.md (what the aggregator learns per site;
-what suppression and noise protect and what they do not).
+Threat model (in full: docs/explanation/federated-statistics.md). The aggregator, and whoever
+reads `job status`, learns per site: the column specs, which columns and cells it held back,
+and for each column sent its record count, sum and sum of squares (so mean and std) and every
+sent histogram cell, exactly without noise. Suppression (`min_count`, on the site) hides the
+content of small cells and columns, not that they were small, and is no defence against
+differencing two releases. Noise (Laplace/Gaussian, `epsilon` per site and job) gives
+record-level differential privacy of the released numbers, not of the held-back pattern, and
+is not accounted across jobs. Min and max are bin edges, never a record's value.
 """
 
 from __future__ import annotations
