@@ -288,10 +288,10 @@ class FederationService(pb_grpc.FederationServicer):
 
         @contextlib.asynccontextmanager
         async def receive(rnd: RoundState) -> AsyncIterator[Received | None]:
-            if header.kind == pb.TASK_KIND_EVALUATE:
+            if header.kind in (pb.TASK_KIND_EVALUATE, pb.TASK_KIND_STATISTICS):
                 if await self.uploads.next_message(stream, rnd.deadline) is not None:
-                    raise UpdateRejected(Reject.MALFORMED,
-                                         "an evaluation result carries no weights")
+                    raise UpdateRejected(Reject.MALFORMED, "an evaluation result or a site's "
+                                         "statistics carries no weights")
                 yield None
                 return
             async with self.uploads.receive(node.name, header, stream, rnd.deadline) as got:

@@ -31,6 +31,8 @@ class TaskKind(StrEnum):
     INIT = "init"
     TRAIN = "train"
     EVALUATE = "evaluate"
+    # mode = "statistics": the node summarises its data (fedgpu/core/fedstats/), no model.
+    STATISTICS = "statistics"
 
 
 TASK_KINDS: tuple[str, ...] = tuple(k.value for k in TaskKind)
@@ -53,6 +55,8 @@ class Mode(StrEnum):
     ASYNC = "async"
     # No training: one round in which every chosen site scores one given model.
     EVALUATE = "evaluate"
+    # Federated statistics (fedgpu/core/fedstats/): one round, no model, no training.
+    STATISTICS = "statistics"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

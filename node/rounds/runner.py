@@ -29,7 +29,7 @@ from fedgpu.core import codec
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
-from fedgpu.node.rounds import compress, dp_sgd, local_dp
+from fedgpu.node.rounds import compress, dp_sgd, local_dp, site_statistics
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.spec import (  # noqa: F401 - parse_spec: named here for its callers
     BadInputError,
@@ -73,6 +73,8 @@ class RoundResult:
     rss_peak_mib: int = 0
     train_seconds: float = 0.0
     device_name: str = ""
+    # A statistics round: the columns' exact summaries (node/rounds/site_statistics.py).
+    statistics: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +104,8 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     device = _prepare_device(spec)
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
+    if spec.kind == "statistics":
+        return _statistics_round(spec, task, device)
     streaming, train = isinstance(task, DatasetTask), spec.kind == "train"
     dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
     hparams = dict(hparams)
@@ -168,6 +172,25 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     if device.type == "cuda":
         result.torch_peak_allocated_mib = _ceil_mib(torch.cuda.max_memory_allocated(device))
         result.torch_peak_reserved_mib = _ceil_mib(torch.cuda.max_memory_reserved(device))
+    result.rss_peak_mib = rss_peak_mib()
+    return result
+
+
+def _statistics_round(spec: RoundSpec, task: Task | DatasetTask,
+                      device: torch.device) -> RoundResult:
+    """No model: the task's columns summarised (their release is the agent's)."""
+    if spec.data_dir is None:
+        raise BadInputError("task.json: 'data_dir' is required for statistics")
+    check_data_dir(spec.data_dir, required=())
+    _, _, task_hp = split_hparams(spec.task_name, dict(spec.hyperparameters),
+                                  isinstance(task, DatasetTask))
+    try:
+        columns, records, seconds = site_statistics.summaries(task, spec.task_name,
+                                                              spec.data_dir, task_hp)
+    except site_statistics.NoStatisticsError as exc:
+        raise BadInputError(str(exc)) from None
+    result = RoundResult(device_name=_device_name(device), num_examples=records,
+                         train_seconds=round(seconds, 4), statistics=columns)
     result.rss_peak_mib = rss_peak_mib()
     return result
 

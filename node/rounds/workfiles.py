@@ -26,7 +26,7 @@ ERROR_FILE = "error.json"
 # which torch does lazily on first use, so they take effect as if given at process start.
 ROUND_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "FEDGPU_DEVICE", "FEDGPU_MEMORY_FRACTION")
 
-Kind = Literal["init", "train", "evaluate"]
+Kind = Literal["init", "train", "evaluate", "statistics"]
 KINDS: tuple[Kind, ...] = TASK_KINDS  # type: ignore[assignment]
 ErrorKind = Literal["oom", "exception", "bad_input"]
 EXIT_OK = 0
@@ -62,6 +62,8 @@ class ResultFile(TypedDict):
     rss_peak_mib: int
     train_seconds: float
     device_name: str
+    # A statistics round: the columns' exact summaries (node/rounds/site_statistics.py).
+    statistics: NotRequired[list[dict[str, Any]] | None]
 
 
 class ErrorFile(TypedDict):

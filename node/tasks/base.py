@@ -20,6 +20,9 @@ Optional: `eval_metrics(metrics) -> metrics` (Dataset tasks) adds figures derive
 evaluation's (causal-lm: perplexity from the loss), and `warm_up(hparams)` replaces the worker
 factory's throw-away step on the task's model with something cheaper (causal-lm: imports and the
 tokenizer, never a CPU copy of a multi-gigabyte base model).
+
+Optional for `mode = "statistics"`: `statistics(data_dir, hparams) -> [(ColumnSpec, values)]`,
+the columns a site describes (node/rounds/site_statistics.py states the contract).
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedgpu.core.datasets import TEST_FILE, TRAIN_FILE
+from fedgpu.core.fedstats.columns import ColumnSpec
 from fedgpu.node.data import DataDirError, read_split
 from fedgpu.node.tasks.base import HyperparameterError, Metrics, resolve_hparams
 
@@ -83,6 +85,14 @@ class DigitsTask:
                     )
                 data[f"{key}_{split}"] = tensor
         return data
+
+    def statistics(self, data_dir: Path, hparams: Mapping[str, Any]
+                   ) -> list[tuple[ColumnSpec, np.ndarray]]:
+        """mode = "statistics": the training split's pixel intensities (0-1, 64 per image)
+        and labels (0-9)."""
+        data = self.load_data(data_dir)
+        return [(ColumnSpec("pixel", 0.0, 1.0, 16, per_record=64), data["x_train"].numpy()),
+                (ColumnSpec("label", -0.5, 9.5, 10), data["y_train"].numpy())]
 
     def train(
         self,

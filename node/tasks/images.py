@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from fedgpu.core.fedstats.columns import ColumnSpec
 from fedgpu.core.imagefolders import (
     TEST_DIR,
     TRAIN_DIR,
@@ -43,6 +44,8 @@ DEFAULTS: dict[str, int | float | bool | str] = {
     "crop_padding": 4,
 }
 MAX_IMAGE_SIZE = 1024
+# mode = "statistics" decodes every image it describes: a bound on a site's time.
+MAX_STATS_IMAGES = 100_000
 MAX_CLASSES = 100_000
 # A source image larger than this (e.g. a 10k x 10k scan) is refused before it is decoded:
 # one would hold gigabytes in a DataLoader worker to be shrunk to image_size.
@@ -151,6 +154,22 @@ class ImagesTask:
             train=ImageFolderDataset(train, size, hp["augment"], hp["crop_padding"]),
             test=ImageFolderDataset(test, size, augment=False, padding=0),
         )
+
+    def statistics(self, data_dir: Path, hparams: Mapping[str, Any]
+                   ) -> list[tuple[ColumnSpec, np.ndarray]]:
+        """mode = "statistics": per training image, its mean red, green and blue (0-255, at
+        image_size), and its label (0 to num_classes - 1); at most MAX_STATS_IMAGES images,
+        the first in file order."""
+        hp = self.hparams(hparams)
+        items = self.load_datasets(data_dir, hparams).train.items[:MAX_STATS_IMAGES]  # type: ignore[attr-defined]
+        means = np.zeros((len(items), 3))
+        for i, (path, _) in enumerate(items):
+            means[i] = decode(path, hp["image_size"]).double().mean(dim=(1, 2)).numpy()
+        labels = np.array([label for _, label in items], dtype=np.float64)
+        colours = [(ColumnSpec(name, 0.0, 255.0, 32), means[:, c])
+                   for c, name in enumerate(("red", "green", "blue"))]
+        n = hp["num_classes"]
+        return [*colours, (ColumnSpec("label", -0.5, n - 0.5, min(n, 1000)), labels)]
 
     def optimizer(self, model: nn.Module, hparams: Mapping[str, Any]) -> torch.optim.Optimizer:
         hp = self.hparams(hparams)

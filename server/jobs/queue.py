@@ -40,6 +40,7 @@ from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
 from fedgpu.server.rounds.scoring import ScorePlan
+from fedgpu.server.rounds.statistics import StatsPlan
 from fedgpu.server.secagg.plan import SecAggPlan
 from fedgpu.server.transfer.wire_limits import shown
 
@@ -278,9 +279,13 @@ class JobManager:
         saved = checkpointer.load()
         if saved is not None:
             resume.check(job, saved[0], saved[1], initial, directory)
+        stats = job.mode == Mode.STATISTICS
         orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
-                            checkpointer=checkpointer, initial_weights=initial,
-                            plan=(RingPlan(job) if job.mode == Mode.RING
+                            checkpointer=checkpointer,
+                            # Statistics: no model; an empty one skips the init round.
+                            initial_weights={} if stats else initial,
+                            plan=(StatsPlan(job) if stats
+                                  else RingPlan(job) if job.mode == Mode.RING
                                   else SecAggPlan(job) if job.secure_aggregation
                                   else AsyncPlan(job) if job.mode == Mode.ASYNC
                                   else ScorePlan(job) if job.mode == Mode.EVALUATE else None),

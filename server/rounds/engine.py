@@ -202,6 +202,8 @@ class Orchestrator:
             if ok:
                 if new is not None:
                     await self.commit(new, number)
+                elif plan.advances:
+                    self.global_round = number  # committed with the run's end
                 elif plan is self.plan and record is not None:
                     # A job's round that makes no model (an evaluate job's): the round is
                     # done, its model the one it was given.

@@ -32,6 +32,7 @@ KIND_NAMES = {
     pb.TASK_KIND_INIT: "init",
     pb.TASK_KIND_TRAIN: "train",
     pb.TASK_KIND_EVALUATE: "evaluate",
+    pb.TASK_KIND_STATISTICS: "statistics",
 }
 
 
@@ -56,6 +57,8 @@ class Plan(ABC):
     # The job's plan: after its last round, the final federated evaluation (`evaluate`)
     # scores the last model (an evaluate job's own round already did: server/rounds/scoring.py).
     final_evaluation: ClassVar[bool] = True
+    # A success is a round of the run though no model comes of it (mode = "statistics").
+    advances: ClassVar[bool] = False
 
     def __init__(self, job: Job) -> None:
         self.job = job

@@ -17,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from fedgpu.core.constants import BUNDLE_STATES, TASK_APPROVALS
+from fedgpu.core.fedstats.wire import MAX_DOC_BYTES
 from fedgpu.core.site_policy import MAX_POLICY_BYTES
 from fedgpu.proto import pb
 from fedgpu.server.rejections import Reject
@@ -156,5 +157,11 @@ def check_update_header(header: pb.UpdateHeader) -> None:
                         Reject.NON_FINITE)
     header.error = truncate(header.error)
     header.ineligible_reason = truncate(header.ineligible_reason, MAX_TEXT)
+    # A site's statistics document (mode = "statistics"); its content is read by
+    # fedgpu/core/fedstats/wire.py, with its own checks, when the answer is accepted.
+    if len(header.statistics_json) > MAX_DOC_BYTES:
+        raise WireError(f"statistics_json has {len(header.statistics_json)} characters; at "
+                        f"most {MAX_DOC_BYTES}")
     check_message(header, "UpdateHeader", skip=frozenset(
-        {"train_metrics", "eval_metrics", "iteration_loss", "error", "ineligible_reason"}))
+        {"train_metrics", "eval_metrics", "iteration_loss", "error", "ineligible_reason",
+         "statistics_json"}))

@@ -15,7 +15,7 @@ from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import evaluation, privacy
+from fedgpu.server.views import evaluation, privacy, statistics
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -149,6 +149,8 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
         full = privacy.summary(row.job, rounds) or {}
         doc["privacy"] = {k: full.get(k) for k in ("mode", "target_epsilon", "delta",
                                                    "epsilon_spent", "rounds_accounted")}
+    if row.job.get("mode") == Mode.STATISTICS:  # the dashboard's Statistics panel reads it
+        doc["statistics"] = statistics.summary(_round_dicts(jobs, row.job_id))
     return doc
 
 
@@ -217,6 +219,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         doc["masked_metrics"] = last_masked_metrics(jobs, job_id)
     if row.job.get("mode") == Mode.EVALUATE:
         doc["evaluation"] = evaluation.summary(_round_dicts(jobs, job_id))
+    if row.job.get("mode") == Mode.STATISTICS:
+        doc["statistics"] = statistics.summary(_round_dicts(jobs, job_id))
     return doc
 
 

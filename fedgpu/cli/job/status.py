@@ -12,6 +12,7 @@ from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import fmt_value, new_table, print_json, print_table
 from fedgpu.cli.job.options import JobId
+from fedgpu.cli.job.statistics_text import statistics_lines
 from fedgpu.core import admin_client
 
 
@@ -48,6 +49,7 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
     if doc.get("evaluation"):
         lines.append("evaluation of the job's model on each site's held-out data:")
         lines += site_lines(doc["evaluation"])
+    lines += statistics_lines(doc.get("statistics"))
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))

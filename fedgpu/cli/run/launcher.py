@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedgpu.cli.common.evaluation import site_lines
+from fedgpu.cli.job.statistics_text import statistics_lines
 from fedgpu.cli.run.latest import link_latest
 from fedgpu.cli.run.run_config import LocalRunConfig, demo_job, free_port
 from fedgpu.core import admin_client, lifetime
@@ -390,6 +391,8 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
                 f"held-out examples of {last_eval['nodes']} nodes")
     line = privacy_line(run.last_status or {})
     if line:
+        run.say(line)
+    for line in statistics_lines(rounds[-1].get("statistics") if rounds else None):
         run.say(line)
     run.say(f"run finished: {rounds_summary(rounds)}; run directory {run.run_dir}")
     return 0

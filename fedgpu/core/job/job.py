@@ -16,6 +16,7 @@ from typing import Any
 
 from fedgpu.core.constants import MODES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.fedstats.jobfile import JobStatistics
 from fedgpu.core.hetero_config import HeteroWork
 from fedgpu.core.job import eval_modes as _eval_modes
 from fedgpu.core.job import schema
@@ -106,9 +107,11 @@ class Job:
     mode: str = key(
         "star", "`star` (the aggregator combines updates), `ring` (D-PSGD between the nodes; "
         "see [Train as a ring](../how-to/ring.md)) or `async` (FedBuff: a step per buffer of "
-        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)) or `evaluate` (no "
+        "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)), `evaluate` (no "
         "training: every site scores one model; see [Evaluate a model on every site]"
-        "(../how-to/evaluate-a-model.md)).", str,
+        "(../how-to/evaluate-a-model.md)) or `statistics` (one round of per-site and combined "
+        "statistics of the data, no model; see [Federated statistics]"
+        "(../how-to/statistics.md)).", str,
         f"one of {', '.join(MODES)}", choices=MODES, resume=True, travels=True)
     evaluate: bool = key(
         True, "Federated evaluation of every global model on the nodes' held-out splits.",
@@ -164,6 +167,7 @@ class Job:
         None, "`mode = \"evaluate\"`: score the final model of this earlier job (its id, "
         "from `fedgpu job list`) instead of `initial_weights`.", str,
         "a job id (1-64 letters, digits, '-' or '_')", optional=True, valid=is_job_id)
+    statistics: JobStatistics | None = _section("statistics", None)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.fedstats.jobfile import JobStatistics, parse_statistics
 from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
 from fedgpu.core.hetero_config import HeteroWork, UpdateCodec, parse_hetero
 from fedgpu.core.job.resources import Resources, parse_resources
@@ -148,6 +149,9 @@ register(Section("privacy", "Client-level differential privacy: clipping, noise,
 register(Section("hetero", "Keys for unlike sites (time-budgeted work, compressed updates, "
                  "mode = \"async\"): top-level keys.", _hetero, HeteroWork,
                  flat_keys=HETERO_KEYS, travels=True))
+register(Section("statistics", "`mode = \"statistics\"`: how each site releases its data's "
+                 "statistics (see [Federated statistics](../how-to/statistics.md)); absent: "
+                 "the defaults.", parse_statistics, JobStatistics, travels=True))
 
 
 # ---- features that each work alone but not together (yet) --------------------------------

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from fedgpu.core.fedstats.columns import ColumnSpec
 from fedgpu.node.tasks.base import Datasets, Metrics
 from fedgpu.node.tasks.causal_lm import adapters, corpus
 from fedgpu.node.tasks.causal_lm.settings import DEFAULTS, TASK_NAME, LmSettings, parse
@@ -26,6 +28,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A loss above this is an untrained model; exp() of it would overflow to inf in the metrics.
 _MAX_LOG_PPL = 50.0
+# mode = "statistics" tokenises every record it describes: a bound on a site's time.
+MAX_STATS_RECORDS = 1_000_000
 
 
 class CausalLmTask:
@@ -43,6 +47,19 @@ class CausalLmTask:
         tok = adapters.load_tokenizer(s)
         return Datasets(train=corpus.TextDataset(train, tok, s.seq_len, s.text_field),
                         test=corpus.TextDataset(test, tok, s.seq_len, s.text_field))
+
+    def statistics(self, data_dir: Path, hparams: Mapping[str, Any]
+                   ) -> list[tuple[ColumnSpec, np.ndarray]]:
+        """mode = "statistics": tokens per training record, untruncated, counted by the base
+        model's tokenizer (0 to seq_len; longer records fall in the last cell, so it reads as
+        "truncated in training"); at most MAX_STATS_RECORDS records, the first in file order."""
+        s = self.settings(hparams)
+        train, _ = corpus.splits(Path(data_dir), s.eval_fraction)
+        texts = corpus.TextDataset(train, adapters.load_tokenizer(s), s.seq_len, s.text_field)
+        n = min(len(texts), MAX_STATS_RECORDS)
+        lengths = np.array([len(texts.tokenizer(texts.text(i))["input_ids"]) for i in range(n)],
+                           dtype=np.float64)
+        return [(ColumnSpec("tokens", 0.0, float(s.seq_len), min(s.seq_len, 32)), lengths)]
 
     def optimizer(self, model: torch.nn.Module, hparams: Mapping[str, Any]
                   ) -> torch.optim.Optimizer:

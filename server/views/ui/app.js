@@ -128,6 +128,7 @@
   function render(status, nodes, rounds, jobs) {
     renderStatus(status, nodes.summary);
     renderJobs(jobs);
+    renderStatistics(status.statistics);
     renderCharts(rounds);
     renderSites(nodes);
     renderRounds(rounds);
@@ -184,6 +185,33 @@
       h("td", {}, num(j.accuracy)), h("td", {}, num(j.loss)),
       h("td", {}, clock(j.submitted_at)), h("td", {}, clock(j.started_at)),
       h("td", {}, clock(j.finished_at)))));
+  }
+
+  // mode = "statistics": the job's per-site and combined figures (status --json "statistics").
+  function renderStatistics(st) {
+    $("statistics").hidden = !st || !st.combined;
+    if (!st || !st.combined) return;
+    const rel = st.release || {};
+    text("statistics-note", `${Object.keys(st.sites || {}).length} site(s), min_count ` +
+      `${rel.min_count}, noise ${rel.noise}; quantiles from ${st.quantiles_from}`);
+    const qs = ["p5", "p25", "p50", "p75", "p95"];
+    const row = (name, site, c, held) => h("tr", {"data-column": name, "data-site": site},
+      h("td", {}, name), h("td", {}, site), h("td", {}, num(c.count, 0)), h("td", {}, num(c.mean)),
+      h("td", {}, num(c.std)), h("td", {}, num(c.min)),
+      ...qs.map((q) => h("td", {}, num((c.quantiles || {})[q]))), h("td", {}, num(c.max)),
+      h("td", {}, held));
+    const rows = [];
+    for (const [name, c] of Object.entries(st.combined)) {
+      const cells = (c.suppressed_cells || []).reduce((a, b) => a + b, 0);
+      rows.push(row(name, "combined", c, `${cells} cell(s)`));
+      for (const [site, cols] of Object.entries(st.sites || {})) {
+        const sc = cols[name];
+        if (!sc) continue;
+        rows.push(sc.suppressed ? row(name, site, {}, "whole column")
+          : row(name, site, sc, `${(sc.histogram || []).filter((v) => v === null).length} cell(s)`));
+      }
+    }
+    replaceRows($("statistics-table").tBodies[0], rows);
   }
 
   function renderCharts(rounds) {

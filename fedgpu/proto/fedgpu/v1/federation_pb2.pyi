@@ -25,6 +25,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_SECAGG_MASKED_INPUT: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_CONSISTENCY: _ClassVar[TaskKind]
+    TASK_KIND_STATISTICS: _ClassVar[TaskKind]
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
@@ -38,6 +39,7 @@ TASK_KIND_SECAGG_SHARE_KEYS: TaskKind
 TASK_KIND_SECAGG_MASKED_INPUT: TaskKind
 TASK_KIND_SECAGG_UNMASK: TaskKind
 TASK_KIND_SECAGG_CONSISTENCY: TaskKind
+TASK_KIND_STATISTICS: TaskKind
 
 class BulkTicket(_message.Message):
     __slots__ = ("ticket", "port", "expires_in_s")
@@ -191,7 +193,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "job_terms")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "job_terms", "statistics")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +216,7 @@ class TaskHeader(_message.Message):
     PRIVACY_LOCAL_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_DISTRIBUTED_FIELD_NUMBER: _ClassVar[int]
     JOB_TERMS_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -236,7 +239,8 @@ class TaskHeader(_message.Message):
     privacy_local: PrivacyLocalDp
     privacy_distributed: PrivacyDistributedDp
     job_terms: JobTerms
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ...) -> None: ...
+    statistics: StatisticsRelease
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ...) -> None: ...
 
 class JobTerms(_message.Message):
     __slots__ = ("job_id", "study", "rounds", "secure_aggregation", "dp_mode", "target_epsilon")
@@ -253,6 +257,18 @@ class JobTerms(_message.Message):
     dp_mode: str
     target_epsilon: float
     def __init__(self, job_id: _Optional[str] = ..., study: _Optional[str] = ..., rounds: _Optional[int] = ..., secure_aggregation: _Optional[bool] = ..., dp_mode: _Optional[str] = ..., target_epsilon: _Optional[float] = ...) -> None: ...
+
+class StatisticsRelease(_message.Message):
+    __slots__ = ("min_count", "noise", "epsilon", "delta")
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    min_count: int
+    noise: str
+    epsilon: float
+    delta: float
+    def __init__(self, min_count: _Optional[int] = ..., noise: _Optional[str] = ..., epsilon: _Optional[float] = ..., delta: _Optional[float] = ...) -> None: ...
 
 class PrivacyLocalDp(_message.Message):
     __slots__ = ("clip_norm", "noise_multiplier")
@@ -385,7 +401,7 @@ class RoundResources(_message.Message):
     def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -421,6 +437,7 @@ class UpdateHeader(_message.Message):
     PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     INELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     INELIGIBLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_JSON_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -442,7 +459,8 @@ class UpdateHeader(_message.Message):
     payload_digest: str
     ineligible: bool
     ineligible_reason: str
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ...) -> None: ...
+    statistics_json: str
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., statistics_json: _Optional[str] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")
