@@ -31,6 +31,7 @@ from fedgpu.core.job_bounds import (
     MAX_WAIT_S,
     check_bounds,
 )
+from fedgpu.core.local_params import MAX_PATTERNS
 from fedgpu.core.privacy import PrivacySettings
 from fedgpu.core.secagg.jobfile import JobSecAgg
 
@@ -153,6 +154,14 @@ class Job:
     secure_aggregation: JobSecAgg | None = _section("secure_aggregation", None)
     privacy: PrivacySettings | None = _section("privacy", None)
     hetero: HeteroWork = _section("hetero", HeteroWork)
+    local_params: tuple[str, ...] = key(
+        (), "Personalised layers: glob patterns over tensor names (`[\"head.*\", \"*.bn*\"]`) "
+        "whose tensors never leave a site: updates leave them out, each site keeps its own "
+        "across rounds in its state directory, and its evaluation uses them. `\"fedbn\"`: "
+        "the BatchNorm tensors (FedBN). A pattern that matches no tensor fails the job at its "
+        "first round. See [Personalised layers](../how-to/personalised-layers.md).", ANY,
+        f"a list of at most {MAX_PATTERNS} glob patterns or \"fedbn\"",
+        resume=True, travels=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an
