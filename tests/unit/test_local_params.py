@@ -13,6 +13,7 @@ data.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,21 @@ def test_saved_layers_that_do_not_fit_the_model_are_refused(tmp_path: Path,
     with pytest.raises(local_state.LocalStateError, match="do not fit this model") as info:
         runner.run_round(_spec("train", site, state, HEAD), tmp_path)
     assert runner.classify(info.value).kind == "bad_input"
+
+
+def test_a_resumed_run_keeps_its_local_params(tmp_path: Path) -> None:
+    """local_params must match on resume (a changed list would share a site's own layers, or
+    freeze shared ones); a checkpoint from before the key existed kept nothing local."""
+    from fedgpu.server.jobs import resume
+
+    job = parse_job({"task": "digits", "local_params": ["fc2.*"]})
+    saved = json.loads(json.dumps(job.to_dict()))  # as state.json holds it: lists
+    state = {"job": saved, "run_id": "r1", "global_round": 1}
+    resume.check(job, {}, state, None, tmp_path)  # the same list: resumes
+    other = parse_job({"task": "digits", "local_params": ["fc1.*"]})
+    with pytest.raises(ConfigError, match="local_params"):
+        resume.check(other, {}, state, None, tmp_path)
+    old = {k: v for k, v in saved.items() if k != "local_params"}
+    resume.check(parse_job({"task": "digits"}), {}, {**state, "job": old}, None, tmp_path)
+    with pytest.raises(ConfigError, match="local_params"):
+        resume.check(job, {}, {**state, "job": old}, None, tmp_path)
