@@ -161,3 +161,32 @@ def test_a_resumed_run_keeps_its_local_params(tmp_path: Path) -> None:
     resume.check(parse_job({"task": "digits"}), {}, {**state, "job": old}, None, tmp_path)
     with pytest.raises(ConfigError, match="local_params"):
         resume.check(job, {}, {**state, "job": old}, None, tmp_path)
+
+
+@pytest.mark.parametrize("extra", [
+    {"hyperparameters": {"update_codec": "int8", "update_codec_run": "run1"}},
+    {"privacy": {"clip_norm": 0.5, "noise_multiplier": 0.1}},
+])
+def test_codecs_and_local_dp_cover_the_shared_tensors_only(tmp_path: Path, site: Path,
+                                                           extra: dict[str, Any]) -> None:
+    """An update codec compresses, and local DP clips and noises, the shared tensors: the
+    aggregator's checks against the shared spec pass; the head stays whole at the site."""
+    from fedgpu.core.update_codecs import decode_update
+
+    start = _global(tmp_path, site)
+    raw = {"kind": "train", "task_name": "digits", "seed": 1, "round": 1,
+           "data_dir": str(site), "device": "cpu", "torch_threads": 1,
+           "local_state_dir": str(tmp_path / "state"),
+           "hyperparameters": {"local_params": HEAD, "local_params_run": "run1",
+                               **extra.get("hyperparameters", {})}}
+    if "privacy" in extra:
+        raw["privacy"] = extra["privacy"]
+    result = runner.run_round(runner.parse_spec(raw), tmp_path)
+    sent, meta = codec.decode((tmp_path / WEIGHTS_OUT).read_bytes())
+    spec = codec.spec(local_params.shared(start, HEAD))
+    if "privacy" in extra:
+        assert codec.spec(sent) == spec and result.train_metrics["ldp_clipped"] == 1.0
+    else:
+        assert sorted(decode_update(sent, meta, spec)) == sorted(spec)
+    kept = codec.read_file(tmp_path / "state" / "local-params-run1.safetensors")
+    assert sorted(kept) == ["fc2.bias", "fc2.weight"]
