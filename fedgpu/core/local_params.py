@@ -93,6 +93,13 @@ def shared(tensors: Mapping[str, V], patterns: Sequence[str]) -> dict[str, V]:
     return split(tensors, patterns)[0] if patterns else dict(tensors)
 
 
+def merged(model: Mapping[str, V], new: dict[str, V], patterns: Sequence[str]
+           ) -> dict[str, V]:
+    """An aggregate of the shared tensors completed with `model`'s local ones, in `model`'s
+    order; `new` itself when nothing is local."""
+    return {**model, **new} if patterns else new
+
+
 def unmatched(patterns: Sequence[str], names: Iterable[str]) -> list[str]:
     """The patterns that match none of `names` (a typo would share what was meant to stay)."""
     names = list(names)

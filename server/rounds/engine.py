@@ -224,7 +224,7 @@ class Orchestrator:
             return None
         self.strategy.commit()
         # Local tensors (local_params) keep the global model's own copy: no update had them.
-        return {**self.global_weights, **new} if self.job.local_params else new
+        return local_params.merged(self.global_weights or {}, new, self.job.local_params)
 
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
@@ -250,9 +250,10 @@ class Orchestrator:
 
     @property
     def shared_weights(self) -> dict[str, np.ndarray]:
-        """The global model less its local tensors (local_params): what strategies and secure
-        aggregation work on, and what training updates hold."""
+        """The global model less its local tensors (local_params): what updates hold."""
         assert self.global_weights is not None
+        if not self.job.local_params:
+            return self.global_weights  # the very arrays: strategies may reuse them
         return local_params.shared(self.global_weights, self.job.local_params)
 
     def take_initial(self, tensors: dict[str, np.ndarray]) -> None:

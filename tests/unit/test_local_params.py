@@ -67,6 +67,12 @@ def test_matching_is_whole_name_and_case_sensitive() -> None:
     assert why is not None and "'head.*'" in why and "match no tensor" in why
     assert "nothing would be shared" in (local_params.problem(["*"], names) or "")
     assert local_params.problem(["fc.*"], names) is None
+    # The aggregate of the shared tensors, completed with the model's own local ones, in order.
+    model = {"a": 1, "fc.w": 2, "b": 3}
+    assert list(local_params.merged(model, {"b": 30, "a": 10}, ["fc.*"]).items()) == \
+        [("a", 10), ("fc.w", 2), ("b", 30)]
+    new = {"a": 10}
+    assert local_params.merged(model, new, []) is new
     # The runner's keys are never taken for a task's own hyperparameters.
     assert {local_params.HPARAM, local_params.RUN_HPARAM} <= set(ENGINE_KEYS)
 
