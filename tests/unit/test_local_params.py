@@ -196,3 +196,26 @@ def test_codecs_and_local_dp_cover_the_shared_tensors_only(tmp_path: Path, site:
         assert sorted(decode_update(sent, meta, spec)) == sorted(spec)
     kept = codec.read_file(tmp_path / "state" / "local-params-run1.safetensors")
     assert sorted(kept) == ["fc2.bias", "fc2.weight"]
+
+
+def test_the_aggregator_refuses_an_update_that_holds_a_local_tensor() -> None:
+    """What a training update must match leaves the local tensors out: an update that holds
+    one (a site that would leak its head, or a client that ignores the job) is refused by name,
+    before it touches the aggregate."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fedgpu.server.rejections import Reject, UpdateRejected
+    from fedgpu.server.rounds.answers import Answers
+    from fedgpu.server.rounds.validation import check_spec
+
+    model = {"conv.w": np.zeros((2, 2), np.float32), "fc2.weight": np.zeros(3, np.float32)}
+    job = parse_job({"task": "digits", "local_params": ["fc2.*"]})
+    answers = Answers(SimpleNamespace(job=job, global_spec=codec.spec(model)),  # type: ignore[arg-type]
+                      asyncio.Lock())
+    spec = answers.wire_spec
+    assert spec is not None and sorted(spec) == ["conv.w"]
+    check_spec({"conv.w": model["conv.w"]}, spec)
+    with pytest.raises(UpdateRejected, match="unexpected fc2.weight") as info:
+        check_spec(model, spec)
+    assert info.value.reason is Reject.NAMES
