@@ -219,3 +219,23 @@ def test_the_aggregator_refuses_an_update_that_holds_a_local_tensor() -> None:
     with pytest.raises(UpdateRejected, match="unexpected fc2.weight") as info:
         check_spec(model, spec)
     assert info.value.reason is Reject.NAMES
+
+
+def test_central_dp_clips_over_the_shared_tensors_only() -> None:
+    """The engine hands its strategy the shared part of the global model (Orchestrator.
+    shared_weights): client-level DP measures each update's norm there, so a large local head,
+    which never arrives, neither counts toward the clip nor is noised into the model."""
+    from fedgpu.core.privacy import parse_privacy
+    from fedgpu.server.strategies import make_strategy
+    from fedgpu.server.strategies.update import UpdateIn
+
+    model = {"conv.w": np.zeros(4, np.float32), "fc2.weight": np.full(4, 9.0, np.float32)}
+    privacy = parse_privacy({"mode": "central", "clip_norm": 1.0, "noise_multiplier": 0.0})
+    strategy = make_strategy("fedavg", {}, privacy, 3)
+    strategy.begin_round(local_params.shared(model, HEAD))
+    for _ in range(2):  # each update moves conv.w by norm 0.5: under the clip, kept whole
+        strategy.add(UpdateIn({"conv.w": np.full(4, 0.25, np.float32)}, 10))
+    new = local_params.merged(model, dict(strategy.finish()), HEAD)
+    assert sorted(new) == ["conv.w", "fc2.weight"]
+    np.testing.assert_allclose(new["conv.w"], np.full(4, 0.25), atol=1e-6)
+    assert np.array_equal(new["fc2.weight"], model["fc2.weight"])
