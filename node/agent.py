@@ -35,7 +35,7 @@ from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, 
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
-from fedgpu.node.rounds import local_dp, workfiles
+from fedgpu.node.rounds import local_dp, local_state, workfiles
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
     SIMULATED_GPUS_ENV,
@@ -298,7 +298,10 @@ class Agent:
                     # A bundle's section rides in task.json beside the mode's (ring's) own, and
                     # so does local DP's.
                     args["extra"] = {**args.get("extra", {}), **section,
-                                     **local_dp.from_header(header)}
+                                     **local_dp.from_header(header),
+                                     # The site's own layers (local_params) live here.
+                                     local_state.TASK_KEY: str(self.identity.folder
+                                                               / "local-params")}
                     # OSError starting the round is caught inside run_task (a failed outcome).
                     outcome = run_task(
                         kind=kind,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import bulk, codec, digests, local_params
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import SecAggError, Stage
@@ -45,6 +45,7 @@ from fedgpu.core.tls import TlsFiles
 from fedgpu.node import clear_fields, messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
+from fedgpu.node.rounds import local_state
 from fedgpu.node.rounds.process import RoundOutcome
 from fedgpu.node.unmask_ledger import UnmaskLedger
 from fedgpu.node.wire_client import PayloadError, WireClient
@@ -308,7 +309,9 @@ def answer(client: AggregatorClient, node_id: str, poll_s: int, max_bytes: int,
     update = messages.update_header(task, node_id, decision, outcome.resources,
                                     outcome.result, "")
     try:
-        base = codec.decode(received)[0]
+        # Local tensors (local_params) stay at the site: the vector covers the rest only.
+        base = local_params.shared(codec.decode(received)[0],
+                                   local_state.patterns_in(task.hyperparameters_json))
         change = layout.delta(codec.read_file(outcome.weights), base)
         private = private_spans(base)
         del base

@@ -30,7 +30,9 @@ LOOP: dict[str, Default] = {
     "max_train_seconds": 0.0, "round_train_s": 0.0, "num_workers": -1,
 }
 # Set by the aggregator for jobs with update_codec (node/rounds/compress.py), not by people.
-ENGINE_KEYS = ("update_codec", "topk_fraction", "update_codec_run")
+# So are local_params' (node/rounds/local_state.py).
+ENGINE_KEYS = ("update_codec", "topk_fraction", "update_codec_run", "local_params",
+               "local_params_run")
 # task -> (its own DEFAULTS, whether the runner drives its loop).
 TASKS: dict[str, tuple[dict[str, Default], bool]] = {
     "digits": ({"lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 32,

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from fedgpu.core import codec
+from fedgpu.core import codec, local_params
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
-from fedgpu.node.rounds import compress, dp_sgd, local_dp, site_statistics
+from fedgpu.node.rounds import compress, dp_sgd, local_dp, local_state, site_statistics
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.spec import (  # noqa: F401 - parse_spec: named here for its callers
     BadInputError,
@@ -110,6 +110,9 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     dp, hparams = dp_sgd.split_dp(spec.task_name, spec.hyperparameters)
     hparams = dict(hparams)
     ask = compress.take(hparams)  # update_codec: the job wants a compressed delta back
+    local = local_state.take(hparams)  # local_params: tensors that stay at this site
+    local_path = (local_state.path_for(local, spec.local_state_dir, workdir)
+                  if local is not None else None)
     switches, loop, task_hp = split_hparams(spec.task_name, hparams, streaming)
     switches = for_device(spec.task_name, switches, device.type, owns_loop=streaming)
     if dp is not None:
@@ -131,10 +134,16 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
             model = dp_sgd.prepare_model(spec.task_name, model, dp)
     private = dp_sgd.PrivateTraining(spec.task_name, dp, spec.round) if dp and train else None
     wire_dtypes: dict[str, str] | None = None
+    restored = 0  # the site's own tensors put over the global model's (local_params)
     if spec.kind != "init":
         assert spec.data_dir is not None
         arrays = weights.read_arrays(workdir / WEIGHTS_IN)
         wire_dtypes = {name: codec.dtype_name(arr.dtype) for name, arr in arrays.items()}
+        if local is not None and local_path is not None:
+            # The site's own layers over the global model's: evaluation scores them too. They
+            # never travel, so they stay in the model's precision, not the wire's.
+            wire_dtypes = local_params.shared(wire_dtypes, local.patterns)
+            restored = local_state.restore(arrays, local, local_path)
         weights.load_into(model, arrays)
         del arrays
         if switches.channels_last:
@@ -146,6 +155,8 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         else:
             _tensor_round(spec, task, model, device, switches, task_hp, result,  # type: ignore[arg-type]
                           private)
+        if local is not None:  # how many of the site's own tensors this round used
+            result.train_metrics["local_tensors"] = float(restored)
         if switches.channels_last:
             # Back to the layout the wire and every other node expect (row-major NCHW).
             model = model.to(memory_format=torch.contiguous_format)
@@ -159,11 +170,18 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
             )
         out = weights.state_arrays(model, wire_dtypes)
         meta = {"task": spec.task_name, "round": str(spec.round)}
+        base: Path | dict[str, np.ndarray] = workdir / WEIGHTS_IN
+        if local is not None and local_path is not None and train:
+            # Saved here, left out of the update: DP clips and the codec compresses the rest.
+            out = local_state.keep(out, local, local_path, meta)
+            base = local_params.shared(weights.read_arrays(workdir / WEIGHTS_IN),
+                                       local.patterns)
         if spec.privacy is not None and train:  # clipped and noised before it is written
-            out = local_dp.privatize(out, workdir / WEIGHTS_IN, spec.privacy, result.train_metrics)
+            out = local_dp.privatize(out, base, spec.privacy, result.train_metrics)
         if ask is not None and train:
             encoded = compress.write_delta(
-                workdir / WEIGHTS_OUT, ask, weights.read_arrays(workdir / WEIGHTS_IN), out,
+                workdir / WEIGHTS_OUT, ask,
+                base if isinstance(base, dict) else weights.read_arrays(base), out,
                 compress.residual_path(workdir, spec.data_dir), meta)
             result.train_metrics["update_bytes"] = float(encoded.size)
         else:
@@ -285,6 +303,7 @@ def classify(exc: BaseException) -> Failure:
         DataDirError,
         weights.WeightsError,
         codec.CodecError,
+        local_state.LocalStateError,
     )
     if isinstance(exc, bad_input):
         return Failure("bad_input", _one_line(exc))

@@ -34,6 +34,8 @@ class RoundSpec:
     # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
     bundle: BundleSpec | None = None
     privacy: local_dp.LocalDp | None = None  # [privacy] mode = "local" (node/rounds/local_dp.py)
+    # Where the site keeps its local tensors (local_params; node/rounds/local_state.py).
+    local_state_dir: str | None = None
 
 
 
@@ -86,4 +88,5 @@ def parse_spec(raw: object) -> RoundSpec:
         torch_threads=threads,
         bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
         privacy=local_dp.parse(raw.get(local_dp.SECTION)),
+        local_state_dir=need("local_state_dir", str, "a path", optional=True),
     )

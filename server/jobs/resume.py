@@ -24,6 +24,14 @@ log = logging.getLogger("fedgpu.server.jobs.resume")
 MUST_MATCH = resume_keys()
 
 
+def _same(saved: Any, value: Any) -> bool:
+    # A tuple key (local_params) is a JSON list in state.json, and absent from a checkpoint
+    # written before the key existed: that run kept nothing local.
+    if isinstance(value, tuple):
+        return isinstance(saved, list | tuple | None) and tuple(saved or ()) == value
+    return bool(saved == value)
+
+
 def check(job: Job, weights: Mapping[str, np.ndarray], state: Mapping[str, Any],
           initial_weights: Mapping[str, np.ndarray] | None, state_dir: Path) -> None:
     saved = state.get("job")
@@ -33,7 +41,7 @@ def check(job: Job, weights: Mapping[str, np.ndarray], state: Mapping[str, Any],
     fix = (f"use the job file that run {state['run_id']} was started with, or a fresh "
            "--state-dir for a new run")
     for key in MUST_MATCH:
-        if saved.get(key) != getattr(job, key):
+        if not _same(saved.get(key), getattr(job, key)):
             raise ConfigError(
                 f"--state-dir {state_dir} holds run {state['run_id']} with {key} = "
                 f"{saved.get(key)!r}, but this job has {key} = {getattr(job, key)!r}: {fix}")

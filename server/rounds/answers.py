@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from fedgpu.core import local_params
 from fedgpu.core.job import Job
 from fedgpu.core.site_policy import REFUSAL_MEMORY_S, REFUSAL_PREFIX
 from fedgpu.proto import pb
@@ -73,8 +74,12 @@ class Answers:
     @property
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
         """What a training update must match: the global model's names, shapes and dtypes,
-        float32 as the job's wire_dtype when it has one."""
-        return wire_spec(self.run.global_spec, self.run.job.wire_dtype)
+        float32 as the job's wire_dtype when it has one, less the job's local tensors
+        (local_params: an update that holds one is refused)."""
+        spec = self.run.global_spec
+        if spec is not None and self.run.job.local_params:
+            spec = local_params.shared(spec, self.run.job.local_params)
+        return wire_spec(spec, self.run.job.wire_dtype)
 
     def check_update(self, node: Node, header: pb.UpdateHeader) -> RoundState:
         """The open round this header answers; UpdateRejected when it answers none."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec, digests, jsondoc
+from fedgpu.core import codec, digests, jsondoc, local_params
 from fedgpu.core.admission_wire import resources_to_wire
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
@@ -131,6 +131,9 @@ class Orchestrator:
                 await self._run_round(0, self._bound(InitPlan(self.job)))
                 assert self.global_weights is not None
                 log.info("initial model: %d tensors", len(self.global_weights))
+            if self.job.local_params and (
+                    why := local_params.problem(self.job.local_params, self.global_weights)):
+                raise RunFailed(why)  # a typo would share what was meant to stay at the sites
             if self.global_round == 0:
                 # The starting model is checkpointed too: a node drew it at random, and a run
                 # resumed before round 1 finishes must train from the very same weights.
@@ -185,7 +188,7 @@ class Orchestrator:
             if plan.aggregates:
                 assert self.global_weights is not None
                 async with self._agg_lock:
-                    self.strategy.begin_round(self.global_weights)
+                    self.strategy.begin_round(self.shared_weights)
             await self._await(rnd, plan)
             ok = plan.succeeded(rnd)
             new = None
@@ -231,7 +234,8 @@ class Orchestrator:
                          "retried from the previous model")
             return None
         self.strategy.commit()
-        return new
+        # Local tensors (local_params) keep the global model's own copy: no update had them.
+        return local_params.merged(self.global_weights or {}, new, self.job.local_params)
 
     async def _wait_for_nodes(self, needed: int) -> list[Node]:
         last_log = 0.0
@@ -254,6 +258,14 @@ class Orchestrator:
                 await asyncio.wait_for(self.registry.changed.wait(), timeout=1.0)
             except TimeoutError:
                 pass
+
+    @property
+    def shared_weights(self) -> dict[str, np.ndarray]:
+        """The global model less its local tensors (local_params): what updates hold."""
+        assert self.global_weights is not None
+        if not self.job.local_params:
+            return self.global_weights  # the very arrays: strategies may reuse them
+        return local_params.shared(self.global_weights, self.job.local_params)
 
     def take_initial(self, tensors: dict[str, np.ndarray]) -> None:
         self.global_weights = {k: np.array(v) for k, v in tensors.items()}

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fedgpu.core import codec
+from fedgpu.core import codec, local_params
 from fedgpu.core.hetero_config import BUDGET_HPARAM, LocalWork
 from fedgpu.core.job import Job
 from fedgpu.core.job.strategies import UpdateNeed
@@ -34,6 +34,10 @@ def task_hyperparameters(job: Job, run_id: str = "") -> dict[str, Any]:
     if job.hetero.update_codec is not UpdateCodec.NONE:
         out.update(update_codec=job.hetero.update_codec.value,
                    topk_fraction=job.hetero.topk_fraction, update_codec_run=run_id)
+    if job.local_params:
+        # The site keeps its copy of these tensors per run (node/rounds/local_state.py).
+        out.update({local_params.HPARAM: list(job.local_params),
+                    local_params.RUN_HPARAM: run_id})
     return out
 
 

@@ -59,7 +59,7 @@ class SecAggPlan(StarPlan):
             # attempt fails before any unmask request goes out. Otherwise a retry's sum minus
             # this attempt's gives one site's update, and under distributed DP the attempt
             # would release a noised sum the account does not count.
-            self.round = SecAggRound(self.config, chosen, run.global_weights,
+            self.round = SecAggRound(self.config, chosen, run.shared_weights,
                                      self.job.max_examples_per_node,
                                      min_inputs=self.required(chosen), noised=private)
         except SecAggError as exc:
@@ -97,7 +97,7 @@ class SecAggPlan(StarPlan):
         assert sround is not None
         async with run._agg_lock:
             t0 = time.perf_counter()
-            new = await asyncio.to_thread(layout.apply, run.global_weights, outcome.mean)
+            new = await asyncio.to_thread(layout.apply, run.shared_weights, outcome.mean)
             await asyncio.to_thread(run.strategy.add, UpdateIn(new, outcome.total_weight))
             if isinstance(run.strategy, PrivateStrategy) and run.strategy.distributed:
                 run.strategy.secure_sum(sround.params.threshold, outcome.report.masked)

@@ -84,7 +84,8 @@ def test_compressed_updates_follow_the_strategy_table(name: str) -> None:
 
 def test_resume_rule_and_sections_are_declared_once() -> None:
     assert resume_keys() == tuple(k.name for k in keys_of(Job) if k.resume)
-    assert set(resume_keys()) == {"task", "mode", "strategy", "strategy_params"}
+    assert set(resume_keys()) == {"task", "mode", "strategy", "strategy_params",
+                                  "local_params"}
     assert list(SECTIONS) == ["resources", "secure_aggregation", "privacy", "hetero",
                              "statistics"]
     travels = {k.name for k in keys_of(Job) if k.travels}

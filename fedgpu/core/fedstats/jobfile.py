@@ -61,6 +61,9 @@ def parse_statistics(raw: Mapping[str, Any], parsed: dict[str, Any],
         if parsed.get(section) is not None:
             raise ConfigError(f"{source}: mode = \"statistics\" trains no model: drop "
                               f"[{section}] ([statistics] noise protects the release)")
+    if raw.get("local_params"):
+        raise ConfigError(f"{source}: mode = \"statistics\" has no model, so no personalised "
+                          "layers: drop 'local_params'")
     # One round, no model: `rounds` must be 1 (its default is filled in), and the final
     # evaluation of a model is off.
     if "rounds" in raw and raw["rounds"] != 1:

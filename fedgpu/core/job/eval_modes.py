@@ -21,7 +21,7 @@ from fedgpu.core.job.schema import Key, combination_rule, key_rule
 # refused in an evaluate job.
 TRAINING_KEYS: tuple[str, ...] = (
     "strategy", "strategy_params", "fraction", "max_examples_per_node", "mixing",
-    "local_steps", "iterations", "ring_timeout_s")
+    "local_steps", "iterations", "ring_timeout_s", "local_params")
 
 
 # Each top-level key's default, as declared on Job: handed over by job.py once Job exists

@@ -33,6 +33,7 @@ from fedgpu.core.job_bounds import (
     MAX_WAIT_S,
     check_bounds,
 )
+from fedgpu.core.local_params import MAX_PATTERNS
 from fedgpu.core.privacy import PrivacySettings
 from fedgpu.core.secagg.jobfile import JobSecAgg
 
@@ -167,6 +168,14 @@ class Job:
         None, "`mode = \"evaluate\"`: score the final model of this earlier job (its id, "
         "from `fedgpu job list`) instead of `initial_weights`.", str,
         "a job id (1-64 letters, digits, '-' or '_')", optional=True, valid=is_job_id)
+    local_params: tuple[str, ...] = key(
+        (), "Personalised layers: glob patterns over tensor names (`[\"head.*\", \"*.bn*\"]`) "
+        "whose tensors never leave a site: updates leave them out, each site keeps its own "
+        "across rounds in its state directory, and its evaluation uses them. `\"fedbn\"`: "
+        "the BatchNorm tensors (FedBN). A pattern that matches no tensor fails the job at its "
+        "first round. See [Personalised layers](../how-to/personalised-layers.md).", ANY,
+        f"a list of at most {MAX_PATTERNS} glob patterns or \"fedbn\"",
+        resume=True, travels=True)
     statistics: JobStatistics | None = _section("statistics", None)
 
     def to_dict(self) -> dict[str, Any]:

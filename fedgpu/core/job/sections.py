@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedgpu.core import local_params
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.fedstats.jobfile import JobStatistics, parse_statistics
 from fedgpu.core.hetero_config import KEYS as HETERO_KEYS
@@ -64,6 +65,21 @@ def _tables(parsed: dict[str, Any], source: str) -> None:
     # as written, so a stored job and its checkpoint compare equal across versions.
     strategy_spec(parsed["strategy"], source).parse_params(parsed["strategy_params"], source)
     parsed["hyperparameters"] = with_dp_rounds(parsed["hyperparameters"], parsed["rounds"])
+
+
+@key_rule
+def _local_params(parsed: dict[str, Any], source: str) -> None:
+    patterns = local_params.parse(parsed["local_params"], source)
+    parsed["local_params"] = patterns
+    if not patterns:
+        return
+    if parsed["mode"] == "ring":
+        raise ConfigError(f"{source}: 'local_params' is for star and async jobs: in ring mode "
+                          "the nodes average every tensor among themselves")
+    taken = sorted({local_params.HPARAM, local_params.RUN_HPARAM} & set(parsed["hyperparameters"]))
+    if taken:
+        raise ConfigError(f"{source}: hyperparameter(s) {', '.join(taken)} are the runner's "
+                          "own (they carry 'local_params' to the nodes): rename them")
 
 
 @key_rule
