@@ -39,6 +39,7 @@ from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
 from fedgpu.server.secagg.plan import SecAggPlan
+from fedgpu.server.studies import Studies
 from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs.queue")
@@ -87,8 +88,10 @@ class JobManager:
     def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
                  chunk_size: int, max_queued: int = DEFAULT_MAX_QUEUED,
                  initial_weights_dir: Path | None = None,
-                 max_initial_bytes: int = 4 << 30) -> None:
+                 max_initial_bytes: int = 4 << 30, studies: Studies | None = None) -> None:
         self.store = store
+        # The studies (server/studies.py): a job naming one samples only its enrolled sites.
+        self.studies = studies
         iw.clear_incoming(state_dir)
         self.registry = registry
         self.state_dir = state_dir
@@ -279,7 +282,7 @@ class JobManager:
                             plan=(RingPlan(job) if job.mode == Mode.RING
                                   else SecAggPlan(job) if job.secure_aggregation
                                   else AsyncPlan(job) if job.mode == Mode.ASYNC else None),
-                            bundle=row.bundle, job_id=row.job_id)
+                            bundle=row.bundle, job_id=row.job_id, roster=self.studies)
         if saved is not None:
             orch.restore(*saved)
             self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
@@ -304,13 +307,13 @@ class JobManager:
     def waiting_reason(self, job: Job, bundle: BundleRef | None) -> str:
         nodes = self.registry.all()
         able = [n for n in nodes
-                if eligibility(job, n, self.registry.is_alive(n), bundle) is None]
+                if eligibility(job, n, self.registry.is_alive(n), bundle, self.studies) is None]
         need = job.min_available_nodes or job.min_nodes
         if len(able) >= need:
             return "starting"
         why = {}
         for n in nodes:
-            reason = eligibility(job, n, self.registry.is_alive(n), bundle)
+            reason = eligibility(job, n, self.registry.is_alive(n), bundle, self.studies)
             if reason is not None:
                 why.setdefault(reason, []).append(n.name)
         detail = "; ".join(f"{', '.join(names[:5])}: {reason}" for reason, names in
@@ -322,7 +325,7 @@ class JobManager:
         out = []
         for n in self.registry.all():
             alive = self.registry.is_alive(n)
-            reason = eligibility(job, n, alive, bundle)
+            reason = eligibility(job, n, alive, bundle, self.studies)
             out.append({"node_id": n.node_id, "name": n.name,
                         "state": n.state if alive else "lost",
                         "eligible": reason is None, "reason": reason})

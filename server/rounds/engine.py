@@ -26,7 +26,7 @@ from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Answers
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
 from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
-from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
+from fedgpu.server.rounds.eligibility import Roster, eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
@@ -49,8 +49,11 @@ class Orchestrator:
         plan: TrainPlan | None = None,
         bundle: BundleRef | None = None,
         job_id: str = "",
+        roster: Roster | None = None,
     ) -> None:
         self.job = job
+        # The studies (server/studies.py): a job of a study samples only its sites.
+        self.roster = roster
         # The task's bundle (None: installed on the nodes): named in every task header, and
         # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
         self.bundle = bundle
@@ -226,7 +229,8 @@ class Orchestrator:
         last_log = 0.0
         since = time.monotonic()
         while True:
-            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle,
+                                   self.roster)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
                 self.opened_any = True
@@ -234,7 +238,7 @@ class Orchestrator:
             self.waiting_for_nodes = True
             if not self.opened_any and time.monotonic() - since > self.job.queue_timeout_s:
                 raise RunFailed(never_started(self.job, self.registry, self.bundle, needed,
-                                              len(alive)))
+                                              len(alive), self.roster))
             if time.monotonic() - last_log > 30:
                 log.info("waiting for nodes: %d of %d needed are connected and can take the "
                          "job", len(alive), needed)

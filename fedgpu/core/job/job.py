@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fedgpu.core import people
 from fedgpu.core.constants import MODES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.hetero_config import HeteroWork
@@ -44,6 +45,10 @@ assert _sections.registered
 def is_name(text: str) -> bool:
     # Names end up in logs and tables: no control characters that could forge a line.
     return 0 < len(text.strip()) and len(text) <= 128 and text.isprintable()
+
+
+def is_study_name(text: str) -> bool:
+    return people.STUDY_NAME.match(text) is not None
 
 
 def _section(name: str, default: Any) -> Any:
@@ -153,6 +158,11 @@ class Job:
     secure_aggregation: JobSecAgg | None = _section("secure_aggregation", None)
     privacy: PrivacySettings | None = _section("privacy", None)
     hetero: HeteroWork = _section("hetero", HeteroWork)
+    study: str | None = key(
+        None, "The study the job belongs to: it samples only the sites enrolled in it "
+        "(`fedgpu studies enrol`), and researchers act on the jobs of their own studies. "
+        "Before any study is created it is a label only (every site is sampled).", str,
+        "a study name (1-64 letters, digits, . _ @ -)", optional=True, valid=is_study_name)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an
