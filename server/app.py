@@ -94,6 +94,9 @@ class ServerConfig:
     bulk_port: int | None = None
     # Jobs waiting their turn (server/jobs/intake.py); a submission past it is refused.
     max_queued_jobs: int = DEFAULT_MAX_QUEUED
+    # Jobs that run at the same time, on sites no other running job holds (server/jobs/
+    # scheduling.py); 1: one after the other.
+    max_concurrent_jobs: int = 1
     # Where a submitted job's `initial_weights` may name a file; None: only uploaded weights.
     initial_weights_dir: Path | None = None
     # Each job as one MLflow run at this tracking URI (server/tracking/); None: off.
@@ -155,7 +158,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     lifecycle = Lifecycle()
     studies = Studies(state_dir)
     jobs = JobManager(store, registry, state_dir, cfg.chunk_size, cfg.max_queued_jobs,
-                      cfg.initial_weights_dir, cfg.max_update_bytes, studies=studies)
+                      cfg.initial_weights_dir, cfg.max_update_bytes, studies=studies,
+                      max_concurrent=cfg.max_concurrent_jobs)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
                                      cfg.upload_idle_s)
     events = JobLogHandler(jobs)

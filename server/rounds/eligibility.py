@@ -35,6 +35,13 @@ class Roster(Protocol):
     def refusal(self, study: str | None, node: Node) -> str | None: ...
 
 
+class Seating(Roster, Protocol):
+    """A running job's roster when several jobs run at once (server/jobs/seats.py): the
+    sites a round samples are held by the job until it ends."""
+
+    def claim(self, nodes: list[Node]) -> None: ...
+
+
 def task_available(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
     """Installed on the node, or (a bundle job) allowed by its site."""
     if bundle is not None:
@@ -83,8 +90,9 @@ def lost_since(node: Node) -> str:
 def eligibility(job: Job, node: Node, alive: bool, bundle: BundleRef | None = None,
                 roster: Roster | None = None) -> str | None:
     """Why `node` cannot take part in `job` now; None when it can. A job of a study takes
-    only that study's sites (`roster`), whatever else they could do: that reason comes first."""
-    if roster is not None and job.study is not None:
+    only that study's sites, and a site another running job holds is busy (`roster`), whatever
+    else they could do: that reason comes first."""
+    if roster is not None:
         outside = roster.refusal(job.study, node)
         if outside is not None:
             return outside

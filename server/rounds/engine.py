@@ -26,7 +26,7 @@ from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Answers
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
 from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
-from fedgpu.server.rounds.eligibility import Roster, eligible_nodes, never_started
+from fedgpu.server.rounds.eligibility import Seating, eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
@@ -49,10 +49,12 @@ class Orchestrator:
         plan: TrainPlan | None = None,
         bundle: BundleRef | None = None,
         job_id: str = "",
-        roster: Roster | None = None,
+        roster: Seating | None = None,
     ) -> None:
         self.job = job
-        # The studies (server/studies.py): a job of a study samples only its sites.
+        self.job_id = job_id  # its log lines name it (a job's events, several jobs at once)
+        # Its study's sites not held by another running job (server/jobs/seats.py); the
+        # sites a round samples are held by this job until it ends.
         self.roster = roster
         # The task's bundle (None: installed on the nodes): named in every task header, and
         # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
@@ -180,6 +182,8 @@ class Orchestrator:
             attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size())
             chosen = plan.choose(pool, number, attempt)
+            if self.roster is not None:
+                self.roster.claim(chosen)  # no await since the pool was read: no other job
             rnd = self._open(number, attempt, chosen, plan)
             if plan.aggregates:
                 assert self.global_weights is not None

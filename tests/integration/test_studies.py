@@ -84,3 +84,46 @@ def test_a_study_job_trains_on_its_enrolled_sites_only(
         ("Admin.CreateStudy", "onco", "OK"), ("Admin.EnrolSites", "onco", "OK"),
         ("Admin.WithdrawSites", "onco", "OK")]
     assert "site-a" in records[1]["detail"]
+
+
+def test_two_studies_jobs_run_at_once_and_stopping_one_leaves_the_other(
+        federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
+    """--max-concurrent-jobs 2, two studies on disjoint sites: both jobs run at the same
+    time; a third job of a busy study stays queued saying which job holds its site; stopping
+    one job leaves the other's rounds untouched, and the queued one then takes the freed
+    site."""
+    fed = federation
+    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1",
+                     "--max-concurrent-jobs", "2")
+    fed.start_node("site-a", digits_split[0], "--gpu", "none")
+    fed.start_node("site-b", digits_split[1], "--gpu", "none")
+    for study, site in (("onco", "site-a"), ("cardio", "site-b")):
+        fed.query("CreateStudy", name=study)
+        fed.query("EnrolSites", name=study, sites=[site])
+    long = _submit(fed, write_job(tmp_path / "long.toml", study="onco", min_nodes=1,
+                                  rounds=500, round_deadline_s=60))["job_id"]
+    short = _submit(fed, write_job(tmp_path / "short.toml", study="cardio", min_nodes=1,
+                                   rounds=3, round_deadline_s=60))["job_id"]
+    after = _submit(fed, write_job(tmp_path / "after.toml", study="onco", min_nodes=1,
+                                   rounds=1, round_deadline_s=60))["job_id"]
+    wait_job(fed, long, ("running",), timeout=120)
+    wait_job(fed, short, ("running", "finished"), timeout=120)
+    queued = fed.query("GetJob", job_id=after)
+    assert queued["state"] == "queued", queued
+    assert queued["reason"] == f"needs 1 sites of study onco; 1 busy with job {long}"
+    listed = {j["job_id"]: j for j in fed.query("ListJobs")}
+    assert listed[after]["reason"] == queued["reason"]
+
+    done = wait_job(fed, short, ("finished", "failed"), timeout=180)
+    assert done["state"] == "finished", done
+    assert fed.query("GetJob", job_id=long)["state"] == "running"  # still going, alongside
+    fed.query("StopJob", job_id=long)
+    rounds = fed.query("ListRounds", job_id=short)["rounds"]
+    assert [(r["round"], r["attempt"], r["status"]) for r in rounds] == [
+        (1, 1, "finished"), (2, 1, "finished"), (3, 1, "finished")]
+    assert {u["node"] for r in rounds for u in r["updates"]} == {"site-b"}
+    # The freed site takes the queued job of its study.
+    assert wait_job(fed, after, ("finished", "failed"), timeout=180)["state"] == "finished"
+    rounds = fed.query("ListRounds", job_id=after)["rounds"]
+    assert {u["node"] for r in rounds for u in r["updates"]} == {"site-a"}
+    assert fed.query("GetJob", job_id=long)["state"] == "stopped"
