@@ -72,8 +72,10 @@ def test_a_study_job_trains_on_its_enrolled_sites_only(
     assert "0 of the 1" in doc["reason"] and "not enrolled in study 'onco'" in doc["reason"]
     parts = {p["name"]: p for p in doc["nodes"]}
     assert parts["site-b"]["reason"] == "not enrolled in study 'onco'"
-    listed = _fedgpu(fed, "studies", "list")["studies"]
+    listed = fed.query("ListStudies")["studies"]
     assert [(s["name"], s["sites"]) for s in listed] == [("onco", [])]
+    shown = cli("studies", "list", "--address", fed.address)
+    assert shown.returncode == 0 and "onco" in shown.stdout and "0/0" in shown.stdout, shown
     fed.query("StopJob", job_id=waiting["job_id"])
 
     # Every change is on the aggregator's audit log, with the study and the sites.
