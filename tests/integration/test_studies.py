@@ -88,12 +88,11 @@ def test_a_study_job_trains_on_its_enrolled_sites_only(
     assert "site-a" in records[1]["detail"]
 
 
-def test_two_studies_jobs_run_at_once_and_stopping_one_leaves_the_other(
+def test_two_studies_jobs_run_at_once_and_ending_one_leaves_the_other(
         federation: Federation, tmp_path: Path, digits_split: list[Path]) -> None:
-    """--max-concurrent-jobs 2, two studies on disjoint sites: both jobs run at the same
-    time; a third job of a busy study stays queued saying which job holds its site; stopping
-    one job leaves the other's rounds untouched, and the queued one then takes the freed
-    site."""
+    """--max-concurrent-jobs 2, two studies on disjoint sites: jobs of both run at the same
+    time; one that fails, and one that is stopped, leave the other's rounds untouched; a job
+    of a busy study stays queued saying which job holds its site, and takes it once freed."""
     fed = federation
     fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1",
                      "--max-concurrent-jobs", "2")
@@ -102,20 +101,28 @@ def test_two_studies_jobs_run_at_once_and_stopping_one_leaves_the_other(
     for study, site in (("onco", "site-a"), ("cardio", "site-b")):
         fed.query("CreateStudy", name=study)
         fed.query("EnrolSites", name=study, sites=[site])
-    long = _submit(fed, write_job(tmp_path / "long.toml", study="onco", min_nodes=1,
-                                  rounds=500, round_deadline_s=60))["job_id"]
-    short = _submit(fed, write_job(tmp_path / "short.toml", study="cardio", min_nodes=1,
-                                   rounds=3, round_deadline_s=60))["job_id"]
-    after = _submit(fed, write_job(tmp_path / "after.toml", study="onco", min_nodes=1,
-                                   rounds=1, round_deadline_s=60))["job_id"]
+
+    def submit(name: str, study: str, **keys: object) -> str:
+        path = write_job(tmp_path / f"{name}.toml", **{"study": study, "min_nodes": 1,
+                                                        "round_deadline_s": 60, **keys})
+        return str(_submit(fed, path)["job_id"])
+
+    long = submit("long", "onco", rounds=500)
+    # Fails in its first round: the site's update claims more examples than it may.
+    failing = submit("failing", "cardio", rounds=3, max_examples_per_node=1, round_retries=0,
+                     round_deadline_s=10)
+    after = submit("after", "onco", rounds=1)
     wait_job(fed, long, ("running",), timeout=120)
-    wait_job(fed, short, ("running", "finished"), timeout=120)
+    failed = wait_job(fed, failing, ("failed",), timeout=120)
+    assert "round 1" in (failed["error"] or ""), failed
     queued = fed.query("GetJob", job_id=after)
     assert queued["state"] == "queued", queued
     assert queued["reason"] == f"needs 1 sites of study onco; 1 busy with job {long}"
     listed = {j["job_id"]: j for j in fed.query("ListJobs")}
     assert listed[after]["reason"] == queued["reason"]
 
+    # The freed site takes the next job of its study, beside the long one.
+    short = submit("short", "cardio", rounds=3)
     done = wait_job(fed, short, ("finished", "failed"), timeout=180)
     assert done["state"] == "finished", done
     assert fed.query("GetJob", job_id=long)["state"] == "running"  # still going, alongside
@@ -124,7 +131,10 @@ def test_two_studies_jobs_run_at_once_and_stopping_one_leaves_the_other(
     assert [(r["round"], r["attempt"], r["status"]) for r in rounds] == [
         (1, 1, "finished"), (2, 1, "finished"), (3, 1, "finished")]
     assert {u["node"] for r in rounds for u in r["updates"]} == {"site-b"}
-    # The freed site takes the queued job of its study.
+    # The long job's rounds went on through the other job's failure: none was retried.
+    long_rounds = fed.query("ListRounds", job_id=long)["rounds"]
+    assert long_rounds and all(r["attempt"] == 1 for r in long_rounds), long_rounds
+    # Its site, freed by the stop, takes the queued job of its study.
     assert wait_job(fed, after, ("finished", "failed"), timeout=180)["state"] == "finished"
     rounds = fed.query("ListRounds", job_id=after)["rounds"]
     assert {u["node"] for r in rounds for u in r["updates"]} == {"site-a"}
