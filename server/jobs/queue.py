@@ -246,7 +246,7 @@ class JobManager:
             self.blocked = {}
             return pending[0] if pending else None
         # Full, it is still asked: a queued job says which job holds the sites it needs.
-        row, self.blocked = scheduling.next_job(pending, self)
+        row, self.blocked = scheduling.next_job(pending, self, job_from_row)
         return None if full else row
 
     async def _run(self, row: JobRow) -> None:

@@ -12,20 +12,28 @@ With one job at a time this is never asked: the oldest queued job starts when no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from fedgpu.core.errors import ConfigError
+from fedgpu.core.job import Job
+from fedgpu.server.jobs.seats import Seats
 from fedgpu.server.jobs.state import JobRow
+from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.eligibility import eligibility
 
-if TYPE_CHECKING:
-    from fedgpu.server.jobs.queue import JobManager
+
+class Queue(Protocol):
+    """What the choice reads of the queue (server/jobs/queue.py's JobManager)."""
+
+    registry: Registry
+    seats: Seats
+    studies: Any
 
 
-def next_job(pending: list[JobRow], jobs: JobManager) -> tuple[JobRow | None, dict[str, str]]:
+def next_job(pending: list[JobRow], jobs: Queue, job_from_row: Callable[[JobRow], Job]
+             ) -> tuple[JobRow | None, dict[str, str]]:
     """The job to start now (None: none can), and why each job before it waits."""
-    from fedgpu.server.jobs.queue import job_from_row
-
     blocked: dict[str, str] = {}
     wanted: set[str] = set()  # the sites the blocked jobs before this one wait for
     registry = jobs.registry

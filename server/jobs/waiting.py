@@ -4,19 +4,29 @@ sites (server/jobs/scheduling.py) and each site's eligibility, never stored."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fedgpu.core.bundles import BundleRef
 from fedgpu.core.constants import JobState, RunState
 from fedgpu.core.job import Job
+from fedgpu.server.jobs.seats import JobRoster
 from fedgpu.server.jobs.state import JobRow
+from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.eligibility import eligibility
 
-if TYPE_CHECKING:
-    from fedgpu.server.jobs.queue import JobManager
+
+class Queue(Protocol):
+    """What the documents read of the queue (server/jobs/queue.py's JobManager)."""
+
+    registry: Registry
+    running: dict[str, Any]  # job id -> its ActiveJob
+    blocked: dict[str, str]
+    max_concurrent: int
+
+    def roster(self, job_id: str) -> JobRoster: ...
 
 
-def live_state(jobs: JobManager, row: JobRow) -> tuple[JobState, str | None]:
+def live_state(jobs: Queue, row: JobRow) -> tuple[JobState, str | None]:
     """The job's state now, with the reason it waits."""
     active = jobs.running.get(row.job_id)
     if active is None:
@@ -36,7 +46,7 @@ def live_state(jobs: JobManager, row: JobRow) -> tuple[JobState, str | None]:
     return JobState.RUNNING, None
 
 
-def waiting_reason(jobs: JobManager, job: Job, bundle: BundleRef | None,
+def waiting_reason(jobs: Queue, job: Job, bundle: BundleRef | None,
                    job_id: str = "") -> str:
     registry = jobs.registry
     nodes = registry.all()
@@ -56,7 +66,7 @@ def waiting_reason(jobs: JobManager, job: Job, bundle: BundleRef | None,
             + (f" ({detail})" if detail else ""))
 
 
-def node_parts(jobs: JobManager, job: Job, bundle: BundleRef | None,
+def node_parts(jobs: Queue, job: Job, bundle: BundleRef | None,
                job_id: str = "") -> list[dict[str, Any]]:
     out = []
     roster = jobs.roster(job_id)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from fedgpu.server.jobs import scheduling
-from fedgpu.server.jobs.queue import JobManager
+from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
@@ -61,7 +61,7 @@ def test_a_job_whose_sites_are_busy_waits_and_says_which_job_holds_them(
     # onco_1 runs and has sampled both onco sites.
     jobs.seats.claim(onco_1, [by_name["site-a"], by_name["site-b"]])
     pending = [r for r in jobs.store.pending() if r.job_id != onco_1]
-    row, blocked = scheduling.next_job(pending, jobs)
+    row, blocked = scheduling.next_job(pending, jobs, job_from_row)
     # The second onco job waits, naming the job; the cardio job, on other sites, starts.
     assert row is not None and row.job_id == cardio
     assert blocked == {onco_2: f"needs 2 sites of study onco; 2 busy with job {onco_1}"}
@@ -74,7 +74,7 @@ def test_a_later_job_does_not_take_the_sites_an_earlier_waiting_job_needs(
     node_a = next(n for n in jobs.registry.all() if n.name == "site-a")
     jobs.seats.claim(running, [node_a])
     pending = [r for r in jobs.store.pending() if r.job_id != running]
-    row, blocked = scheduling.next_job(pending, jobs)
+    row, blocked = scheduling.next_job(pending, jobs, job_from_row)
     # `small` could run on site-b, but `big` (before it) needs site-b too: nothing starts.
     assert row is None
     assert blocked[big] == f"needs 2 sites; 1 busy with job {running}"
