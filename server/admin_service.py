@@ -29,6 +29,7 @@ from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.lifecycle import Lifecycle
 from fedgpu.server.people import People, PeopleError
 from fedgpu.server.registry import NotForgotten
+from fedgpu.server.study_calls import StudyCalls
 from fedgpu.server.views import documents as docs
 from fedgpu.server.views import paging
 
@@ -91,7 +92,7 @@ def _unidentified(context: grpc.aio.ServicerContext) -> str:
     return f"unidentified {context.peer()}" + (f" (certificate of {claimed})" if claimed else "")
 
 
-class AdminService(admin_pb2_grpc.AdminServicer):
+class AdminService(StudyCalls, admin_pb2_grpc.AdminServicer):
     def __init__(self, jobs: JobManager, auth: Auth, lifecycle: Lifecycle | None = None,
                  dashboard: dict[str, Any] | None = None) -> None:
         self.jobs = jobs
@@ -147,11 +148,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def _may_submit(self, caller: Caller, job: Any,
                           context: grpc.aio.ServicerContext) -> None:
         """A researcher's job must name one of their studies (known once it is parsed)."""
+        study = permissions.job_study(job)
+        self._refuse_unknown_studies([study] if study else [])
         if caller.person is None:
             return
-        why = permissions.refusal(caller.person, "SubmitJob", permissions.job_study(job))
+        why = permissions.refusal(caller.person, "SubmitJob", study)
         if why is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+    def _noted(self, **fields: str) -> None:
+        _note(**fields)
 
     def _caller(self) -> Caller:
         caller = _CALLER.get()
@@ -342,6 +348,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except ValueError:
             raise FedgpuError(f"role {request.role[:40]!r} is none of "
                               f"{', '.join(PersonRole)}") from None
+        self._refuse_unknown_studies(list(request.studies))
         person, token = self._people().add(
             request.name, role, list(request.studies), by=self._caller().actor,
             cert_sha256=request.cert_sha256 or None)

@@ -37,6 +37,7 @@ from fedgpu.server.people import People
 from fedgpu.server.permissions import job_study
 from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
 from fedgpu.server.registry_store import RegistryStore
+from fedgpu.server.studies import Studies
 from fedgpu.server.transfer.bulk_server import BulkServer
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
@@ -93,6 +94,9 @@ class ServerConfig:
     bulk_port: int | None = None
     # Jobs waiting their turn (server/jobs/intake.py); a submission past it is refused.
     max_queued_jobs: int = DEFAULT_MAX_QUEUED
+    # Jobs that run at the same time, on sites no other running job holds (server/jobs/
+    # scheduling.py); 1: one after the other.
+    max_concurrent_jobs: int = 1
     # Where a submitted job's `initial_weights` may name a file; None: only uploaded weights.
     initial_weights_dir: Path | None = None
     # Each job as one MLflow run at this tracking URI (server/tracking/); None: off.
@@ -152,8 +156,10 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                  store: JobStore, registry: Registry, state_dir: Path,
                  ready: asyncio.Event | None) -> int:
     lifecycle = Lifecycle()
+    studies = Studies(state_dir)
     jobs = JobManager(store, registry, state_dir, cfg.chunk_size, cfg.max_queued_jobs,
-                      cfg.initial_weights_dir, cfg.max_update_bytes)
+                      cfg.initial_weights_dir, cfg.max_update_bytes, studies=studies,
+                      max_concurrent=cfg.max_concurrent_jobs)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
                                      cfg.upload_idle_s)
     events = JobLogHandler(jobs)
@@ -296,6 +302,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
         await probe_server.stop(grace=1)
     await server.stop(grace=3)
     people.close()
+    studies.close()
     if stop.is_set():
         log.info("stopped cleanly; restart with the same --state-dir to resume the queue")
         return 0

@@ -93,11 +93,6 @@ class FederationService(pb_grpc.FederationServicer):
         self.bulk_port = bulk_port if tickets is not None else 0
         self.lifecycle = lifecycle or Lifecycle()
 
-    @property
-    def orch(self) -> Orchestrator:
-        """The running job's engine (an idle one between jobs)."""
-        return self.jobs.orch
-
     async def _node(self, node_id: str, context: grpc.aio.ServicerContext) -> Node:
         node = self.registry.get(node_id)
         if node is None:
@@ -192,7 +187,7 @@ class FederationService(pb_grpc.FederationServicer):
             self.registry.report_capacity(node, capacity)
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
-        abandon = bool(request.task_id) and not self.orch.answers.wants(node, request.task_id)
+        abandon = bool(request.task_id) and not self.jobs.wants(node, request.task_id)
         offers = self._offers_for(node)
         # Only answers about bundles still offered are kept: the map stays bounded.
         offered = {o.sha256 for o in offers}
@@ -227,7 +222,7 @@ class FederationService(pb_grpc.FederationServicer):
         node.polling += 1
         node.loop_seen = time.time()
         try:
-            task = None if self.lifecycle.retire else self.orch.task_for(node)
+            task = None if self.lifecycle.retire else self.jobs.task_for(node)
             if task is None and not self.jobs.exiting.is_set() and wait_s:
                 node.wakeup.clear()
                 try:
@@ -235,7 +230,7 @@ class FederationService(pb_grpc.FederationServicer):
                 except TimeoutError:
                     pass
                 self.registry.touch(node.node_id)
-                task = None if self.lifecycle.retire else self.orch.task_for(node)
+                task = None if self.lifecycle.retire else self.jobs.task_for(node)
         finally:
             node.polling -= 1
             node.loop_seen = time.time()
@@ -270,8 +265,6 @@ class FederationService(pb_grpc.FederationServicer):
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:
         await self.auth.node(context)
-        # One engine for the whole stream, even if the job ends while it uploads.
-        orch = self.orch
         stream = aiter(request_iterator)
         try:
             first = await self.uploads.next_message(stream, time.time() + self.uploads.idle_s)
@@ -284,6 +277,9 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "an update stream must start with its header")
         header = first.header
+        # One engine for the whole stream (the job whose round handed out this task), even
+        # if the job ends while it uploads.
+        orch = self.jobs.engine_for(header.node_id, header.task_id)
         node = await self._update_node(orch, header, context)
 
         @contextlib.asynccontextmanager
@@ -310,7 +306,7 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this aggregator has no bulk port: use PushUpdate")
         assert self.tickets is not None
-        orch = self.orch
+        orch = self.jobs.engine_for(request.node_id, request.task_id)
         node = await self._update_node(orch, request, context)
         if request.failed or request.payload_size <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only an update with a "
@@ -331,7 +327,7 @@ class FederationService(pb_grpc.FederationServicer):
 
     def open_payload(self, node_id: str, task_id: str) -> ModelPayload | None:
         node = self.registry.get(node_id)
-        task = self.orch.task_for(node) if node is not None else None
+        task = self.jobs.task_for(node) if node is not None else None
         return task.payload if task is not None and task.task_id == task_id else None
 
     def downloaded(self, node_id: str) -> None:
@@ -341,7 +337,7 @@ class FederationService(pb_grpc.FederationServicer):
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
                           receive: ReceiveBy) -> str:
-        orch = self.orch
+        orch = self.jobs.engine_for(node_id, header.task_id)
         node = self.registry.get(node_id)
         if node is None:
             exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "

@@ -5,7 +5,8 @@ Reads of the federation (nodes, the status without a job) are open to every role
 job are open to admins and viewers, and to researchers for the jobs of their own studies.
 Acting on a job (stop, download its model) is for admins, and for researchers on their own
 studies' jobs; submitting for admins, and for researchers naming one of their studies.
-Managing nodes and people is for admins only. A job that names no study is seen by admins and
+Managing nodes, people and studies is for admins only; the list of studies is open to
+every role. A job that names no study is seen by admins and
 viewers and acted on by admins only.
 """
 
@@ -16,12 +17,13 @@ from typing import Any
 from fedgpu.core.people import Person, PersonRole
 
 # The calls, by what they touch.
-FEDERATION_READS = frozenset({"ListNodes"})
+FEDERATION_READS = frozenset({"ListNodes", "ListStudies"})
 JOB_READS = frozenset({"GetStatus", "ListRounds", "GetJob", "JobLogs", "ListJobs"})
 JOB_ACTS = frozenset({"StopJob", "DownloadModel"})
 SUBMITS = frozenset({"SubmitJob"})
 ADMIN_ONLY = frozenset({"ForgetNode", "AddUser", "ListUsers", "RevokeUser", "GetAudit",
-                        "StopServer"})
+                        "StopServer", "CreateStudy", "EnrolSites", "WithdrawSites",
+                        "RemoveStudy"})
 CALLS = FEDERATION_READS | JOB_READS | JOB_ACTS | SUBMITS | ADMIN_ONLY
 
 

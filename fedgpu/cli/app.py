@@ -26,6 +26,7 @@ from fedgpu.cli import (
     rounds,
     sim,
     status,
+    studies,
     ui,
     users,
 )
@@ -161,6 +162,13 @@ users_app = _group("users", "People and their roles (admin, researcher, viewer):
 users_app.command("add")(users.add)
 users_app.command("list")(users.list_users)
 users_app.command("revoke")(users.revoke)
+studies_app = _group("studies", "Studies: the sites a study's jobs sample from (create, enrol, "
+                     "withdraw, remove: admins only; list).", OPERATE)
+studies_app.command("create")(studies.create)
+studies_app.command("enrol")(studies.enrol)
+studies_app.command("withdraw")(studies.withdraw)
+studies_app.command("remove")(studies.remove)
+studies_app.command("list")(studies.list_studies)
 audit_app = _group("audit", "The hash-chained audit log of an aggregator or a site: show it, "
                    "verify its chain.", OPERATE)
 audit_app.command("show")(audit.show)

@@ -33,6 +33,11 @@ _REQUESTS = {
     "RevokeUser": admin_pb2.RevokeUserRequest,
     "GetAudit": admin_pb2.GetAuditRequest,
     "StopServer": admin_pb2.StopServerRequest,
+    "CreateStudy": admin_pb2.CreateStudyRequest,
+    "EnrolSites": admin_pb2.EnrolSitesRequest,
+    "WithdrawSites": admin_pb2.EnrolSitesRequest,
+    "RemoveStudy": admin_pb2.CreateStudyRequest,
+    "ListStudies": admin_pb2.ListStudiesRequest,
 }
 # Bundle bytes per SubmitJob message, well under gRPC's 4 MiB message limit.
 SUBMIT_CHUNK = 1 << 20

@@ -24,6 +24,8 @@ from fedgpu.core.errors import ConfigError
 # A person's or a study's name: what a certificate's CN, a log line and a URL carry safely.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MAX_STUDIES = 64
+# A study's name: the same rule (the job file's `study` key checks it too).
+STUDY_NAME = _NAME
 
 
 class PersonRole(StrEnum):

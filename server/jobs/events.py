@@ -24,13 +24,19 @@ class JobLogHandler(logging.Handler):
         self.jobs = jobs
 
     def emit(self, record: logging.LogRecord) -> None:
-        active = self.jobs.active
-        if active is None or record.name.startswith(_OWN):
+        running = self.jobs.running
+        if not running or record.name.startswith(_OWN):
+            return
+        # Several jobs at once: a line goes to the job it names (`extra={"job_id": ...}`);
+        # one that names none stays in the aggregator's log only.
+        job_id = getattr(record, "job_id", None) or (next(iter(running))
+                                                     if len(running) == 1 else None)
+        if job_id not in running:
             return
         try:
             node = getattr(record, "node", None)
             self.jobs.store.add_event(
-                active.row.job_id, record.getMessage(), level=record.levelname.lower(),
+                job_id, record.getMessage(), level=record.levelname.lower(),
                 source="node" if node else "aggregator", node=node)
         except Exception:  # noqa: BLE001 - a log line must never break the aggregator
             self.handleError(record)

@@ -18,6 +18,7 @@ whatever the file is, so it tells nothing about files outside what the directory
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import stat
@@ -28,6 +29,8 @@ import numpy as np
 from fedgpu.core import codec
 from fedgpu.core.errors import ConfigError
 from fedgpu.server.rounds.checkpoint import map_weights
+
+log = logging.getLogger("fedgpu.server.jobs.queue")
 
 # The job's directory holds its initial weights under this name.
 STORED = "initial.safetensors"
@@ -148,3 +151,19 @@ def load(job_dir: Path) -> dict[str, np.ndarray] | None:
         return map_weights(path)
     except codec.CodecError as exc:
         raise ConfigError(f"the job's stored initial weights are damaged: {exc}") from None
+
+
+def for_run(directory: Path, named: str | None, job_id: str) -> dict[str, np.ndarray] | None:
+    """The initial weights a job starts from (None: a node builds the initial model), as its
+    run reads them; `named`: the job's `initial_weights` key."""
+    initial = load(directory)
+    if initial is None and named is not None:
+        if (directory / "state.json").exists():
+            # Started by an earlier version, which kept a path: the checkpoint holds the
+            # model now, and the path is not read (only a resume check would use it).
+            log.info("job %s: initial_weights were a path on this host; resuming from "
+                     "its checkpoint without them", job_id)
+            return None
+        raise ConfigError("initial_weights were not stored with this job (it was queued "
+                          "by an earlier version, which kept a path): submit it again")
+    return initial

@@ -1,4 +1,5 @@
-"""Jobs on a federation that stays up: a queue, run one at a time in submission order.
+"""Jobs on a federation that stays up: a queue, run in submission order, one at a time unless
+`--max-concurrent-jobs` allows more (server/jobs/scheduling.py decides which job starts).
 
 The federation (who is connected: the registry) outlives its jobs; each job is an object of
 its own with its round engine (an orchestrator), strategy and checkpoints, in
@@ -8,12 +9,14 @@ again: queued jobs stay queued, the job that was running resumes from its last f
 (its weights from the checkpoint, its history from the store), finished jobs stay listed with
 their models downloadable.
 
-Running several jobs at once would be a change of policy here (`_next`), not of the jobs.
+Several jobs run at once each with its own engine; a node's task pulls and updates go to the
+engine whose open round handed that node the task (`engine_for`), never to "the" job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -28,20 +31,21 @@ from fedgpu.core.errors import ConfigError, FedgpuError
 from fedgpu.core.job import Job, loads_toml, parse_job, with_bundle_task
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
-from fedgpu.server.jobs import resume
+from fedgpu.server.jobs import resume, scheduling, waiting
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
 from fedgpu.server.jobs.earlier import earlier_model
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.state import JobRow, StateStore
-from fedgpu.server.registry import Registry
+from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.buffered import AsyncPlan
-from fedgpu.server.rounds.eligibility import eligibility
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
 from fedgpu.server.rounds.scoring import ScorePlan
 from fedgpu.server.rounds.statistics import StatsPlan
 from fedgpu.server.secagg.plan import SecAggPlan
+from fedgpu.server.studies import Studies
 from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs.queue")
@@ -90,13 +94,22 @@ class JobManager:
     def __init__(self, store: StateStore, registry: Registry, state_dir: Path,
                  chunk_size: int, max_queued: int = DEFAULT_MAX_QUEUED,
                  initial_weights_dir: Path | None = None,
-                 max_initial_bytes: int = 4 << 30) -> None:
+                 max_initial_bytes: int = 4 << 30, studies: Studies | None = None,
+                 max_concurrent: int = 1) -> None:
         self.store = store
+        # The studies (server/studies.py): a job naming one samples only its enrolled sites.
+        self.studies = studies
         iw.clear_incoming(state_dir)
         self.registry = registry
         self.state_dir = state_dir
         self.chunk_size = chunk_size
-        self.active: ActiveJob | None = None
+        # The running jobs, oldest first, and the sites each holds (server/jobs/seats.py).
+        self.running: dict[str, ActiveJob] = {}
+        self.max_concurrent = max(1, max_concurrent)
+        self.seats = Seats()
+        # Why a queued job does not start although a place is free (its sites are busy).
+        self.blocked: dict[str, str] = {}
+        self._starting: set[str] = set()
         # The job that ended last in this process: its engine still answers status queries.
         self.last: ActiveJob | None = None
         self._wake = asyncio.Event()
@@ -114,8 +127,15 @@ class JobManager:
                              max_queued=max_queued, initial_weights_dir=initial_weights_dir,
                              max_initial_bytes=max_initial_bytes)
 
+    @property
+    def active(self) -> ActiveJob | None:
+        """The oldest running job: the one "the running job" means where one is asked for
+        (`fedgpu status` without --job, the metrics, the tracking follower)."""
+        return next(iter(self.running.values()), None)
+
     def _running_id(self) -> str | None:
-        return self.active.row.job_id if self.active is not None else None
+        active = self.active
+        return active.row.job_id if active is not None else None
 
     def _queued(self) -> None:
         """A job was queued: the bundles on offer change, and an idle queue wakes up."""
@@ -136,14 +156,35 @@ class JobManager:
                                              chunk_size=self.chunk_size)
         return self._idle_engine
 
+    def task_for(self, node: Node) -> Any:
+        """The task a running job's open round has for `node` (at most one: one slot)."""
+        for held in list(self.running.values()):
+            task = held.orch.task_for(node)
+            if task is not None:
+                return task
+        return None if self.running else self.orch.task_for(node)
+
+    def engine_for(self, node_id: str, task_id: str) -> Orchestrator:
+        """The engine an update (or a heartbeat about a task) belongs to: the running job
+        whose open round handed this node this task; else the oldest (which refuses it as
+        answering none of its rounds, as a late answer always was)."""
+        for held in list(self.running.values()):
+            rnd = held.orch.current
+            if rnd is not None and rnd.task_ids.get(node_id) == task_id:
+                return held.orch
+        return self.orch
+
+    def wants(self, node: Node, task_id: str) -> bool:
+        return self.engine_for(node.node_id, task_id).answers.wants(node, task_id)
+
     # ---- stopping --------------------------------------------------------------------
 
     def stop(self, job_id: str) -> JobRow:
         row = self.get(job_id)
         if row.ended:
             return row
-        active = self.active
-        if active is not None and active.row.job_id == job_id:
+        active = self.running.get(job_id)
+        if active is not None:
             active.stop_requested = True
             active.task.cancel()
         else:
@@ -165,22 +206,61 @@ class JobManager:
     # ---- running -----------------------------------------------------------------------
 
     async def run_forever(self) -> None:
-        """Run queued jobs one after the other until cancelled."""
-        while True:
-            row = self._next()
-            if row is None:
-                self.idle.set()
+        """Run queued jobs until cancelled: one after the other, or up to max_concurrent at
+        once. Cancelled (the aggregator stops), the running jobs stay running in the store
+        and resume at the next start."""
+        runners: set[asyncio.Task[None]] = set()
+        try:
+            while True:
                 self._wake.clear()
-                await self._wake.wait()
-                continue
-            self.idle.clear()
-            await self._run(row)
+                row = self._next()
+                if row is not None:
+                    self.idle.clear()
+                    # Counted from now (the runner reads weights before its engine exists).
+                    self._starting.add(row.job_id)
+                    runner = asyncio.create_task(self._run(row), name=f"run-{row.job_id}")
+                    runners.add(runner)
+                    runner.add_done_callback(self._ended)
+                    continue
+                if not runners:
+                    self.idle.set()
+                # Several at once: the queue looks again as sites come, go and are taken by
+                # the running jobs' rounds, not only when jobs start and end.
+                again = _POLL_S * 2 if self.max_concurrent > 1 and runners else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=again)
+                runners = {r for r in runners if not r.done()}
+        finally:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+
+    def _ended(self, runner: asyncio.Task[None]) -> None:
+        if not runner.cancelled() and runner.exception() is not None:
+            log.error("a job's runner failed", exc_info=runner.exception())
 
     def _next(self) -> JobRow | None:
-        pending = self.store.pending()
-        return pending[0] if pending else None
+        busy = self.running.keys() | self._starting
+        full = len(busy) >= self.max_concurrent
+        if full and self.max_concurrent == 1:
+            return None  # one at a time: the next job is simply "after" the running one
+        pending = [r for r in self.store.pending() if r.job_id not in busy]
+        if not busy:
+            self.blocked = {}
+            return pending[0] if pending else None
+        # Full, it is still asked: a queued job says which job holds the sites it needs.
+        row, self.blocked = scheduling.next_job(pending, self, job_from_row)
+        return None if full else row
 
     async def _run(self, row: JobRow) -> None:
+        try:
+            await self._run_job(row)
+        finally:
+            self._starting.discard(row.job_id)
+            self.running.pop(row.job_id, None)
+            self._wake.set()
+
+    async def _run_job(self, row: JobRow) -> None:
         try:
             job = job_from_row(row)
             # Reading (and checking) the weights may take seconds for a large model.
@@ -192,10 +272,11 @@ class JobManager:
             return
         if self._stopped_meanwhile(row.job_id):
             return
-        # From here to `self.active` nothing awaits: a stop now finds the job active, and
+        # From here to `self.running` nothing awaits: a stop now finds the job running, and
         # cancels its engine (the row and the engine never disagree).
         task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
-        self.active = ActiveJob(row, job, orch, task)
+        active = self.running[row.job_id] = ActiveJob(row, job, orch, task)
+        self._starting.discard(row.job_id)
         if not row.started_at:
             self.store.update(row.job_id, started_at=time.time())
         self.store.update(row.job_id, state=JobState.RUNNING, run_id=orch.run_id)
@@ -204,20 +285,24 @@ class JobManager:
         try:
             await task
         except asyncio.CancelledError:
-            if not self.active.stop_requested or not task.done():
+            if not active.stop_requested or not task.done():
                 # The aggregator itself is stopping: the job stays running in the
                 # database and resumes at the next start.
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                self.active = None
+                self.running.pop(row.job_id, None)
+                self.seats.release(row.job_id)
                 raise
         except Exception as exc:  # noqa: BLE001 - a bug in a job ends the job, not the queue
             crash = exc
-        active, self.active = self.active, None
+        self.running.pop(row.job_id, None)
         self.last = active
+        held = set(self.seats.release(row.job_id))
         for node in self.registry.all():
-            # Nodes drop whatever the ended job had handed them (a stopped job's open round).
-            node.pending = None
+            # Nodes drop whatever the ended job had handed them (a stopped job's open round);
+            # alone, it may have handed any node a task, else only the sites it held.
+            if not self.running or node.name in held:
+                node.pending = None
         state = {RunState.FINISHED: JobState.FINISHED, RunState.FAILED: JobState.FAILED}.get(
             orch.state, JobState.STOPPED)
         if active.stop_requested:
@@ -257,20 +342,9 @@ class JobManager:
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
 
     def _initial_weights(self, row: JobRow, job: Job) -> dict[str, np.ndarray] | None:
-        directory = self.state_dir / row.state_dir
         if job.model_from_job is not None:
             return earlier_model(self.store, self.state_dir, job.model_from_job)
-        initial = iw.load(directory)
-        if initial is None and job.initial_weights is not None:
-            if (directory / "state.json").exists():
-                # Started by an earlier version, which kept a path: the checkpoint holds the
-                # model now, and the path is not read (only a resume check would use it).
-                log.info("job %s: initial_weights were a path on this host; resuming from "
-                         "its checkpoint without them", row.job_id)
-                return None
-            raise ConfigError("initial_weights were not stored with this job (it was queued "
-                              "by an earlier version, which kept a path): submit it again")
-        return initial
+        return iw.for_run(self.state_dir / row.state_dir, job.initial_weights, row.job_id)
 
     def _orchestrator(self, row: JobRow, job: Job,
                       initial: dict[str, np.ndarray] | None) -> Any:
@@ -289,54 +363,26 @@ class JobManager:
                                   else SecAggPlan(job) if job.secure_aggregation
                                   else AsyncPlan(job) if job.mode == Mode.ASYNC
                                   else ScorePlan(job) if job.mode == Mode.EVALUATE else None),
-                            bundle=row.bundle, job_id=row.job_id)
+                            bundle=row.bundle, job_id=row.job_id,
+                            roster=self.roster(row.job_id))
         if saved is not None:
             orch.restore(*saved)
             self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
         return orch
 
-    # ---- what the admin documents read ---------------------------------------------
+    def roster(self, job_id: str) -> JobRoster:
+        """Who job `job_id` may sample: its study's sites, not held by another running job."""
+        return JobRoster(job_id, self.seats, self.studies)
+
+    # ---- what the admin documents read (server/jobs/waiting.py) -----------------------
 
     def live_state(self, row: JobRow) -> tuple[JobState, str | None]:
         """The job's state now, with the reason it waits (computed, not stored)."""
-        active = self.active
-        if active is None or active.row.job_id != row.job_id:
-            if row.state in (JobState.RUNNING, JobState.WAITING):
-                # Its turn comes as soon as the aggregator's loop picks it up.
-                return JobState.QUEUED, "resuming"
-            if row.state is JobState.QUEUED and active is not None:
-                return JobState.QUEUED, f"after job {active.row.job_id}"
-            return row.state, row.reason
-        if active.orch.state == RunState.WAITING or active.orch.waiting_for_nodes:
-            return JobState.WAITING, self.waiting_reason(active.job, active.row.bundle)
-        return JobState.RUNNING, None
+        return waiting.live_state(self, row)
 
-    def waiting_reason(self, job: Job, bundle: BundleRef | None) -> str:
-        nodes = self.registry.all()
-        able = [n for n in nodes
-                if eligibility(job, n, self.registry.is_alive(n), bundle) is None]
-        need = job.min_available_nodes or job.min_nodes
-        if len(able) >= need:
-            return "starting"
-        why = {}
-        for n in nodes:
-            reason = eligibility(job, n, self.registry.is_alive(n), bundle)
-            if reason is not None:
-                why.setdefault(reason, []).append(n.name)
-        detail = "; ".join(f"{', '.join(names[:5])}: {reason}" for reason, names in
-                           why.items())
-        return (f"{len(able)} of the {need} nodes it needs can take it"
-                + (f" ({detail})" if detail else ""))
-
-    def node_parts(self, job: Job, bundle: BundleRef | None) -> list[dict[str, Any]]:
-        out = []
-        for n in self.registry.all():
-            alive = self.registry.is_alive(n)
-            reason = eligibility(job, n, alive, bundle)
-            out.append({"node_id": n.node_id, "name": n.name,
-                        "state": n.state if alive else "lost",
-                        "eligible": reason is None, "reason": reason})
-        return out
+    def node_parts(self, job: Job, bundle: BundleRef | None, job_id: str = ""
+                   ) -> list[dict[str, Any]]:
+        return waiting.node_parts(self, job, bundle, job_id)
 
     # ---- bundles -------------------------------------------------------------------------
 

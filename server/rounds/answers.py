@@ -50,6 +50,8 @@ class Run(Protocol):
     @property
     def job(self) -> Job: ...
     @property
+    def job_id(self) -> str: ...
+    @property
     def current(self) -> RoundState | None: ...
     @property
     def current_plan(self) -> Plan: ...
@@ -182,7 +184,7 @@ class Answers:
         node.last_error = header.error
         node.pending = None
         log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error,
-                    extra={"node": node.name})
+                    extra={"node": node.name, "job_id": self.run.job_id})
         rnd.settle(node.node_id, SlotState.FAILED, time.time())
 
     def record_ineligible(self, node: Node, header: pb.UpdateHeader, rnd: RoundState) -> None:
@@ -197,7 +199,7 @@ class Answers:
             node.refusal = (self.run.job.needs, reason)
         node.pending = None
         log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
-                 extra={"node": node.name})
+                 extra={"node": node.name, "job_id": self.run.job_id})
         rnd.settle(node.node_id, SlotState.INELIGIBLE, time.time())
 
     def wants(self, node: Node, task_id: str) -> bool:

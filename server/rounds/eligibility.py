@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from fedgpu.core import admission
 from fedgpu.core.bundles import BundleRef
@@ -27,6 +28,20 @@ from fedgpu.core.site_policy import REFUSAL_PREFIX, terms_of
 from fedgpu.server.registry import LOOP_GRACE_S, Node, Registry
 
 Check = Callable[[Job, Node, "BundleRef | None"], "str | None"]
+
+
+class Roster(Protocol):
+    """The aggregator's studies (server/studies.py): why a node is not sampled for a job of
+    `study` (not enrolled, or its site does not serve it); None when it may be."""
+
+    def refusal(self, study: str | None, node: Node) -> str | None: ...
+
+
+class Seating(Roster, Protocol):
+    """A running job's roster when several jobs run at once (server/jobs/seats.py): the
+    sites a round samples are held by the job until it ends."""
+
+    def claim(self, nodes: list[Node]) -> None: ...
 
 
 def task_available(job: Job, node: Node, bundle: BundleRef | None) -> str | None:
@@ -89,9 +104,15 @@ def lost_since(node: Node) -> str:
     return f"lost since {shown} UTC"
 
 
-def eligibility(job: Job, node: Node, alive: bool, bundle: BundleRef | None = None
-                ) -> str | None:
-    """Why `node` cannot take part in `job` now; None when it can."""
+def eligibility(job: Job, node: Node, alive: bool, bundle: BundleRef | None = None,
+                roster: Roster | None = None) -> str | None:
+    """Why `node` cannot take part in `job` now; None when it can. A job of a study takes
+    only that study's sites, and a site another running job holds is busy (`roster`), whatever
+    else they could do: that reason comes first."""
+    if roster is not None:
+        outside = roster.refusal(job.study, node)
+        if outside is not None:
+            return outside
     if not alive:
         return lost_since(node)
     for check in CHECKS:
@@ -123,18 +144,19 @@ def bundle_refusal(bundle: BundleRef, node: Node) -> str | None:
             "heartbeat will)")
 
 
-def eligible_nodes(job: Job, nodes: list[Node], bundle: BundleRef | None = None) -> list[Node]:
+def eligible_nodes(job: Job, nodes: list[Node], bundle: BundleRef | None = None,
+                   roster: Roster | None = None) -> list[Node]:
     """The nodes of `nodes` (alive ones) that can take part in `job`."""
-    return [n for n in nodes if eligibility(job, n, True, bundle) is None]
+    return [n for n in nodes if eligibility(job, n, True, bundle, roster) is None]
 
 
 def never_started(job: Job, registry: Registry, bundle: BundleRef | None, needed: int,
-                  able: int) -> str:
+                  able: int, roster: Roster | None = None) -> str:
     """Why a job gave up waiting for its first round (queue_timeout_s): the count and a few
     sites' own reasons."""
     reasons = []
     for node in registry.all()[:3]:
-        why = eligibility(job, node, registry.is_alive(node), bundle)
+        why = eligibility(job, node, registry.is_alive(node), bundle, roster)
         if why is not None:
             reasons.append(f"{node.name}: {why}")
     more = f" ({'; '.join(reasons)})" if reasons else " (no node is registered)"

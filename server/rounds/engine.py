@@ -28,7 +28,7 @@ from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.answers import Answers
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
 from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
-from fedgpu.server.rounds.eligibility import eligible_nodes, never_started
+from fedgpu.server.rounds.eligibility import Seating, eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
@@ -51,8 +51,13 @@ class Orchestrator:
         plan: TrainPlan | None = None,
         bundle: BundleRef | None = None,
         job_id: str = "",
+        roster: Seating | None = None,
     ) -> None:
         self.job = job
+        self.job_id = job_id  # its log lines name it (a job's events, several jobs at once)
+        # Its study's sites not held by another running job (server/jobs/seats.py); the
+        # sites a round samples are held by this job until it ends.
+        self.roster = roster
         # The task's bundle (None: installed on the nodes): named in every task header, and
         # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
         self.bundle = bundle
@@ -184,6 +189,8 @@ class Orchestrator:
             attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size())
             chosen = plan.choose(pool, number, attempt)
+            if self.roster is not None:
+                self.roster.claim(chosen)  # no await since the pool was read: no other job
             rnd = self._open(number, attempt, chosen, plan)
             if plan.aggregates:
                 assert self.global_weights is not None
@@ -241,7 +248,8 @@ class Orchestrator:
         last_log = 0.0
         since = time.monotonic()
         while True:
-            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle)
+            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle,
+                                   self.roster)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
                 self.opened_any = True
@@ -249,7 +257,7 @@ class Orchestrator:
             self.waiting_for_nodes = True
             if not self.opened_any and time.monotonic() - since > self.job.queue_timeout_s:
                 raise RunFailed(never_started(self.job, self.registry, self.bundle, needed,
-                                              len(alive)))
+                                              len(alive), self.roster))
             if time.monotonic() - last_log > 30:
                 log.info("waiting for nodes: %d of %d needed are connected and can take the "
                          "job", len(alive), needed)

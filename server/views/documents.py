@@ -105,10 +105,10 @@ def _stored_status(jobs: JobManager, row: JobRow) -> dict[str, Any]:
 
 
 def _engine(jobs: JobManager, job_id: str) -> Orchestrator | None:
-    for held in (jobs.active, jobs.last):
-        if held is not None and held.row.job_id == job_id:
-            return held.orch
-    return None
+    if job_id in jobs.running:
+        return jobs.running[job_id].orch
+    held = jobs.last
+    return held.orch if held is not None and held.row.job_id == job_id else None
 
 
 def status_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
@@ -207,11 +207,12 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     (or why it has none), the run id and the parsed job."""
     row = jobs.get(job_id)
     doc = job_summary(jobs, row)
-    active = jobs.active
-    engine = active.orch if active is not None and active.row.job_id == job_id else None
+    active = jobs.running.get(job_id)
+    engine = active.orch if active is not None else None
     doc["current_round"] = current_round(engine) if engine is not None else None
     doc["run_id"] = engine.run_id if engine is not None else row.run_id
-    doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
+    doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle,
+                                                             row.job_id)
     doc["job"] = row.job
     if row.job.get("privacy"):
         doc["privacy"] = privacy.summary(row.job, _round_dicts(jobs, job_id))

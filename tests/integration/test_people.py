@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from fedgpu.core import audit
+from fedgpu.core import admin_client, audit
 from fedgpu.core.transport import token_metadata
 from fedgpu.proto import admin_pb2, admin_pb2_grpc
 from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, free_port, write_job
@@ -97,9 +97,15 @@ def _call(address: str, token: str, call: str, tmp: Path) -> grpc.StatusCode:
                     fields["job_id"] = job
                 if method in ("ForgetNode", "RevokeUser"):
                     fields["name"] = "nobody"
+                if method in ("RemoveStudy", "EnrolSites", "WithdrawSites"):
+                    fields["name"] = "nobody"  # admitted, then refused as unknown
+                if method in ("EnrolSites", "WithdrawSites"):
+                    fields["sites"] = ["site-x"]
+                if method == "CreateStudy":
+                    fields["name"] = f"s{time.monotonic_ns()}"
                 if method == "AddUser":
                     fields.update(name=f"new-{time.monotonic_ns()}", role="viewer")
-                request = getattr(admin_pb2, f"{method}Request")(**fields)
+                request = admin_client._REQUESTS[method](**fields)
                 getattr(stub, method)(request, metadata=md, timeout=20)
         except grpc.RpcError as exc:
             return exc.code()
@@ -132,6 +138,11 @@ TABLE = {
     # Allowed, it would stop the shared aggregator: only the refusals are made here (an
     # operator's stop is tests/integration/test_restarts.py's).
     "StopServer":             (A, D, D, A),
+    "CreateStudy":            (A, D, D, A),
+    "EnrolSites":             (A, D, D, A),
+    "WithdrawSites":          (A, D, D, A),
+    "RemoveStudy":            (A, D, D, A),
+    "ListStudies":            (A, A, A, A),
 }
 ROLES = ("admin", "researcher", "viewer", "legacy")
 
@@ -154,8 +165,6 @@ def test_every_admin_call_is_in_the_table() -> None:
 
 
 def test_a_researcher_lists_only_their_studies_jobs(fed: Federation) -> None:
-    from fedgpu.core import admin_client
-
     tokens = fed.tokens  # type: ignore[attr-defined]
     mine = admin_client.query(fed.address, tokens["researcher"], "ListJobs")
     every = admin_client.query(fed.address, tokens["viewer"], "ListJobs")

@@ -59,7 +59,7 @@ def test_old_state_resumes_into_the_same_documents(name: str) -> None:
                                                           "gpu_memory_mib": None},
                         "privacy": None, "secure_aggregation": None,
                         "queue_timeout_s": 600.0, "model_from_job": None,
-                        "local_params": (), "statistics": None}
+                        "local_params": (), "study": None, "statistics": None}
     again["job"] = {k: v for k, v in again["job"].items() if k in state["job"]}
     assert json.dumps(again) == json.dumps(written)
     assert orch.global_round == state["global_round"] and orch.completed

@@ -85,6 +85,11 @@ def start(
         min=1, envvar="FEDGPU_MAX_QUEUED_JOBS",
         help="Most jobs waiting their turn; a submission past it is refused until some have "
         "run.")] = 100,
+    max_concurrent_jobs: Annotated[int, typer.Option(
+        min=1, max=64, envvar="FEDGPU_MAX_CONCURRENT_JOBS",
+        help="Jobs that run at the same time, each on sites no other running job holds (a "
+        "site trains one job at a time); a job whose sites are busy stays queued and says "
+        "why. 1: one after the other.")] = 1,
     initial_weights_dir: Annotated[Path | None, typer.Option(
         envvar="FEDGPU_INITIAL_WEIGHTS_DIR",
         help="A directory of safetensors models a submitted job's initial_weights may name "
@@ -132,6 +137,7 @@ def start(
         ui_host=ui_host,
         bulk_port=bulk_port,
         max_queued_jobs=max_queued_jobs,
+        max_concurrent_jobs=max_concurrent_jobs,
         initial_weights_dir=initial_weights_dir,
         tracking_uri=tracking_uri,
     )

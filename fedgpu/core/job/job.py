@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fedgpu.core import people
 from fedgpu.core.constants import MODES, WIRE_DTYPES, GpuNeed
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.fedstats.jobfile import JobStatistics
@@ -51,6 +52,10 @@ def is_name(text: str) -> bool:
 
 def is_job_id(text: str) -> bool:
     return 0 < len(text) <= 64 and all(c.isalnum() or c in "-_" for c in text) and text.isascii()
+
+
+def is_study_name(text: str) -> bool:
+    return people.STUDY_NAME.match(text) is not None
 
 
 def _section(name: str, default: Any) -> Any:
@@ -176,6 +181,11 @@ class Job:
         "first round. See [Personalised layers](../how-to/personalised-layers.md).", ANY,
         f"a list of at most {MAX_PATTERNS} glob patterns or \"fedbn\"",
         resume=True, travels=True)
+    study: str | None = key(
+        None, "The study the job belongs to: it samples only the sites enrolled in it "
+        "(`fedgpu studies enrol`), and researchers act on the jobs of their own studies. "
+        "Before any study is created it is a label only (every site is sampled).", str,
+        "a study name (1-64 letters, digits, . _ @ -)", optional=True, valid=is_study_name)
     statistics: JobStatistics | None = _section("statistics", None)
 
     def to_dict(self) -> dict[str, Any]:

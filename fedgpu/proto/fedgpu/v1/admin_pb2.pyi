@@ -153,3 +153,21 @@ class JsonReply(_message.Message):
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class CreateStudyRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class EnrolSitesRequest(_message.Message):
+    __slots__ = ("name", "sites")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListStudiesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -109,6 +109,31 @@ class AdminStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
                 _registered_method=True)
+        self.CreateStudy = channel.unary_unary(
+                '/fedgpu.v1.Admin/CreateStudy',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.EnrolSites = channel.unary_unary(
+                '/fedgpu.v1.Admin/EnrolSites',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.WithdrawSites = channel.unary_unary(
+                '/fedgpu.v1.Admin/WithdrawSites',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.RemoveStudy = channel.unary_unary(
+                '/fedgpu.v1.Admin/RemoveStudy',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
+        self.ListStudies = channel.unary_unary(
+                '/fedgpu.v1.Admin/ListStudies',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListStudiesRequest.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -219,6 +244,38 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateStudy(self, request, context):
+        """Studies (`fedgpu studies create|enrol|withdraw|remove|list`): sites, by node name, that
+        the jobs naming a study sample from. Changes are admins' only; the list is readable by all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnrolSites(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WithdrawSites(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveStudy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStudies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -295,6 +352,31 @@ def add_AdminServicer_to_server(servicer, server):
             'StopServer': grpc.unary_unary_rpc_method_handler(
                     servicer.StopServer,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'CreateStudy': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStudy,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'EnrolSites': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnrolSites,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'WithdrawSites': grpc.unary_unary_rpc_method_handler(
+                    servicer.WithdrawSites,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'RemoveStudy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveStudy,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
+            ),
+            'ListStudies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStudies,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListStudiesRequest.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.SerializeToString,
             ),
     }
@@ -702,6 +784,141 @@ class Admin:
             target,
             '/fedgpu.v1.Admin/StopServer',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.StopServerRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateStudy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/CreateStudy',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnrolSites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/EnrolSites',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WithdrawSites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/WithdrawSites',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.EnrolSitesRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveStudy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/RemoveStudy',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.CreateStudyRequest.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStudies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Admin/ListStudies',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.ListStudiesRequest.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_admin__pb2.JsonReply.FromString,
             options,
             channel_credentials,
