@@ -219,6 +219,9 @@ class WireClient:
             if self.bulk.usable and header.payload_size:
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)
+                if ticket.already_accepted:
+                    # An earlier try got through; only its acknowledgement was lost.
+                    return pb.PushReply(accepted=True, message=ticket.message), "bulk"
                 data = source if isinstance(source, Path) else source.segments
                 try:
                     message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -31,7 +31,7 @@ from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Reti
 from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.receive import check_header, ingest
+from fedgpu.server.rounds.receive import accepted_message, check_header, ingest
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.bulk_server import ReceiveBy
 from fedgpu.server.transfer.payload import ModelPayload
@@ -310,6 +310,11 @@ class FederationService(pb_grpc.FederationServicer):
         if request.failed or request.payload_size <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only an update with a "
                                 "payload moves over the bulk port: use PushUpdate")
+        if orch.answers.holders.already_accepted(request):
+            # A retry whose acknowledgement was lost: acknowledged again, counted once.
+            return pb.BulkTicket(already_accepted=True, message=accepted_message(request))
+        # The node's own older upload still holding its slot gives way to this retry.
+        await orch.answers.take_over(node, request)
         try:
             # The same checks PushUpdate makes at the header, now and again on arrival.
             check_header(orch, node, request)
@@ -335,7 +340,7 @@ class FederationService(pb_grpc.FederationServicer):
             node.transport = Transport.BULK
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
-                          receive: ReceiveBy) -> str:
+                          receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
         orch = self.orch
         node = self.registry.get(node_id)
         if node is None:
@@ -344,7 +349,7 @@ class FederationService(pb_grpc.FederationServicer):
             orch.answers.reject(None, header, exc)
             raise exc
         return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
-                            Transport.BULK)
+                            Transport.BULK, abort)
 
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:

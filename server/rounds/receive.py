@@ -8,6 +8,7 @@ plan owns (secure aggregation's messages) go to the plan's own intake (server/ro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from google.protobuf.json_format import MessageToDict
 
@@ -36,16 +37,29 @@ def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> Rou
     return orch.answers.check_update(node, header)
 
 
+def accepted_message(header: pb.UpdateHeader) -> str:
+    return f"update for round {header.round} accepted"
+
+
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
-                 transport: Transport) -> str:
+                 transport: Transport, abort: Callable[[], None] | None = None) -> str:
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
-    server stops) gives the slot back to the node, which may send again."""
+    server stops) gives the slot back to the node, which may send again. `abort` ends this
+    stream when the same node's retry takes its place (server/rounds/takeover.py; by
+    default the calling task is cancelled)."""
     own = orch.plan.intake(header.kind)
     if own is not None:
         return await own.ingest(node, header, receive, transport)
+    if orch.answers.holders.already_accepted(header):
+        # The node's retry of an update whose acknowledgement it never got: counted once.
+        return accepted_message(header)
+    if abort is None:
+        abort = _cancel_current()
+    await orch.answers.take_over(node, header)
     rnd: RoundState | None = None
     claimed = False
+    holding: object = None
     try:
         # Async (FedBuff): an update that lands between two steps joins the next one.
         await next_step(orch, header.task_id, orch.job.round_deadline_s)
@@ -64,6 +78,7 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         # From here on this upload holds the node's slot; others are duplicates.
         orch.answers.claim(node, rnd)
         claimed = True
+        holding = orch.answers.holders.hold(node.node_id, header.task_id, abort)
         async with receive(rnd) as got:
             tensors = None
             if got is not None:
@@ -90,6 +105,13 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         if claimed and rnd is not None:
             orch.answers.release(node, rnd)
         raise
+    finally:
+        orch.answers.holders.let_go(node.node_id, holding)
     if got is not None:
         node.transport = transport
-    return f"update for round {header.round} accepted"
+    return accepted_message(header)
+
+
+def _cancel_current() -> Callable[[], None]:
+    task = asyncio.current_task()
+    return (lambda: None) if task is None else (lambda: task.cancel() and None)

@@ -92,21 +92,25 @@ class ModelPayload:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             yield chunk
 
-    def send(self, sock: socket.socket) -> None:
-        """Write the whole payload to a connected (blocking, timed) socket."""
+    def send(self, sock: socket.socket, offset: int = 0) -> None:
+        """Write the payload from byte `offset` on (a resumed download) to a connected
+        (blocking, timed) socket."""
         if self._fd is None:
             for seg in self._segments:
-                sock.sendall(seg)
+                if offset >= len(seg):
+                    offset -= len(seg)
+                    continue
+                sock.sendall(seg[offset:] if offset else seg)
+                offset = 0
             return
         if not isinstance(sock, ssl.SSLSocket):
             # socket.sendfile: os.sendfile with the socket's timeout honoured.
-            sent = sock.sendfile(_Descriptor(self._fd), 0, self.size)
-            if sent != self.size:
+            sent = sock.sendfile(_Descriptor(self._fd), offset, self.size - offset)
+            if sent != self.size - offset:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             return
-        buf = bytearray(min(SEND_BLOCK, self.size))
+        buf = bytearray(min(SEND_BLOCK, max(self.size - offset, 1)))
         view = memoryview(buf)
-        offset = 0
         while offset < self.size:
             n = os.preadv(self._fd, [view[: min(len(buf), self.size - offset)]], offset)
             if n <= 0:

@@ -40,14 +40,18 @@ TASK_KIND_SECAGG_UNMASK: TaskKind
 TASK_KIND_SECAGG_CONSISTENCY: TaskKind
 
 class BulkTicket(_message.Message):
-    __slots__ = ("ticket", "port", "expires_in_s")
+    __slots__ = ("ticket", "port", "expires_in_s", "already_accepted", "message")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     port: int
     expires_in_s: float
-    def __init__(self, ticket: _Optional[str] = ..., port: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+    already_accepted: bool
+    message: str
+    def __init__(self, ticket: _Optional[str] = ..., port: _Optional[int] = ..., expires_in_s: _Optional[float] = ..., already_accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "memory_free_mib", "utilization_pct", "compute_capability", "healthy", "reason")
