@@ -29,6 +29,20 @@ from fedgpu.proto import pb, pb_grpc
 Receiver = codec.Assembler | bulk.DigestSink
 # What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
 Source = Path | codec.Encoded
+# A task stream over gRPC that breaks after some of its payload is asked for again from the
+# bytes held, this many times, a pause apart (PullTaskRequest.resume_offset).
+GRPC_RESUMES = 5
+GRPC_RESUME_PAUSE_S = 0.5
+# The gRPC errors of a stream that broke (a reset, a lost connection): worth resuming.
+BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+class _Broken(Exception):
+    """A task stream that broke with part of its payload received: resumable."""
+
+    def __init__(self, error: grpc.RpcError, header: pb.TaskHeader, asm: Receiver) -> None:
+        super().__init__(str(error))
+        self.error, self.header, self.asm = error, header, asm
 
 
 class PayloadError(Exception):
@@ -80,6 +94,8 @@ class WireClient:
         self._channel = channel if channel is not None else aio_channel(address, tls)
         self._stub = pb_grpc.FederationStub(self._channel)
         self.bulk = BulkPath(address, tls)
+        # Task streams over gRPC resumed after a break.
+        self.resumed = 0
 
     async def close(self) -> None:
         if self._own_channel:
@@ -128,10 +144,32 @@ class WireClient:
 
     async def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
                     make: Callable[[pb.TaskHeader], Receiver]) -> Pulled:
+        """One task; a gRPC stream that breaks mid-payload is resumed from the bytes held."""
+        held: _Broken | None = None
+        for tries in range(GRPC_RESUMES + 1):
+            try:
+                return await self._pull_once(node_id, wait_s if held is None else 0,
+                                             max_bytes, use_bulk, make, held)
+            except _Broken as broken:
+                held = broken
+                if tries == GRPC_RESUMES:
+                    _release(held.asm)
+                    raise held.error from None
+                self.resumed += 1
+                await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    async def _pull_once(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
+                         make: Callable[[pb.TaskHeader], Receiver], held: _Broken | None
+                         ) -> Pulled:
+        request = pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
+                                     bulk_error=self.bulk.error or "")
+        if held is not None:
+            request.bulk = False
+            request.resume_task_id = held.header.task_id
+            request.resume_offset = held.asm.received
         call = self._stub.PullTask(
-            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
-                               bulk_error=self.bulk.error or ""),
-            metadata=self._metadata,
+            request, metadata=self._metadata,
             # The server holds the poll up to wait_s, then the payload may take a while.
             timeout=wait_s + 600)
         header: pb.TaskHeader | None = None
@@ -142,6 +180,10 @@ class WireClient:
                 if msg.HasField("header"):
                     header = msg.header
                     first_byte = time.perf_counter()
+                    if held is not None:
+                        asm, held = self._resumed(header, held), None
+                        if asm is not None:
+                            continue
                     if header.payload_size > max_bytes:
                         # Checked here, before anything is allocated, and told apart from
                         # damage: the same task would come back just as large.
@@ -166,9 +208,32 @@ class WireClient:
             call.cancel()
             _release(asm)
             raise PayloadError(str(exc), header) from None
+        except grpc.RpcError as exc:
+            if (exc.code() in BROKEN and header is not None and asm is not None
+                    and 0 < asm.received < asm.size):
+                raise _Broken(exc, header, asm) from None
+            _release(asm)
+            _release(held.asm if held is not None else None)
+            raise
         except BaseException:
             _release(asm)
+            _release(held.asm if held is not None else None)
             raise
+
+    @staticmethod
+    def _resumed(header: pb.TaskHeader, held: _Broken) -> Receiver | None:
+        """The receiver for the stream that answers a resume: the held one, continued, when the
+        stream is the rest of the same payload; a fresh start otherwise (the task changed)."""
+        same = (header.task_id == held.header.task_id
+                and header.payload_digest == held.header.payload_digest
+                and header.payload_size == held.header.payload_size)
+        if same and header.payload_offset == held.asm.received:
+            return held.asm
+        _release(held.asm)
+        if header.payload_offset:
+            raise PayloadError("a resumed task stream started at an offset this node does "
+                               "not hold")
+        return None  # another task, sent whole
 
     async def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int,
                            timeout: float = 120) -> bytes:

@@ -256,10 +256,20 @@ class FederationService(pb_grpc.FederationServicer):
                                                expires_in_s=self.tickets.ttl_s))
             yield pb.TaskChunk(header=header)
             return
-        yield pb.TaskChunk(header=task.header)
+        offset = 0
+        if (task.payload is not None and request.resume_task_id == task.task_id
+                and 0 < request.resume_offset <= task.payload.size):
+            # The rest of a stream that broke: the node holds (and has hashed) the start.
+            offset = request.resume_offset
+            header = pb.TaskHeader()
+            header.CopyFrom(task.header)
+            header.payload_offset = offset
+            yield pb.TaskChunk(header=header)
+        else:
+            yield pb.TaskChunk(header=task.header)
         if task.payload is not None:
             node.transport = Transport.GRPC
-            for chunk in task.payload.chunks(self.jobs.chunk_size):
+            for chunk in task.payload.chunks(self.jobs.chunk_size, offset):
                 yield pb.TaskChunk(data=chunk)
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
