@@ -294,21 +294,50 @@ class WireClient:
                     return pb.PushReply(accepted=True, message=message), "bulk"
                 except bulk.BulkUnreachable:
                     pass  # over gRPC below, from now on (the log says so once)
-        reply = await self._stub.PushUpdate(self._chunks(header, source),
-                                            metadata=self._metadata, timeout=3600)
-        return reply, "grpc"
+        return await self._push_grpc(header, source), "grpc"
+
+    async def _push_grpc(self, header: pb.UpdateHeader, source: Source | None
+                         ) -> pb.PushReply:
+        """PushUpdate; a stream that breaks is resumed from the bytes the aggregator kept
+        (UploadOffset), up to GRPC_RESUMES times."""
+        for tries in range(GRPC_RESUMES + 1):
+            try:
+                return await self._stub.PushUpdate(self._chunks(header, source),
+                                                   metadata=self._metadata, timeout=3600)
+            except grpc.RpcError as exc:
+                if (exc.code() not in BROKEN or tries == GRPC_RESUMES or source is None
+                        or not header.payload_size):
+                    raise
+            await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+            where = await self._stub.UploadOffset(header, metadata=self._metadata, timeout=60)
+            if where.already_accepted:
+                return pb.PushReply(accepted=True, message=where.message)
+            header.payload_offset = where.offset if 0 < where.offset < header.payload_size \
+                else 0
+            self.resumed += 1
+        raise AssertionError("unreachable")
 
     async def _chunks(self, header: pb.UpdateHeader, source: Source | None
                       ) -> AsyncIterator[pb.UpdateChunk]:
         yield pb.UpdateChunk(header=header)
+        offset = header.payload_offset
         if isinstance(source, codec.Encoded):
-            for chunk in codec.iter_chunks(source, self.chunk_size):
-                yield pb.UpdateChunk(data=chunk)
+            if not offset:
+                for chunk in codec.iter_chunks(source, self.chunk_size):
+                    yield pb.UpdateChunk(data=chunk)
+                return
+            for seg in source.segments:
+                if offset >= seg.nbytes:
+                    offset -= seg.nbytes
+                    continue
+                for pos in range(offset, seg.nbytes, self.chunk_size):
+                    yield pb.UpdateChunk(data=seg[pos : pos + self.chunk_size].tobytes())
+                offset = 0
         elif source is not None and source.stat().st_size:
             # Mapped, not read: the node never holds a second copy of the model.
             with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
                                                      access=mmap.ACCESS_READ) as mm:
-                for pos in range(0, len(mm), self.chunk_size):
+                for pos in range(offset, len(mm), self.chunk_size):
                     yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
 
 

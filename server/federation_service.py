@@ -32,6 +32,7 @@ from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import accepted_message, check_header, ingest
+from fedgpu.server.rounds.takeover import digest_of
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.bulk_server import ReceiveBy
 from fedgpu.server.transfer.payload import ModelPayload
@@ -299,14 +300,29 @@ class FederationService(pb_grpc.FederationServicer):
                                          "an evaluation result carries no weights")
                 yield None
                 return
-            async with self.uploads.receive(node.name, header, stream, rnd.deadline) as got:
+            async with self.uploads.receive(node.name, header, stream, rnd.deadline,
+                                            grpc_resume_key(node, header)) as got:
                 yield got
 
         try:
-            message = await ingest(orch, node, header, receive, Transport.GRPC)
+            message = await ingest(orch, node, header, receive, Transport.GRPC,
+                                   quiet=lambda: self.uploads.quiet_for(node.name))
         except UpdateRejected as exc:
             await self._abort(context, exc)
         return pb.PushReply(accepted=True, message=message)
+
+    async def UploadOffset(self, request: pb.UpdateHeader, context: grpc.aio.ServicerContext
+                           ) -> pb.UploadOffsetReply:
+        await self.auth.node(context)
+        orch = self.orch
+        node = await self._update_node(orch, request, context)
+        if orch.answers.holders.already_accepted(request):
+            return pb.UploadOffsetReply(already_accepted=True,
+                                        message=accepted_message(request, again=True))
+        # The node's own stream still holding its slot ends (and parks what it received).
+        await orch.answers.take_over(node, request)
+        return pb.UploadOffsetReply(
+            offset=self.uploads.parked_offset(grpc_resume_key(node, request)))
 
     async def OpenUpload(self, request: pb.UpdateHeader, context: grpc.aio.ServicerContext
                          ) -> pb.BulkTicket:
@@ -322,7 +338,8 @@ class FederationService(pb_grpc.FederationServicer):
                                 "payload moves over the bulk port: use PushUpdate")
         if orch.answers.holders.already_accepted(request):
             # A retry whose acknowledgement was lost: acknowledged again, counted once.
-            return pb.BulkTicket(already_accepted=True, message=accepted_message(request))
+            return pb.BulkTicket(already_accepted=True,
+                                 message=accepted_message(request, again=True))
         # The node's own older upload still holding its slot gives way to this retry.
         await orch.answers.take_over(node, request)
         try:
@@ -359,7 +376,7 @@ class FederationService(pb_grpc.FederationServicer):
             orch.answers.reject(None, header, exc)
             raise exc
         return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
-                            Transport.BULK, abort)
+                            Transport.BULK, abort, lambda: self.uploads.quiet_for(node.name))
 
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:
@@ -373,3 +390,9 @@ class FederationService(pb_grpc.FederationServicer):
     async def _abort(context: grpc.aio.ServicerContext, exc: UpdateRejected) -> None:
         code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
         await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
+
+
+def grpc_resume_key(node: Node, header: pb.UpdateHeader) -> str:
+    """What a broken PushUpdate is kept under: its node, task and payload digest, so only that
+    node's retry of that same update continues it."""
+    return f"grpc:{node.node_id}:{header.task_id}:{digest_of(header)}"

@@ -141,10 +141,12 @@ class Answers:
             rnd.slots[node.node_id] = SlotState.ASSIGNED
 
     def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
-               rnd: RoundState | None = None, claimed: bool = False) -> None:
+               rnd: RoundState | None = None, claimed: bool = False,
+               ends_part: bool = True) -> None:
         """Count and list a refusal. A refused answer to the node's own open task ends its
         part in the attempt, unless another stream of that node holds the slot (`claimed`
-        says whether the refused stream is the one holding it)."""
+        says whether the refused stream is the one holding it) or `ends_part` is False (a
+        stream cut short: its node may resume it)."""
         self.run.history.count_rejection(exc.reason)
         entry = Rejection(
             node_id=node.node_id if node else None,
@@ -159,7 +161,10 @@ class Answers:
                 and rnd.number == header.round):
             list_rejection(rnd, entry)
             state = rnd.slots.get(node.node_id)
-            if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
+            if not ends_part:
+                if claimed:
+                    self.release(node, rnd)
+            elif state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
                 node.pending = None
                 rnd.settle(node.node_id, SlotState.REJECTED, time.time())
         elif header is not None:

@@ -37,23 +37,25 @@ def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> Rou
     return orch.answers.check_update(node, header)
 
 
-def accepted_message(header: pb.UpdateHeader) -> str:
-    return f"update for round {header.round} accepted"
+def accepted_message(header: pb.UpdateHeader, again: bool = False) -> str:
+    return f"update for round {header.round} {'already ' if again else ''}accepted"
 
 
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
-                 transport: Transport, abort: Callable[[], None] | None = None) -> str:
+                 transport: Transport, abort: Callable[[], None] | None = None,
+                 quiet: Callable[[], float] | None = None) -> str:
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
     server stops) gives the slot back to the node, which may send again. `abort` ends this
     stream when the same node's retry takes its place (server/rounds/takeover.py; by
-    default the calling task is cancelled)."""
+    default the calling task is cancelled) once `quiet()`, the seconds since it last received
+    a byte, says it is dead (by default never)."""
     own = orch.plan.intake(header.kind)
     if own is not None:
         return await own.ingest(node, header, receive, transport)
     if orch.answers.holders.already_accepted(header):
         # The node's retry of an update whose acknowledgement it never got: counted once.
-        return accepted_message(header)
+        return accepted_message(header, again=True)
     if abort is None:
         abort = _cancel_current()
     await orch.answers.take_over(node, header)
@@ -78,7 +80,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         # From here on this upload holds the node's slot; others are duplicates.
         orch.answers.claim(node, rnd)
         claimed = True
-        holding = orch.answers.holders.hold(node.node_id, header.task_id, abort)
+        holding = orch.answers.holders.hold(node.node_id, header.task_id, abort,
+                                            quiet or (lambda: 0.0))
         async with receive(rnd) as got:
             tensors = None
             if got is not None:
@@ -99,7 +102,10 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
-        orch.answers.reject(node, header, exc, rnd, claimed=claimed)
+        # A stream cut short is what a broken connection looks like on gRPC: refused, but its
+        # slot is given back at once for the node's resume (server/transfer/uploads.py).
+        orch.answers.reject(node, header, exc, rnd, claimed=claimed,
+                            ends_part=exc.reason != Reject.TRUNCATED)
         raise
     except BaseException:
         if claimed and rnd is not None:

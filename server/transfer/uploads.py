@@ -175,7 +175,8 @@ class Uploads:
                                  "stalled (--upload-idle-s)") from None
 
     @contextlib.asynccontextmanager
-    async def _upload(self, node: str, header: pb.UpdateHeader, resume_key: str | None = None
+    async def _upload(self, node: str, header: pb.UpdateHeader, resume_key: str | None = None,
+                      park_on_cancel: bool = False
                       ) -> AsyncIterator[tuple[_Upload, codec.Assembler, list[int]]]:
         """One upload's bookkeeping on either path: listed in `stats` while it runs, its
         buffer back to the pool and its reserved memory (the list's one entry, set by the
@@ -198,8 +199,16 @@ class Uploads:
         kept = [False]
         try:
             yield up, asm, reserved
-        except (OSError, codec.Truncated):
-            if resume_key is not None and reserved[0] and 0 < asm.received < asm.size:
+        except (OSError, codec.Truncated, asyncio.CancelledError, UpdateRejected) as exc:
+            # A gRPC stream whose connection broke ends early (truncated) or is cancelled (its
+            # node's retry took over); a bulk read is never cancelled mid-read (its socket is
+            # shut down first), only at shutdown.
+            if isinstance(exc, UpdateRejected):
+                breaks = exc.reason == Reject.TRUNCATED
+            else:
+                breaks = park_on_cancel or not isinstance(exc, asyncio.CancelledError)
+            if (breaks and resume_key is not None and reserved[0]
+                    and 0 < asm.received < asm.size):
                 self._park(resume_key, _Parked(up, asm, reserved[0]))
                 kept[0] = True
             raise
@@ -220,8 +229,13 @@ class Uploads:
         """A parked upload nobody resumed in time: its memory goes back to the budget."""
         if self._parked.get(key) is not parked:
             return
-        del self._parked[key]
         self.expired += 1
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        parked = self._parked.pop(key)
+        if parked.expiry is not None:
+            parked.expiry.cancel()
         parked.asm.release()
         assert self._budget is not None
         self._budget.release(parked.reserved)
@@ -237,13 +251,37 @@ class Uploads:
         self._active.pop(id(up), None)
         return Received(payload, up.seconds)
 
+    def quiet_for(self, node: str) -> float:
+        """Seconds since `node`'s upload in flight last received a byte; 0 when it has none
+        (it may be decoding or folding) or waits for memory (alive, not silent)."""
+        now = time.time()
+        quiet = [now - u.last_byte for u in self._active.values()
+                 if u.node == node and not u.waiting_for_memory]
+        return min(quiet) if quiet else 0.0
+
+    def parked_offset(self, key: str) -> int:
+        """Bytes kept of the broken upload parked under `key` (0: none)."""
+        parked = self._parked.get(key)
+        return parked.asm.received if parked is not None else 0
+
     @contextlib.asynccontextmanager
     async def receive(self, node: str, header: pb.UpdateHeader,
-                      stream: AsyncIterator[pb.UpdateChunk], deadline: float
-                      ) -> AsyncIterator[Received]:
+                      stream: AsyncIterator[pb.UpdateChunk], deadline: float,
+                      resume_key: str | None = None) -> AsyncIterator[Received]:
         """The payload announced by `header`, checked against its size and digest; its memory
-        stays reserved until the block using it ends (decode, validation, aggregation)."""
-        async with self._upload(node, header) as (up, asm, reserved):
+        stays reserved until the block using it ends (decode, validation, aggregation). With
+        `resume_key`, a stream that breaks is parked under it, and a header whose
+        payload_offset is set continues the one parked there. A stream that ends early is
+        refused as truncated, and parked too: grpc.aio ends the stream of a connection that
+        broke the same way, and the node may resume it."""
+        if header.payload_offset and self.parked_offset(resume_key or "") != header.payload_offset:
+            raise UpdateRejected(Reject.MALFORMED, f"nothing of this update is kept at offset "
+                                 f"{header.payload_offset}: send it from its first byte")
+        if not header.payload_offset and resume_key in self._parked:
+            # Sent again from its first byte: what was kept of it is let go.
+            self._drop(resume_key)
+        async with self._upload(node, header, resume_key, park_on_cancel=True) as (
+                up, asm, reserved):
             try:
                 while True:
                     msg = await self.next_message(stream, deadline)

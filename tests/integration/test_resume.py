@@ -46,11 +46,12 @@ FRAMING = 1024
 GRPC_CHUNK = 64 << 10
 # HTTP/2 framing and the task header on a gRPC stream.
 GRPC_FRAMING = 16 << 10
-# On gRPC a break also loses the messages HTTP/2 had received but not handed over yet (within
-# its flow-control window: 0.5-1.3 MB measured on loopback, where the transport reads far
-# ahead of the Python loop). That is over 5% of this 4 MiB payload; 5% of a payload from ~40 MB
-# on. The bulk path, which hands every byte straight to the payload's buffer, loses none.
-GRPC_WINDOW = 2 << 20
+# On gRPC a break also loses the messages HTTP/2 had taken in but not handed over yet (within
+# its flow-control windows: 0.5-2.2 MB measured on loopback, where the transport reads far
+# ahead of the Python loop). That is over 5% of this 4 MiB payload, and the 5% target on gRPC
+# holds only for payloads of ~80 MB and more. The bulk path, which hands every byte straight
+# to the payload's buffer, loses none.
+GRPC_WINDOW = 4 << 20
 
 
 @pytest.fixture(scope="module", name="wire")
@@ -181,6 +182,39 @@ def test_an_upload_cut_resumes_and_is_counted_once(wire: Wire, share: float) -> 
     assert len(_round_of(wire, task.round)["updates"]) == 1
 
 
+@pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
+def test_a_grpc_upload_cut_resumes_and_is_counted_once(wire: Wire, share: float) -> None:
+    """The gRPC fallback upload: the node's wire client asks where to resume (UploadOffset)
+    and streams the rest after its connection was cut."""
+    task = wire.task()
+    enc = _update(task, 3.5)
+    header = wire.header(task, enc)
+    host, port = wire.fed.address.rsplit(":", 1)
+
+    async def push(proxy: FaultProxy) -> tuple[pb.PushReply, str, int]:
+        client = WireClient(f"127.0.0.1:{proxy.port}", wire.fed.token)
+        try:
+            client.chunk_size = GRPC_CHUNK
+            reply, path = await client.push(header, enc)
+            return reply, path, client.resumed
+        finally:
+            await client.close()
+
+    with FaultProxy((host, int(port))) as proxy:
+        proxy.cut(Way.UP, int(enc.size * share) + GRPC_FRAMING)
+        reply, path, resumed = asyncio.run(push(proxy))
+        carried = proxy.carried[Way.UP]
+    assert reply.accepted and path == "grpc" and resumed == 1, reply
+    assert 0 < header.payload_offset < enc.size  # the rest, not a second copy
+    resent = carried - enc.size - 2 * GRPC_FRAMING
+    assert resent <= GRPC_WINDOW, (carried, enc.size)
+    rec = _finished(wire, task.round)
+    assert rec["attempt"] == 1 and len(rec["updates"]) == 1
+    # The cut stream is listed as truncated; it did not end the node's part in the round.
+    assert {r["reason"] for r in rec["rejected"]} <= {"truncated"}
+    assert rec["updates"][0]["transport"] == "grpc"
+
+
 def _stuck_upload(wire: Wire, ticket: str, data: bytes, share: float) -> socket.socket:
     """An upload whose sender vanished without the aggregator noticing: part of the payload
     sent, then silence on a connection that stays open (a reset that never arrived)."""
@@ -241,13 +275,14 @@ def test_a_resumed_upload_with_other_bytes_is_refused_by_its_digest(wire: Wire) 
     ticket = wire.stub.OpenUpload(wire.header(task, enc), metadata=wire.md, timeout=10)
     data = enc.to_bytes()
     half = len(data) // 2
+    parked = wire.status()["uploads"]["parked_for_resume"]
     with wire.connect() as s:
         s.settimeout(30)
         bulk.send_ticket(s, ticket.ticket)
         assert bulk.read_status(s).ok
         s.sendall(data[:half])
         s.shutdown(socket.SHUT_WR)
-    wait_for(lambda: wire.status()["uploads"]["parked_for_resume"] == 1, timeout=10,
+    wait_for(lambda: wire.status()["uploads"]["parked_for_resume"] == parked + 1, timeout=10,
              what="parked")
     other = _update(task, 7.0).to_bytes()
     with wire.connect() as s:

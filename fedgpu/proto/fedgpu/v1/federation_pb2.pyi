@@ -375,7 +375,7 @@ class RoundResources(_message.Message):
     def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "payload_offset")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +411,7 @@ class UpdateHeader(_message.Message):
     PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     INELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     INELIGIBLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -432,7 +433,8 @@ class UpdateHeader(_message.Message):
     payload_digest: str
     ineligible: bool
     ineligible_reason: str
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ...) -> None: ...
+    payload_offset: int
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., payload_offset: _Optional[int] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -441,6 +443,16 @@ class UpdateChunk(_message.Message):
     header: UpdateHeader
     data: bytes
     def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadOffsetReply(_message.Message):
+    __slots__ = ("offset", "already_accepted", "message")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    already_accepted: bool
+    message: str
+    def __init__(self, offset: _Optional[int] = ..., already_accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "message")
