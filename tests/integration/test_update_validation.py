@@ -276,7 +276,9 @@ def test_duplicate_and_late_updates(federation: Federation, tmp_path: Path) -> N
         assert a.global_digest() == before
         assert push(b, tb, ub, 30) is None
         federation.wait_state(("finished",), timeout=60)
-        late = push(a, ta, ua, 10)
+        # The very update again (its acknowledgement lost): acknowledged, counted once.
+        assert push(a, ta, ua, 10) is None
+        late = push(a, ta, {k: v * 2 for k, v in ua.items()}, 10)
         assert late is not None and late.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "update rejected (late): round 1 already closed" in late.details()
     saved, _ = codec.decode((job_dir(tmp_path / "state") / "global.safetensors").read_bytes())
