@@ -113,19 +113,28 @@ class BulkPath:
     def _resuming(self, attempt: Callable[[], T], progressed: Callable[[], bool],
                   sleep: Callable[[float], None] = time.sleep) -> T:
         """`attempt()`, resumed on the same ticket when its connection breaks off (up to
-        RESUMES times) while `progressed()` says there is something to resume from."""
-        for _ in range(RESUMES):
+        RESUMES times) while `progressed()` says there is something to resume from. A port
+        that cannot be reached at the first attempt is unusable (BulkUnreachable: fall back);
+        at a resume it was reachable a moment ago, so the aggregator is restarting or the
+        link is down: a break like any other (ConnectionError once the resumes are spent)."""
+        last: BaseException | None = None
+        for i in range(RESUMES + 1):
             try:
                 return attempt()
-            except bulk.BulkUnreachable:
-                raise
+            except bulk.BulkUnreachable as exc:
+                if i == 0:
+                    raise
+                last = exc
             except (OSError, bulk.BulkProtocolError, codec.Truncated) as exc:
                 if not progressed():
                     raise
-                log.info("bulk transfer broke off (%s); resuming on the same ticket", exc)
-                self.resumed += 1
-                sleep(RESUME_PAUSE_S)
-        return attempt()
+                last = exc
+            if i == RESUMES:
+                break
+            log.info("bulk transfer broke off (%s); resuming on the same ticket", last)
+            self.resumed += 1
+            sleep(RESUME_PAUSE_S)
+        raise ConnectionError(f"bulk transfer broke off {RESUMES + 1} times: {last}")
 
     def download(self, ticket: str, port: int, asm: codec.Assembler | bulk.DigestSink,
                  idle_s: float = 60.0) -> None:
