@@ -47,6 +47,7 @@ from fedgpu.node.rounds.process import (
 from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.site_rules import SiteRules
 from fedgpu.node.status import write_status
+from fedgpu.node.unacked import UnackedUpdates
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
 from fedgpu.proto import pb
@@ -73,6 +74,8 @@ class Agent:
         self.audit = AuditLog(state_dir / AUDIT_FILE)
         # The site's own policy: checked on every task before anything else (node/site_rules.py).
         self.rules = SiteRules(cfg.site_policy, state_dir, self.audit)
+        # Updates sent but not acknowledged: sent again, never trained again (node/unacked.py).
+        self.unacked = UnackedUpdates(self.identity.folder / "unacknowledged")
         cfg.name = self.identity.name
         self.client = AggregatorClient(cfg.aggregator, cfg.token, tls=cfg.tls)
         self.node_id: str | None = None
@@ -256,6 +259,13 @@ class Agent:
         if kind is None or kind not in KINDS:
             log.warning("ignoring task of unknown kind %d", header.kind)
             return
+        kept = self.unacked.take(header.task_id)
+        if kept is not None:
+            log.info("round %d: sending again the update kept for task %s (not training again)",
+                     header.round, header.task_id)
+            if self._push(header, kept.header, kept.weights):
+                self.unacked.drop(header.task_id)
+            return
         self._set_state("training" if kind != "evaluate" else "evaluating")
         # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
@@ -379,9 +389,12 @@ class Agent:
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))
-        self._push(task, update, weights)
+        if not self._push(task, update, weights) and ok:
+            self.unacked.keep(update, weights)
 
-    def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None) -> None:
+    def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None
+              ) -> bool:
+        """Send an update; whether the aggregator acknowledged it."""
         def waiting(exc: BaseException, delay: float) -> None:
             code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
             log.warning("could not send the update (%s); retrying in %.1fs", code, delay)
@@ -398,6 +411,8 @@ class Agent:
             log.warning("stopping: the update for round %d was not sent", task.round)
         else:
             log.info("aggregator: %s", reply.message)
+            return True
+        return False
 
     # ---- liveness ----------------------------------------------------------------------
 

@@ -5,6 +5,11 @@ A node that cannot reach the bulk port (a site firewall that lets one port out) 
 gRPC streaming by itself, says so once in its log, and tells the aggregator why with every
 poll (`fedgpu nodes` shows it as bulk_error). It tries the bulk port again after registering
 anew, since that may be a different aggregator.
+
+A transfer that breaks off after it began resumes on the same ticket (fedgpu.core.bulk: the
+ticket outlives the broken connection for RESUME_TTL_S): a download from the bytes this node
+already holds and hashed, an upload from the bytes the aggregator says it kept. Only the bytes
+in flight at the break cross twice.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ MAX_BROKEN = 3
 DOOR_TRIES = 7
 DOOR_PAUSE_S = 0.05
 DOOR_PAUSE_MAX_S = 2.0
+# A broken transfer is resumed on its ticket up to this many times, a pause apart, before the
+# break is handed to the caller (which asks for a new ticket, or falls back to gRPC).
+RESUMES = 5
+RESUME_PAUSE_S = 0.5
 
 T = TypeVar("T")
 
@@ -76,6 +85,8 @@ class BulkPath:
         self.port = 0
         self.error: str | None = None
         self._broken = 0
+        # Transfers resumed after a break (tests and `fedgpu status` of the node read it).
+        self.resumed = 0
 
     def reset(self, port: int) -> None:
         """A registration told us the aggregator's bulk port (0: none)."""
@@ -99,14 +110,41 @@ class BulkPath:
         if self._broken >= MAX_BROKEN:
             self.fall_back(f"{self._broken} transfers broke off in a row, the last: {exc}")
 
+    def _resuming(self, attempt: Callable[[], T], progressed: Callable[[], bool],
+                  sleep: Callable[[float], None] = time.sleep) -> T:
+        """`attempt()`, resumed on the same ticket when its connection breaks off (up to
+        RESUMES times) while `progressed()` says there is something to resume from. A port
+        that cannot be reached at the first attempt is unusable (BulkUnreachable: fall back);
+        at a resume it was reachable a moment ago, so the aggregator is restarting or the
+        link is down: a break like any other (ConnectionError once the resumes are spent)."""
+        last: BaseException | None = None
+        for i in range(RESUMES + 1):
+            try:
+                return attempt()
+            except bulk.BulkUnreachable as exc:
+                if i == 0:
+                    raise
+                last = exc
+            except (OSError, bulk.BulkProtocolError, codec.Truncated) as exc:
+                if not progressed():
+                    raise
+                last = exc
+            if i == RESUMES:
+                break
+            log.info("bulk transfer broke off (%s); resuming on the same ticket", last)
+            self.resumed += 1
+            sleep(RESUME_PAUSE_S)
+        raise ConnectionError(f"bulk transfer broke off {RESUMES + 1} times: {last}")
+
     def download(self, ticket: str, port: int, asm: codec.Assembler | bulk.DigestSink,
                  idle_s: float = 60.0) -> None:
         """Fill `asm` from the bulk port. BulkUnreachable: fall back (already recorded);
         bulk.RefusedError / OSError / TimeoutError: ask for the task again; codec errors:
         the payload is damaged."""
         try:
-            knock(lambda: bulk.download(self.host, port or self.port, self.tls, ticket, asm,
-                                        idle_s))
+            self._resuming(lambda: knock(lambda: bulk.download(
+                self.host, port or self.port, self.tls, ticket, asm, idle_s)),
+                lambda: asm.received > 0)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise
@@ -120,8 +158,11 @@ class BulkPath:
         """Send an update's payload; the aggregator's message. BulkRpcError: its refusal, or
         UNAVAILABLE when the connection broke (send again); BulkUnreachable: fall back."""
         try:
-            status = knock(lambda: bulk.upload(self.host, port or self.port, self.tls, ticket,
-                                               payload, idle_s))
+            # Whether the aggregator kept any of it is its to say (the go-ahead's offset):
+            # every break is worth one more knock on the same ticket.
+            status = self._resuming(lambda: knock(lambda: bulk.upload(
+                self.host, port or self.port, self.tls, ticket, payload, idle_s)),
+                lambda: True)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise

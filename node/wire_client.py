@@ -29,6 +29,20 @@ from fedgpu.proto import pb, pb_grpc
 Receiver = codec.Assembler | bulk.DigestSink
 # What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
 Source = Path | codec.Encoded
+# A task stream over gRPC that breaks after some of its payload is asked for again from the
+# bytes held, this many times, a pause apart (PullTaskRequest.resume_offset).
+GRPC_RESUMES = 5
+GRPC_RESUME_PAUSE_S = 0.5
+# The gRPC errors of a stream that broke (a reset, a lost connection): worth resuming.
+BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+class _Broken(Exception):
+    """A task stream that broke with part of its payload received: resumable."""
+
+    def __init__(self, error: grpc.RpcError, header: pb.TaskHeader, asm: Receiver) -> None:
+        super().__init__(str(error))
+        self.error, self.header, self.asm = error, header, asm
 
 
 class PayloadError(Exception):
@@ -80,6 +94,8 @@ class WireClient:
         self._channel = channel if channel is not None else aio_channel(address, tls)
         self._stub = pb_grpc.FederationStub(self._channel)
         self.bulk = BulkPath(address, tls)
+        # Task streams over gRPC resumed after a break.
+        self.resumed = 0
 
     async def close(self) -> None:
         if self._own_channel:
@@ -128,10 +144,32 @@ class WireClient:
 
     async def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
                     make: Callable[[pb.TaskHeader], Receiver]) -> Pulled:
+        """One task; a gRPC stream that breaks mid-payload is resumed from the bytes held."""
+        held: _Broken | None = None
+        for tries in range(GRPC_RESUMES + 1):
+            try:
+                return await self._pull_once(node_id, wait_s if held is None else 0,
+                                             max_bytes, use_bulk, make, held)
+            except _Broken as broken:
+                held = broken
+                if tries == GRPC_RESUMES:
+                    _release(held.asm)
+                    raise held.error from None
+                self.resumed += 1
+                await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    async def _pull_once(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
+                         make: Callable[[pb.TaskHeader], Receiver], held: _Broken | None
+                         ) -> Pulled:
+        request = pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
+                                     bulk_error=self.bulk.error or "")
+        if held is not None:
+            request.bulk = False
+            request.resume_task_id = held.header.task_id
+            request.resume_offset = held.asm.received
         call = self._stub.PullTask(
-            pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
-                               bulk_error=self.bulk.error or ""),
-            metadata=self._metadata,
+            request, metadata=self._metadata,
             # The server holds the poll up to wait_s, then the payload may take a while.
             timeout=wait_s + 600)
         header: pb.TaskHeader | None = None
@@ -142,6 +180,10 @@ class WireClient:
                 if msg.HasField("header"):
                     header = msg.header
                     first_byte = time.perf_counter()
+                    if held is not None:
+                        asm, held = self._resumed(header, held), None
+                        if asm is not None:
+                            continue
                     if header.payload_size > max_bytes:
                         # Checked here, before anything is allocated, and told apart from
                         # damage: the same task would come back just as large.
@@ -166,9 +208,32 @@ class WireClient:
             call.cancel()
             _release(asm)
             raise PayloadError(str(exc), header) from None
+        except grpc.RpcError as exc:
+            if (exc.code() in BROKEN and header is not None and asm is not None
+                    and 0 < asm.received < asm.size):
+                raise _Broken(exc, header, asm) from None
+            _release(asm)
+            _release(held.asm if held is not None else None)
+            raise
         except BaseException:
             _release(asm)
+            _release(held.asm if held is not None else None)
             raise
+
+    @staticmethod
+    def _resumed(header: pb.TaskHeader, held: _Broken) -> Receiver | None:
+        """The receiver for the stream that answers a resume: the held one, continued, when the
+        stream is the rest of the same payload; a fresh start otherwise (the task changed)."""
+        same = (header.task_id == held.header.task_id
+                and header.payload_digest == held.header.payload_digest
+                and header.payload_size == held.header.payload_size)
+        if same and header.payload_offset == held.asm.received:
+            return held.asm
+        _release(held.asm)
+        if header.payload_offset:
+            raise PayloadError("a resumed task stream started at an offset this node does "
+                               "not hold")
+        return None  # another task, sent whole
 
     async def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int,
                            timeout: float = 120) -> bytes:
@@ -219,6 +284,9 @@ class WireClient:
             if self.bulk.usable and header.payload_size:
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)
+                if ticket.already_accepted:
+                    # An earlier try got through; only its acknowledgement was lost.
+                    return pb.PushReply(accepted=True, message=ticket.message), "bulk"
                 data = source if isinstance(source, Path) else source.segments
                 try:
                     message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,
@@ -226,21 +294,50 @@ class WireClient:
                     return pb.PushReply(accepted=True, message=message), "bulk"
                 except bulk.BulkUnreachable:
                     pass  # over gRPC below, from now on (the log says so once)
-        reply = await self._stub.PushUpdate(self._chunks(header, source),
-                                            metadata=self._metadata, timeout=3600)
-        return reply, "grpc"
+        return await self._push_grpc(header, source), "grpc"
+
+    async def _push_grpc(self, header: pb.UpdateHeader, source: Source | None
+                         ) -> pb.PushReply:
+        """PushUpdate; a stream that breaks is resumed from the bytes the aggregator kept
+        (UploadOffset), up to GRPC_RESUMES times."""
+        for tries in range(GRPC_RESUMES + 1):
+            try:
+                return await self._stub.PushUpdate(self._chunks(header, source),
+                                                   metadata=self._metadata, timeout=3600)
+            except grpc.RpcError as exc:
+                if (exc.code() not in BROKEN or tries == GRPC_RESUMES or source is None
+                        or not header.payload_size):
+                    raise
+            await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+            where = await self._stub.UploadOffset(header, metadata=self._metadata, timeout=60)
+            if where.already_accepted:
+                return pb.PushReply(accepted=True, message=where.message)
+            header.payload_offset = where.offset if 0 < where.offset < header.payload_size \
+                else 0
+            self.resumed += 1
+        raise AssertionError("unreachable")
 
     async def _chunks(self, header: pb.UpdateHeader, source: Source | None
                       ) -> AsyncIterator[pb.UpdateChunk]:
         yield pb.UpdateChunk(header=header)
+        offset = header.payload_offset
         if isinstance(source, codec.Encoded):
-            for chunk in codec.iter_chunks(source, self.chunk_size):
-                yield pb.UpdateChunk(data=chunk)
+            if not offset:
+                for chunk in codec.iter_chunks(source, self.chunk_size):
+                    yield pb.UpdateChunk(data=chunk)
+                return
+            for seg in source.segments:
+                if offset >= seg.nbytes:
+                    offset -= seg.nbytes
+                    continue
+                for pos in range(offset, seg.nbytes, self.chunk_size):
+                    yield pb.UpdateChunk(data=seg[pos : pos + self.chunk_size].tobytes())
+                offset = 0
         elif source is not None and source.stat().st_size:
             # Mapped, not read: the node never holds a second copy of the model.
             with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
                                                      access=mmap.ACCESS_READ) as mm:
-                for pos in range(0, len(mm), self.chunk_size):
+                for pos in range(offset, len(mm), self.chunk_size):
                     yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
 
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -34,7 +34,8 @@ from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Reti
 from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.receive import check_header, ingest
+from fedgpu.server.rounds.receive import accepted_message, check_header, ingest
+from fedgpu.server.rounds.takeover import digest_of
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.bulk_server import ReceiveBy
 from fedgpu.server.transfer.payload import ModelPayload
@@ -256,10 +257,20 @@ class FederationService(pb_grpc.FederationServicer):
                                                expires_in_s=self.tickets.ttl_s))
             yield pb.TaskChunk(header=header)
             return
-        yield pb.TaskChunk(header=task.header)
+        offset = 0
+        if (task.payload is not None and request.resume_task_id == task.task_id
+                and 0 < request.resume_offset <= task.payload.size):
+            # The rest of a stream that broke: the node holds (and has hashed) the start.
+            offset = request.resume_offset
+            header = pb.TaskHeader()
+            header.CopyFrom(task.header)
+            header.payload_offset = offset
+            yield pb.TaskChunk(header=header)
+        else:
+            yield pb.TaskChunk(header=task.header)
         if task.payload is not None:
             node.transport = Transport.GRPC
-            for chunk in task.payload.chunks(self.jobs.chunk_size):
+            for chunk in task.payload.chunks(self.jobs.chunk_size, offset):
                 yield pb.TaskChunk(data=chunk)
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
@@ -290,14 +301,29 @@ class FederationService(pb_grpc.FederationServicer):
                                          "statistics carries no weights")
                 yield None
                 return
-            async with self.uploads.receive(node.name, header, stream, rnd.deadline) as got:
+            async with self.uploads.receive(node.name, header, stream, rnd.deadline,
+                                            grpc_resume_key(node, header)) as got:
                 yield got
 
         try:
-            message = await ingest(orch, node, header, receive, Transport.GRPC)
+            message = await ingest(orch, node, header, receive, Transport.GRPC,
+                                   quiet=lambda: self.uploads.quiet_for(node.name))
         except UpdateRejected as exc:
             await self._abort(context, exc)
         return pb.PushReply(accepted=True, message=message)
+
+    async def UploadOffset(self, request: pb.UpdateHeader, context: grpc.aio.ServicerContext
+                           ) -> pb.UploadOffsetReply:
+        await self.auth.node(context)
+        orch = self.jobs.engine_for(request.node_id, request.task_id)
+        node = await self._update_node(orch, request, context)
+        if orch.answers.holders.already_accepted(request):
+            return pb.UploadOffsetReply(already_accepted=True,
+                                        message=accepted_message(request, again=True))
+        # The node's own stream still holding its slot ends (and parks what it received).
+        await orch.answers.take_over(node, request)
+        return pb.UploadOffsetReply(
+            offset=self.uploads.parked_offset(grpc_resume_key(node, request)))
 
     async def OpenUpload(self, request: pb.UpdateHeader, context: grpc.aio.ServicerContext
                          ) -> pb.BulkTicket:
@@ -311,6 +337,12 @@ class FederationService(pb_grpc.FederationServicer):
         if request.failed or request.payload_size <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only an update with a "
                                 "payload moves over the bulk port: use PushUpdate")
+        if orch.answers.holders.already_accepted(request):
+            # A retry whose acknowledgement was lost: acknowledged again, counted once.
+            return pb.BulkTicket(already_accepted=True,
+                                 message=accepted_message(request, again=True))
+        # The node's own older upload still holding its slot gives way to this retry.
+        await orch.answers.take_over(node, request)
         try:
             # The same checks PushUpdate makes at the header, now and again on arrival.
             check_header(orch, node, request)
@@ -336,7 +368,7 @@ class FederationService(pb_grpc.FederationServicer):
             node.transport = Transport.BULK
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
-                          receive: ReceiveBy) -> str:
+                          receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
         orch = self.jobs.engine_for(node_id, header.task_id)
         node = self.registry.get(node_id)
         if node is None:
@@ -345,7 +377,7 @@ class FederationService(pb_grpc.FederationServicer):
             orch.answers.reject(None, header, exc)
             raise exc
         return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
-                            Transport.BULK)
+                            Transport.BULK, abort, lambda: self.uploads.quiet_for(node.name))
 
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:
@@ -369,3 +401,9 @@ def _site_policy(request: pb.RegisterRequest, name: str) -> SitePolicy | None:
     except ConfigError as exc:
         log.warning("%s: its tasks are offered as if it had none (it checks them itself)", exc)
         return None
+
+
+def grpc_resume_key(node: Node, header: pb.UpdateHeader) -> str:
+    """What a broken PushUpdate is kept under: its node, task and payload digest, so only that
+    node's retry of that same update continues it."""
+    return f"grpc:{node.node_id}:{header.task_id}:{digest_of(header)}"

@@ -10,9 +10,17 @@ does not need. What is left is small: a ticket, a status frame and the payload's
 The conversation (TLS or mutual TLS around all of it when the gRPC port uses TLS):
 
     client -> "FGB1" | u16 ticket length | ticket          (a one-time ticket from gRPC)
+           or "FGB2" | u16 ticket length | ticket | u64 offset   (a download resumed)
     server -> status frame                                  (go ahead, or why not)
-    download: server -> payload_size bytes
-    upload:   client -> payload_size bytes; server -> status frame (the verdict)
+    download: server -> payload_size - offset bytes
+    upload:   server's go-ahead names `offset`, the bytes it already holds of this ticket's
+              payload; client -> payload_size - offset bytes; server -> status frame (verdict)
+
+Resume: a ticket outlives a connection that broke for RESUME_TTL_S. Presented again, a
+download continues at the offset the node asks for (the bytes it holds, already folded into
+its running BLAKE3 of the payload), an upload at the offset the aggregator names (the bytes it
+kept). Either way the whole payload is checked against the digest its header names before it
+is used, so a resumed payload is as verified as one sent in one piece.
 
 A status frame is a u32 length and a JSON object {"ok", "code", "reason", "message"}; `code`
 is the gRPC status name the same outcome gets on the gRPC path, so callers handle one kind of
@@ -36,6 +44,7 @@ from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 from fedgpu.core.tls import TlsFiles, ssl_client_context
 
 MAGIC = b"FGB1"
+RESUME_MAGIC = b"FGB2"
 MAX_TICKET = 256
 MAX_STATUS = 64 << 10
 # Largest single recv_into: big enough that the per-call cost vanishes, small enough that the
@@ -51,6 +60,9 @@ RATE_GRACE_S = 10.0
 # After the last byte of an upload the aggregator validates and aggregates before it answers
 # (seconds for a multi-GB model, and it may wait for another update's aggregation).
 VERDICT_TIMEOUT_S = 3600.0
+# How long a ticket whose connection broke may be presented again to resume its transfer (and
+# how long the aggregator keeps a broken upload's bytes, within its upload memory budget).
+RESUME_TTL_S = 120.0
 
 
 class Direction(StrEnum):
@@ -64,6 +76,7 @@ class Status:
     code: str = "OK"       # the gRPC status code name of the same outcome on the gRPC path
     reason: str = ""       # a refusal's counter key (server/states.Reject or a ticket reason)
     message: str = ""
+    offset: int = 0        # an upload's go-ahead: bytes of the payload the aggregator holds
 
     def frame(self) -> bytes:
         body = json.dumps(asdict(self)).encode()[:MAX_STATUS]
@@ -140,27 +153,39 @@ def recv_exact(sock: socket.socket, n: int,
     return bytes(buf)
 
 
-def send_ticket(sock: socket.socket, ticket: str) -> None:
+def send_ticket(sock: socket.socket, ticket: str, offset: int = 0) -> None:
+    """The hello: the ticket, and for a resumed download the offset to continue from."""
     raw = ticket.encode()
     if not 0 < len(raw) <= MAX_TICKET:
         raise BulkProtocolError(f"a ticket is 1-{MAX_TICKET} bytes")
-    sock.sendall(MAGIC + struct.pack(">H", len(raw)) + raw)
+    if offset:
+        sock.sendall(RESUME_MAGIC + struct.pack(">H", len(raw)) + raw + struct.pack(">Q", offset))
+    else:
+        sock.sendall(MAGIC + struct.pack(">H", len(raw)) + raw)
 
 
-def read_ticket(sock: socket.socket) -> str:
+def read_hello(sock: socket.socket) -> tuple[str, int]:
+    """The ticket a connection presents and the offset it resumes from (0: from the start)."""
     first = sock.recv(1)
     if not first:
         raise ClosedQuietly("closed before sending anything")
     head = first + recv_exact(sock, len(MAGIC) + 1)
-    if head[: len(MAGIC)] != MAGIC:
+    magic = head[: len(MAGIC)]
+    if magic not in (MAGIC, RESUME_MAGIC):
         raise BulkProtocolError("not a fedgpu bulk connection (bad magic)")
     (length,) = struct.unpack(">H", head[len(MAGIC):])
     if not 0 < length <= MAX_TICKET:
         raise BulkProtocolError(f"ticket of {length} bytes (at most {MAX_TICKET})")
     try:
-        return recv_exact(sock, length).decode("ascii")
+        token = recv_exact(sock, length).decode("ascii")
     except UnicodeDecodeError:
         raise BulkProtocolError("ticket is not ASCII") from None
+    offset = struct.unpack(">Q", recv_exact(sock, 8))[0] if magic == RESUME_MAGIC else 0
+    return token, offset
+
+
+def read_ticket(sock: socket.socket) -> str:
+    return read_hello(sock)[0]
 
 
 def write_status(sock: socket.socket, status: Status) -> None:
@@ -174,7 +199,7 @@ def read_status(sock: socket.socket, unstarted: type[Exception] = BulkProtocolEr
     try:
         doc = json.loads(recv_exact(sock, length))
         return Status(bool(doc["ok"]), str(doc.get("code", "")), str(doc.get("reason", "")),
-                      str(doc.get("message", "")))
+                      str(doc.get("message", "")), int(doc.get("offset", 0)))
     except (ValueError, KeyError, TypeError):
         raise BulkProtocolError("malformed status frame") from None
 
@@ -271,7 +296,14 @@ def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s:
                 if on_bytes is not None and got - reported >= PROGRESS_BYTES:
                     on_bytes(got - reported)
                     reported = got
-        finally:
+        except BaseException:
+            # The connection broke mid-block: what landed is kept (hashed into the running
+            # digest), so a resumed transfer continues after it, not from the block's start.
+            tail.release()
+            if got:
+                asm.advance(got)
+            raise
+        else:
             tail.release()
         if got:
             asm.advance(got)
@@ -281,21 +313,27 @@ def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s:
             raise codec.Truncated(f"stream truncated: got {asm.received} of {asm.size} bytes")
 
 
-def send_payload(sock: socket.socket, source: Path | Sequence[memoryview]) -> None:
-    """Send a file (sendfile on a plain socket: no copy through this process) or segments."""
+def send_payload(sock: socket.socket, source: Path | Sequence[memoryview],
+                 offset: int = 0) -> None:
+    """Send a file (sendfile on a plain socket: no copy through this process) or segments,
+    from byte `offset` on (a resumed transfer)."""
     if isinstance(source, Path):
         with open(source, "rb") as fh:
             # socket.sendfile uses os.sendfile where it can and falls back to send on TLS.
-            sock.sendfile(fh)
+            sock.sendfile(fh, offset)
         return
     for seg in source:
-        sock.sendall(seg)
+        if offset >= len(seg):
+            offset -= len(seg)
+            continue
+        sock.sendall(seg[offset:] if offset else seg)
+        offset = 0
 
 
-def first_status(sock: socket.socket, ticket: str) -> Status:
+def first_status(sock: socket.socket, ticket: str, offset: int = 0) -> Status:
     """Send the ticket and read the go-ahead; TurnedAway if the connection ends first."""
     try:
-        send_ticket(sock, ticket)
+        send_ticket(sock, ticket, offset)
         return read_status(sock, TurnedAway)
     except ConnectionError as exc:
         raise TurnedAway(f"closed before its first status: {exc}") from None
@@ -303,11 +341,12 @@ def first_status(sock: socket.socket, ticket: str) -> Status:
 
 def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
              asm: codec.Assembler | DigestSink, idle_s: float = 60.0) -> None:
-    """Fetch a task's payload into `asm`; BulkUnreachable (fall back to gRPC), RefusedError
-    (the aggregator said no), TimeoutError, OSError or codec errors otherwise."""
+    """Fetch a task's payload into `asm` (the rest of it, when `asm` holds a part already);
+    BulkUnreachable (fall back to gRPC), RefusedError (the aggregator said no), TimeoutError,
+    OSError or codec errors otherwise."""
     with connect(host, port, tls) as sock:
         sock.settimeout(idle_s)
-        status = first_status(sock, ticket)
+        status = first_status(sock, ticket, asm.received)
         if not status.ok:
             raise RefusedError(status)
         recv_payload(sock, asm, idle_s)
@@ -324,7 +363,7 @@ def upload(host: str, port: int, tls: TlsFiles | None, ticket: str,
         if not status.ok:
             return status
         sock.settimeout(idle_s)
-        send_payload(sock, source)
+        send_payload(sock, source, status.offset)
         sock.settimeout(verdict_timeout_s)
         return read_status(sock)
 

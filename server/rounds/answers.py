@@ -37,6 +37,7 @@ from fedgpu.server.rounds.records import (
     list_rejection,
 )
 from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.rounds.takeover import Holders
 from fedgpu.server.strategies.base import Strategy
 from fedgpu.server.transfer.payload import wire_spec
 from fedgpu.server.transfer.wire_limits import shown
@@ -72,6 +73,8 @@ class Answers:
         # Training updates into the strategy, several at once when they arrive together; the
         # lock is the engine's, held while it begins or finishes the strategy's round.
         self._folds = FoldQueue(lock)
+        # Streams holding slots, accepted digests (server/rounds/takeover.py).
+        self.holders = Holders()
 
     @property
     def wire_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None:
@@ -146,10 +149,12 @@ class Answers:
             rnd.slots[node.node_id] = SlotState.ASSIGNED
 
     def reject(self, node: Node | None, header: pb.UpdateHeader | None, exc: UpdateRejected,
-               rnd: RoundState | None = None, claimed: bool = False) -> None:
+               rnd: RoundState | None = None, claimed: bool = False,
+               ends_part: bool = True) -> None:
         """Count and list a refusal. A refused answer to the node's own open task ends its
         part in the attempt, unless another stream of that node holds the slot (`claimed`
-        says whether the refused stream is the one holding it)."""
+        says whether the refused stream is the one holding it) or `ends_part` is False (a
+        stream cut short: its node may resume it)."""
         self.run.history.count_rejection(exc.reason)
         entry = Rejection(
             node_id=node.node_id if node else None,
@@ -164,7 +169,10 @@ class Answers:
                 and rnd.number == header.round):
             list_rejection(rnd, entry)
             state = rnd.slots.get(node.node_id)
-            if state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
+            if not ends_part:
+                if claimed:
+                    self.release(node, rnd)
+            elif state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
                 node.pending = None
                 rnd.settle(node.node_id, SlotState.REJECTED, time.time())
         elif header is not None:
@@ -253,6 +261,18 @@ class Answers:
             self.run.history.attach_eval(header.evaluated_round, EvalEntry(
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
         rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())
+        self.holders.accepted(header)
+
+    async def take_over(self, node: Node, header: pb.UpdateHeader) -> None:
+        """A node's new answer to its task ends its own older stream still holding the slot."""
+        rnd = self.run.current
+
+        def uploading() -> bool:
+            return (rnd is not None and not rnd.closed
+                    and rnd.task_ids.get(node.node_id) == header.task_id
+                    and rnd.slots.get(node.node_id) == SlotState.UPLOADING)
+
+        await self.holders.take_over(node.node_id, header.task_id, uploading)
 
 
 def _speed(header: pb.UpdateHeader, train_seconds: float, epochs: object) -> float:

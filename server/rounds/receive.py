@@ -8,6 +8,7 @@ plan owns (secure aggregation's messages) go to the plan's own intake (server/ro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from google.protobuf.json_format import MessageToDict
 
@@ -36,16 +37,31 @@ def check_header(orch: Orchestrator, node: Node, header: pb.UpdateHeader) -> Rou
     return orch.answers.check_update(node, header)
 
 
+def accepted_message(header: pb.UpdateHeader, again: bool = False) -> str:
+    return f"update for round {header.round} {'already ' if again else ''}accepted"
+
+
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
-                 transport: Transport) -> str:
+                 transport: Transport, abort: Callable[[], None] | None = None,
+                 quiet: Callable[[], float] | None = None) -> str:
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
-    server stops) gives the slot back to the node, which may send again."""
+    server stops) gives the slot back to the node, which may send again. `abort` ends this
+    stream when the same node's retry takes its place (server/rounds/takeover.py; by
+    default the calling task is cancelled) once `quiet()`, the seconds since it last received
+    a byte, says it is dead (by default never)."""
     own = orch.plan.intake(header.kind)
     if own is not None:
         return await own.ingest(node, header, receive, transport)
+    if orch.answers.holders.already_accepted(header):
+        # The node's retry of an update whose acknowledgement it never got: counted once.
+        return accepted_message(header, again=True)
+    if abort is None:
+        abort = _cancel_current()
+    await orch.answers.take_over(node, header)
     rnd: RoundState | None = None
     claimed = False
+    holding: object = None
     try:
         # Async (FedBuff): an update that lands between two steps joins the next one.
         await next_step(orch, header.task_id, orch.job.round_deadline_s)
@@ -64,6 +80,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
         # From here on this upload holds the node's slot; others are duplicates.
         orch.answers.claim(node, rnd)
         claimed = True
+        holding = orch.answers.holders.hold(node.node_id, header.task_id, abort,
+                                            quiet or (lambda: 0.0))
         async with receive(rnd) as got:
             tensors = None
             if got is not None:
@@ -84,12 +102,22 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
-        orch.answers.reject(node, header, exc, rnd, claimed=claimed)
+        # A stream cut short is what a broken connection looks like on gRPC: refused, but its
+        # slot is given back at once for the node's resume (server/transfer/uploads.py).
+        orch.answers.reject(node, header, exc, rnd, claimed=claimed,
+                            ends_part=exc.reason != Reject.TRUNCATED)
         raise
     except BaseException:
         if claimed and rnd is not None:
             orch.answers.release(node, rnd)
         raise
+    finally:
+        orch.answers.holders.let_go(node.node_id, holding)
     if got is not None:
         node.transport = transport
-    return f"update for round {header.round} accepted"
+    return accepted_message(header)
+
+
+def _cancel_current() -> Callable[[], None]:
+    task = asyncio.current_task()
+    return (lambda: None) if task is None else (lambda: task.cancel() and None)

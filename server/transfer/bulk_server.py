@@ -6,6 +6,11 @@ Blocking socket calls run on a thread pool of this port's own, bounded like its 
 a stalled bulk connection waits out its timeout on one of these threads and never holds up
 the threads the event loop gives decoding, validation and aggregation. Everything that
 touches the round engine runs on the event loop, as for gRPC calls.
+
+Resume: a ticket presented while an older connection of it is still open (the node saw a
+reset that never reached this side) shuts that connection down and waits for it to end before
+going on: the new one takes over the transfer, so the node's own retry is never refused as a
+duplicate of itself. A broken upload's bytes are parked in server/transfer/uploads.py.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ MAX_CONNECTIONS = 64
 # From accepting a connection to holding its ticket (TLS handshake included): a deadline,
 # not a per-read timeout (server/transfer/bulk_gate.py).
 HANDSHAKE_S = 10.0
+# How long a resumed connection waits for the older connection of its ticket to wind down.
+TAKEOVER_S = 10.0
 
 T = TypeVar("T")
 
@@ -58,9 +65,10 @@ class UpdateDesk(Protocol):
         """`node_id` received its task's payload over this port."""
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
-                          receive: ReceiveBy) -> str:
+                          receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
         """Take the update `header` announces, its payload read by `receive`; the reply's
-        message. A refusal is counted and raised as UpdateRejected."""
+        message. A refusal is counted and raised as UpdateRejected. `abort` ends this
+        connection's transfer (when the same node's retry takes its place)."""
 
 
 def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
@@ -107,6 +115,9 @@ class BulkServer:
         # Open connections' sockets: shut down at close, so that a thread blocked reading one
         # returns at once instead of at its timeout (and the process can exit).
         self._socks: set[socket.socket] = set()
+        # The connection now serving each presented ticket: its shadow socket and task.
+        self._holders: dict[str, tuple[socket.socket, asyncio.Task[None]]] = {}
+        self.resumed = 0
 
     async def start(self) -> int:
         """Listen; the port bound (the one asked for, or a free one for 0)."""
@@ -146,6 +157,8 @@ class BulkServer:
             "uploads": self.uploads,
             "bytes_sent": self.bytes_sent,
             "tickets_outstanding": self.tickets.outstanding,
+            "tickets_resumable": self.tickets.resumable,
+            "resumed": self.resumed,
             "refused": dict(self.tickets.refused),
         }
 
@@ -168,13 +181,14 @@ class BulkServer:
             self._conns.add(task)
             task.add_done_callback(self._conns.discard)
 
-    def _handshake(self, conn: socket.socket) -> tuple[socket.socket, str, frozenset[str] | None]:
+    def _handshake(self, conn: socket.socket
+                   ) -> tuple[socket.socket, tuple[str, int], frozenset[str] | None]:
         sock: socket.socket = conn
         if self.tls is not None:
             sock = self.tls.wrap_socket(conn, server_side=True)
-        token = bulk.read_ticket(sock)
+        hello = bulk.read_hello(sock)
         names = peer_names(sock) if self.mutual and isinstance(sock, ssl.SSLSocket) else None
-        return sock, token, names
+        return sock, hello, names
 
     async def _serve(self, conn: socket.socket, address: str, peer: str) -> None:
         conn.setblocking(True)
@@ -189,7 +203,7 @@ class BulkServer:
             got = await self._pre_ticket(conn, shadow, address, peer)
             if got is None:
                 return
-            sock, token, names = got
+            sock, (token, offset), names = got
             if self.transfers >= self.max_connections:
                 self.tickets.refuse(TicketRefusal.BUSY, "too many bulk transfers")
                 log.warning("refused a bulk connection from %s: %d transfers already run",
@@ -197,7 +211,7 @@ class BulkServer:
                 return
             self.transfers += 1
             try:
-                await self._transfer(sock, shadow, token, names, peer)
+                await self._transfer(sock, shadow, token, offset, names, peer)
             finally:
                 self.transfers -= 1
         except OSError as exc:
@@ -208,7 +222,8 @@ class BulkServer:
             sock.close()
 
     async def _pre_ticket(self, conn: socket.socket, shadow: socket.socket, address: str,
-                          peer: str) -> tuple[socket.socket, str, frozenset[str] | None] | None:
+                          peer: str
+                          ) -> tuple[socket.socket, tuple[str, int], frozenset[str] | None] | None:
         """The TLS handshake and the ticket, by the deadline; None when refused."""
         dog = Watchdog(shadow, self.handshake_s)
         try:
@@ -239,33 +254,69 @@ class BulkServer:
         return got
 
     async def _transfer(self, sock: socket.socket, shadow: socket.socket, token: str,
-                        names: frozenset[str] | None, peer: str) -> None:
+                        offset: int, names: frozenset[str] | None, peer: str) -> None:
         try:
-            ticket = self.tickets.redeem(token, names)
+            ticket = self.tickets.redeem(token, names, offset)
         except TicketRefused as exc:
             log.warning("refused a bulk connection from %s: %s", peer, exc.message)
             await self._blocking(bulk.write_status, sock, Status(
                 False, "PERMISSION_DENIED", exc.reason, exc.message))
             return
-        if ticket.direction is Direction.DOWNLOAD:
-            await self._download(sock, shadow, ticket)
-        else:
-            await self._upload(sock, ticket)
+        await self._take_over(token)
+        me = asyncio.current_task()
+        assert me is not None
+        self._holders[token] = (shadow, me)
+        done = False
+        try:
+            if ticket.direction is Direction.DOWNLOAD:
+                await self._download(sock, shadow, ticket, offset)
+            else:
+                await self._upload(sock, shadow, ticket)
+            done = True
+        finally:
+            if self._holders.get(token, (None, None))[1] is me:
+                del self._holders[token]
+                # A verdict spends the ticket; a break leaves it to be presented again, and so
+                # does a download sent whole (its node may not have got the last bytes).
+                if done and ticket.direction is Direction.DOWNLOAD:
+                    self.tickets.sent(token)
+                elif done:
+                    self.tickets.finished(token)
+                else:
+                    self.tickets.broke(token)
+
+    async def _take_over(self, token: str) -> None:
+        """End the older connection still serving `token` (its node has given up on it)."""
+        held = self._holders.get(token)
+        if held is None:
+            return
+        self.resumed += 1
+        shadow, task = held
+        with contextlib.suppress(OSError):
+            shadow.shutdown(socket.SHUT_RDWR)
+        await asyncio.wait({task}, timeout=TAKEOVER_S)
 
     async def _download(self, sock: socket.socket, shadow: socket.socket,
-                        ticket: Ticket) -> None:
+                        ticket: Ticket, offset: int) -> None:
         payload = self.desk.open_payload(ticket.node_id, ticket.task_id)
         if payload is None or payload.size != ticket.size:
             await self._blocking(bulk.write_status, sock, Status(
                 False, "FAILED_PRECONDITION", "stale",
                 "the task this ticket was issued for is no longer open: ask for work again"))
             return
-        await self._blocking(bulk.write_status, sock, Status(True))
+        if not 0 <= offset <= payload.size:
+            await self._blocking(bulk.write_status, sock, Status(
+                False, "INVALID_ARGUMENT", "malformed",
+                f"resume offset {offset} is past the payload's {payload.size} bytes"))
+            return
+        if offset:
+            self.resumed += 1
+        await self._blocking(bulk.write_status, sock, Status(True, offset=offset))
         sock.settimeout(self.upload_limits.idle_s)
         # A reader slower than the minimum rate is cut off: it would hold a slot for hours.
         dog = Watchdog(shadow, bulk.RATE_GRACE_S + payload.size / bulk.MIN_RATE_BPS)
         try:
-            await self._blocking(payload.send, sock)
+            await self._blocking(payload.send, sock, offset)
         except OSError:
             if dog.expired:
                 raise OSError(f"the download fell below {bulk.MIN_RATE_BPS} bytes/s") \
@@ -274,21 +325,26 @@ class BulkServer:
         finally:
             dog.cancel()
         self.downloads += 1
-        self.bytes_sent += payload.size
+        self.bytes_sent += payload.size - offset
         self.desk.downloaded(ticket.node_id)
 
-    async def _upload(self, sock: socket.socket, ticket: Ticket) -> None:
+    async def _upload(self, sock: socket.socket, shadow: socket.socket, ticket: Ticket) -> None:
         header = ticket.header
         assert header is not None
 
         @contextlib.asynccontextmanager
         async def receive(deadline: float) -> AsyncIterator[Received]:
             async with self.upload_limits.receive_socket(ticket.node_name, header, sock,
-                                                         deadline, self._blocking) as got:
+                                                         deadline, self._blocking,
+                                                         ticket.token) as got:
                 yield got
 
+        def abort() -> None:
+            with contextlib.suppress(OSError):
+                shadow.shutdown(socket.SHUT_RDWR)
+
         try:
-            message = await self.desk.take_update(ticket.node_id, header, receive)
+            message = await self.desk.take_update(ticket.node_id, header, receive, abort)
         except UpdateRejected as exc:
             await self._verdict(sock, exc)
             return

@@ -79,34 +79,49 @@ class ModelPayload:
         assert enc.algorithm is not None, "a payload for the wire carries a digest"
         return cls(enc.size, enc.digest, enc.algorithm, None, enc.segments)
 
-    def chunks(self, chunk_size: int) -> Iterator[bytes]:
-        """The payload in gRPC chunks, read as the stream asks for them."""
+    def chunks(self, chunk_size: int, offset: int = 0) -> Iterator[bytes]:
+        """The payload in gRPC chunks from byte `offset` on (a resumed stream), read as the
+        stream asks for them."""
         if self._fd is None:
-            yield from codec.iter_chunks(codec.Encoded(self._segments, self.size, self.digest,
-                                                       self.algorithm), chunk_size)
+            if not offset:
+                yield from codec.iter_chunks(codec.Encoded(self._segments, self.size,
+                                                           self.digest, self.algorithm),
+                                             chunk_size)
+                return
+            for seg in self._segments:
+                if offset >= len(seg):
+                    offset -= len(seg)
+                    continue
+                for pos in range(offset, len(seg), chunk_size):
+                    yield bytes(seg[pos : pos + chunk_size])
+                offset = 0
             return
-        for offset in range(0, self.size, chunk_size):
+        for pos in range(offset, self.size, chunk_size):
             # A pread of the page cache: far below a millisecond per MiB, fine on the loop.
-            chunk = os.pread(self._fd, min(chunk_size, self.size - offset), offset)
+            chunk = os.pread(self._fd, min(chunk_size, self.size - pos), pos)
             if not chunk:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             yield chunk
 
-    def send(self, sock: socket.socket) -> None:
-        """Write the whole payload to a connected (blocking, timed) socket."""
+    def send(self, sock: socket.socket, offset: int = 0) -> None:
+        """Write the payload from byte `offset` on (a resumed download) to a connected
+        (blocking, timed) socket."""
         if self._fd is None:
             for seg in self._segments:
-                sock.sendall(seg)
+                if offset >= len(seg):
+                    offset -= len(seg)
+                    continue
+                sock.sendall(seg[offset:] if offset else seg)
+                offset = 0
             return
         if not isinstance(sock, ssl.SSLSocket):
             # socket.sendfile: os.sendfile with the socket's timeout honoured.
-            sent = sock.sendfile(_Descriptor(self._fd), 0, self.size)
-            if sent != self.size:
+            sent = sock.sendfile(_Descriptor(self._fd), offset, self.size - offset)
+            if sent != self.size - offset:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             return
-        buf = bytearray(min(SEND_BLOCK, self.size))
+        buf = bytearray(min(SEND_BLOCK, max(self.size - offset, 1)))
         view = memoryview(buf)
-        offset = 0
         while offset < self.size:
             n = os.preadv(self._fd, [view[: min(len(buf), self.size - offset)]], offset)
             if n <= 0:

@@ -10,6 +10,12 @@ open round, one stream per node) is the round engine's slot claim, checked befor
 Both paths come through here: gRPC chunks (`receive`) and the bulk port (`receive_socket`,
 whose node waits for a go-ahead sent once the memory is reserved, then streams the bytes
 straight into the buffer). Either yields the payload and `seconds`, first to last byte.
+
+A bulk upload whose connection breaks is parked, not dropped: its buffer (the bytes received,
+already folded into the running digest) and its memory reservation are kept under its ticket
+for RESUME_TTL_S, so the node's resume continues from there. Parked bytes count against the
+upload memory budget like any upload in flight, and are let go when the ticket's resume time
+runs out. The resumed payload is checked against the header's digest like any other.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from fedgpu.core import bulk, codec, digests
 from fedgpu.core.buffers import BufferPool
+from fedgpu.core.bulk import RESUME_TTL_S
 from fedgpu.proto import pb
 from fedgpu.server.rejections import Reject, UpdateRejected
 
@@ -111,6 +118,16 @@ class Received:
     seconds: float
 
 
+@dataclass
+class _Parked:
+    """A broken bulk upload's bytes, kept for its ticket's resume."""
+
+    up: _Upload
+    asm: codec.Assembler
+    reserved: int
+    expiry: asyncio.TimerHandle | None = None
+
+
 # Runs a blocking call (a socket read) on the bulk path's own threads.
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -127,6 +144,11 @@ class Uploads:
     # The bulk port's figures (server/transfer/bulk_server.py), shown beside these; None: no
     # bulk port.
     bulk: Callable[[], dict[str, Any]] | None = None
+    resume_ttl_s: float = RESUME_TTL_S
+    # Broken bulk uploads kept for their resume, by ticket; how many resumed and expired.
+    _parked: dict[str, _Parked] = field(default_factory=dict)
+    resumed: int = 0
+    expired: int = 0
 
     def __post_init__(self) -> None:
         self._budget = ByteBudget(self.budget_bytes)
@@ -153,25 +175,70 @@ class Uploads:
                                  "stalled (--upload-idle-s)") from None
 
     @contextlib.asynccontextmanager
-    async def _upload(self, node: str, header: pb.UpdateHeader
+    async def _upload(self, node: str, header: pb.UpdateHeader, resume_key: str | None = None,
+                      park_on_cancel: bool = False
                       ) -> AsyncIterator[tuple[_Upload, codec.Assembler, list[int]]]:
         """One upload's bookkeeping on either path: listed in `stats` while it runs, its
         buffer back to the pool and its reserved memory (the list's one entry, set by the
-        path once reserved) released when the caller's block is over."""
+        path once reserved) released when the caller's block is over, unless the block
+        parked them for a resume (the list's entry set back to 0)."""
         assert self._budget is not None
-        asm = self.assembler(header)
-        now = time.time()
-        up = _Upload(node, now, now)
+        parked = self._parked.pop(resume_key, None) if resume_key is not None else None
+        if parked is not None:
+            if parked.expiry is not None:
+                parked.expiry.cancel()
+            self.resumed += 1
+            up, asm, reserved = parked.up, parked.asm, [parked.reserved]
+            up.last_byte = time.time()
+        else:
+            asm = self.assembler(header)
+            now = time.time()
+            up = _Upload(node, now, now)
+            reserved = [0]
         self._active[id(up)] = up
-        reserved = [0]
+        kept = [False]
         try:
             yield up, asm, reserved
+        except (OSError, codec.Truncated, asyncio.CancelledError, UpdateRejected) as exc:
+            # A gRPC stream whose connection broke ends early (truncated) or is cancelled (its
+            # node's retry took over); a bulk read is never cancelled mid-read (its socket is
+            # shut down first), only at shutdown.
+            if isinstance(exc, UpdateRejected):
+                breaks = exc.reason == Reject.TRUNCATED
+            else:
+                breaks = park_on_cancel or not isinstance(exc, asyncio.CancelledError)
+            if (breaks and resume_key is not None and reserved[0]
+                    and 0 < asm.received < asm.size):
+                self._park(resume_key, _Parked(up, asm, reserved[0]))
+                kept[0] = True
+            raise
         finally:
             self._active.pop(id(up), None)
-            # Nothing views the payload any more: the buffer goes back to the pool.
-            asm.release()
-            if reserved[0]:
-                self._budget.release(reserved[0])
+            if not kept[0]:
+                # Nothing views the payload any more: the buffer goes back to the pool.
+                asm.release()
+                if reserved[0]:
+                    self._budget.release(reserved[0])
+
+    def _park(self, key: str, parked: _Parked) -> None:
+        parked.expiry = asyncio.get_running_loop().call_later(
+            self.resume_ttl_s, self._expire, key, parked)
+        self._parked[key] = parked
+
+    def _expire(self, key: str, parked: _Parked) -> None:
+        """A parked upload nobody resumed in time: its memory goes back to the budget."""
+        if self._parked.get(key) is not parked:
+            return
+        self.expired += 1
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        parked = self._parked.pop(key)
+        if parked.expiry is not None:
+            parked.expiry.cancel()
+        parked.asm.release()
+        assert self._budget is not None
+        self._budget.release(parked.reserved)
 
     def _received(self, up: _Upload, asm: codec.Assembler) -> Received:
         """The checked payload; the upload is no longer listed as in flight (what follows,
@@ -184,13 +251,37 @@ class Uploads:
         self._active.pop(id(up), None)
         return Received(payload, up.seconds)
 
+    def quiet_for(self, node: str) -> float:
+        """Seconds since `node`'s upload in flight last received a byte; 0 when it has none
+        (it may be decoding or folding) or waits for memory (alive, not silent)."""
+        now = time.time()
+        quiet = [now - u.last_byte for u in self._active.values()
+                 if u.node == node and not u.waiting_for_memory]
+        return min(quiet) if quiet else 0.0
+
+    def parked_offset(self, key: str) -> int:
+        """Bytes kept of the broken upload parked under `key` (0: none)."""
+        parked = self._parked.get(key)
+        return parked.asm.received if parked is not None else 0
+
     @contextlib.asynccontextmanager
     async def receive(self, node: str, header: pb.UpdateHeader,
-                      stream: AsyncIterator[pb.UpdateChunk], deadline: float
-                      ) -> AsyncIterator[Received]:
+                      stream: AsyncIterator[pb.UpdateChunk], deadline: float,
+                      resume_key: str | None = None) -> AsyncIterator[Received]:
         """The payload announced by `header`, checked against its size and digest; its memory
-        stays reserved until the block using it ends (decode, validation, aggregation)."""
-        async with self._upload(node, header) as (up, asm, reserved):
+        stays reserved until the block using it ends (decode, validation, aggregation). With
+        `resume_key`, a stream that breaks is parked under it, and a header whose
+        payload_offset is set continues the one parked there. A stream that ends early is
+        refused as truncated, and parked too: grpc.aio ends the stream of a connection that
+        broke the same way, and the node may resume it."""
+        if header.payload_offset and self.parked_offset(resume_key or "") != header.payload_offset:
+            raise UpdateRejected(Reject.MALFORMED, f"nothing of this update is kept at offset "
+                                 f"{header.payload_offset}: send it from its first byte")
+        if not header.payload_offset and resume_key in self._parked:
+            # Sent again from its first byte: what was kept of it is let go.
+            self._drop(resume_key)
+        async with self._upload(node, header, resume_key, park_on_cancel=True) as (
+                up, asm, reserved):
             try:
                 while True:
                     msg = await self.next_message(stream, deadline)
@@ -209,15 +300,18 @@ class Uploads:
 
     @contextlib.asynccontextmanager
     async def receive_socket(self, node: str, header: pb.UpdateHeader, sock: socket.socket,
-                             deadline: float, blocking: Blocking) -> AsyncIterator[Received]:
+                             deadline: float, blocking: Blocking, resume_key: str | None = None
+                             ) -> AsyncIterator[Received]:
         """The payload `header` announces, read from a bulk connection straight into its
-        buffer. The go-ahead goes out once the memory is reserved; then the same idle
+        buffer. The go-ahead goes out once the memory is reserved, naming the bytes already
+        held (a resume of the upload parked under `resume_key`); then the same idle
         timeout, deadline, size and digest checks as a gRPC stream. OSError: the connection
-        broke (not a verdict on the update)."""
-        async with self._upload(node, header) as (up, asm, reserved):
+        broke (not a verdict on the update; with `resume_key` its bytes are parked)."""
+        async with self._upload(node, header, resume_key) as (up, asm, reserved):
             try:
-                reserved[0] = await self._reserve(up, asm.size, deadline)
-                await blocking(bulk.write_status, sock, bulk.Status(True))
+                if not reserved[0]:
+                    reserved[0] = await self._reserve(up, asm.size, deadline)
+                await blocking(bulk.write_status, sock, bulk.Status(True, offset=asm.received))
                 await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got,
                                bulk.MIN_RATE_BPS)
             except bulk.TooSlow as exc:
@@ -230,6 +324,9 @@ class Uploads:
                                          "round's deadline") from None
                 raise UpdateRejected(Reject.TIMEOUT, f"no data for {self.idle_s:g}s: the "
                                      "upload stalled (--upload-idle-s)") from None
+            except codec.Truncated as exc:
+                # The sender closed mid-payload: a broken connection, not a damaged update.
+                raise ConnectionError(str(exc)) from None
             except codec.CodecError as exc:
                 raise UpdateRejected(Reject(exc.reason), str(exc)) from None
             yield self._received(up, asm)
@@ -279,4 +376,7 @@ class Uploads:
             "memory_reserved_bytes": self._budget.used,
             "memory_budget_bytes": self._budget.total,
             "idle_timeout_s": self.idle_s,
+            "parked_for_resume": len(self._parked),
+            "resumed": self.resumed,
+            "expired_unresumed": self.expired,
         }

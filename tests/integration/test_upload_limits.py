@@ -69,14 +69,19 @@ def test_one_update_on_many_concurrent_streams_counts_once(federation: Federatio
                                                   for _ in range(copies))))
         return out
 
+    acknowledged = 0
     for results in asyncio.run(attack()):
         accepted = [r for r in results if isinstance(r, pb.PushReply)]
-        assert len(accepted) == 1, results
+        counted = [r for r in accepted if "already accepted" not in r.message]
+        assert len(counted) == 1, results
+        # A copy that arrives once its twin was accepted is acknowledged, not counted (a
+        # retry whose acknowledgement was lost, issue 37).
+        acknowledged += len(accepted) - 1
     # The refusals as the aggregator counted them (a client still sending when its stream is
     # refused may itself only see INTERNAL): every other copy was a duplicate, or late.
     refused = federation.wait_state(("finished",), timeout=60)["rejections"]
     assert set(refused) <= {"duplicate", "late"}, refused
-    assert sum(refused.values()) == rounds * (copies - 1), refused
+    assert sum(refused.values()) == rounds * (copies - 1) - acknowledged, refused
     history = federation.query("ListRounds")["rounds"]
     assert [r["status"] for r in history] == ["finished"] * rounds
     for r in history:

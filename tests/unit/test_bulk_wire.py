@@ -32,6 +32,7 @@ def test_a_ticket_is_spent_once_and_expires() -> None:
     book = TicketBook(ttl_s=30, clock=clock)
     t = book.issue(bulk.Direction.DOWNLOAD, "n1", "site-a", "task", 100)
     assert book.redeem(t.token, None).task_id == "task"
+    book.finished(t.token)
     with pytest.raises(TicketRefused, match="already used") as used:
         book.redeem(t.token, None)
     assert used.value.reason == "used"
@@ -45,6 +46,39 @@ def test_a_ticket_is_spent_once_and_expires() -> None:
     assert forged.value.reason == "unknown"
     assert dict(book.refused) == {"used": 1, "expired": 1, "unknown": 1}
     assert book.outstanding == 0
+
+
+def test_a_broken_transfer_s_ticket_resumes_for_a_bounded_time() -> None:
+    """The resume ticket: presented again after its connection broke, within RESUME_TTL_S of
+    the break, it names the same transfer; past that it is expired, after a verdict spent."""
+    clock = Clock()
+    book = TicketBook(ttl_s=30, resume_ttl_s=120, clock=clock)
+    t = book.issue(bulk.Direction.UPLOAD, "n1", "site-a", "task", 100)
+    first = book.redeem(t.token, None)
+    clock.now += 100
+    book.broke(t.token)
+    clock.now += 119
+    again = book.redeem(t.token, None)
+    assert again is first and book.resumable == 1
+    book.broke(t.token)
+    clock.now += 121
+    with pytest.raises(TicketRefused, match="expired"):
+        book.redeem(t.token, None)
+    done = book.issue(bulk.Direction.UPLOAD, "n1", "site-a", "task", 100)
+    book.redeem(done.token, None)
+    book.finished(done.token)
+    with pytest.raises(TicketRefused, match="already used"):
+        book.redeem(done.token, None)
+    assert book.resumable == 0
+
+
+def test_a_resume_ticket_is_still_bound_to_its_node_certificate() -> None:
+    book = TicketBook()
+    t = book.issue(bulk.Direction.DOWNLOAD, "n1", "site-a", "task", 1)
+    book.redeem(t.token, frozenset({"site-a"}))
+    book.broke(t.token)
+    with pytest.raises(TicketRefused, match="certificate for site-b"):
+        book.redeem(t.token, frozenset({"site-b"}))
 
 
 def test_under_mutual_tls_a_ticket_binds_its_node_certificate() -> None:

@@ -42,14 +42,18 @@ TASK_KIND_SECAGG_CONSISTENCY: TaskKind
 TASK_KIND_STATISTICS: TaskKind
 
 class BulkTicket(_message.Message):
-    __slots__ = ("ticket", "port", "expires_in_s")
+    __slots__ = ("ticket", "port", "expires_in_s", "already_accepted", "message")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     port: int
     expires_in_s: float
-    def __init__(self, ticket: _Optional[str] = ..., port: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+    already_accepted: bool
+    message: str
+    def __init__(self, ticket: _Optional[str] = ..., port: _Optional[int] = ..., expires_in_s: _Optional[float] = ..., already_accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_mib", "memory_used_mib", "memory_free_mib", "utilization_pct", "compute_capability", "healthy", "reason")
@@ -181,19 +185,23 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., bulk_port: _Optional[int] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error")
+    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error", "resume_task_id", "resume_offset")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     BULK_FIELD_NUMBER: _ClassVar[int]
     BULK_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_OFFSET_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     wait_s: int
     bulk: bool
     bulk_error: str
-    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ...) -> None: ...
+    resume_task_id: str
+    resume_offset: int
+    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "job_terms", "statistics")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +223,7 @@ class TaskHeader(_message.Message):
     SECAGG_STAGE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_LOCAL_FIELD_NUMBER: _ClassVar[int]
     PRIVACY_DISTRIBUTED_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     JOB_TERMS_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
@@ -238,9 +247,10 @@ class TaskHeader(_message.Message):
     secagg_stage_timeout_s: float
     privacy_local: PrivacyLocalDp
     privacy_distributed: PrivacyDistributedDp
+    payload_offset: int
     job_terms: JobTerms
     statistics: StatisticsRelease
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., payload_offset: _Optional[int] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ...) -> None: ...
 
 class JobTerms(_message.Message):
     __slots__ = ("job_id", "study", "rounds", "secure_aggregation", "dp_mode", "target_epsilon")
@@ -401,7 +411,7 @@ class RoundResources(_message.Message):
     def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json", "payload_offset")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -438,6 +448,7 @@ class UpdateHeader(_message.Message):
     INELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     INELIGIBLE_REASON_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -460,7 +471,8 @@ class UpdateHeader(_message.Message):
     ineligible: bool
     ineligible_reason: str
     statistics_json: str
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., statistics_json: _Optional[str] = ...) -> None: ...
+    payload_offset: int
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., statistics_json: _Optional[str] = ..., payload_offset: _Optional[int] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")
@@ -469,6 +481,16 @@ class UpdateChunk(_message.Message):
     header: UpdateHeader
     data: bytes
     def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadOffsetReply(_message.Message):
+    __slots__ = ("offset", "already_accepted", "message")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    already_accepted: bool
+    message: str
+    def __init__(self, offset: _Optional[int] = ..., already_accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "message")

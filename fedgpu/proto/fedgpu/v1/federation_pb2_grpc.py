@@ -64,6 +64,11 @@ class FederationStub:
                 request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
                 response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.FromString,
                 _registered_method=True)
+        self.UploadOffset = channel.unary_unary(
+                '/fedgpu.v1.Federation/UploadOffset',
+                request_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
+                response_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UploadOffsetReply.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -119,6 +124,15 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadOffset(self, request, context):
+        """Where a PushUpdate that broke off may resume: the bytes of this update (same node, task
+        and payload digest) the aggregator kept; 0 when none. Ends the node's own older stream of
+        it if that still holds its slot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +165,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.OpenUpload,
                     request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.FromString,
                     response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.SerializeToString,
+            ),
+            'UploadOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.UploadOffset,
+                    request_deserializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.FromString,
+                    response_serializer=fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UploadOffsetReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -315,6 +334,33 @@ class Federation:
             '/fedgpu.v1.Federation/OpenUpload',
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
             fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.BulkTicket.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedgpu.v1.Federation/UploadOffset',
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UpdateHeader.SerializeToString,
+            fedgpu_dot_proto_dot_fedgpu_dot_v1_dot_federation__pb2.UploadOffsetReply.FromString,
             options,
             channel_credentials,
             insecure,
