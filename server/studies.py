@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.people import check_name
+from fedgpu.core.site_policy import SitePolicy, refuses_study
 
 STUDIES_DB = "studies.db"
 # A federation's studies and a study's sites, at most: consortia, not directories.
@@ -58,14 +59,17 @@ class SiteRecord(Protocol):
     """What the policy hook sees of a site: the registry's Node fits."""
 
     name: str
+    site_policy: SitePolicy | None
 
 
 def site_refuses_study(node: SiteRecord | None, study: str) -> str | None:
     """Why the site `node` (None: not registered yet) does not serve `study`; None when it
-    does. The hook for site-owned policies: a site that advertises the studies it serves
-    refuses the others here, at enrolment and at every sampling. Today every site serves
-    every study it is enrolled in."""
-    return None
+    does: the `studies` of the policy the site advertised (fedgpu/core/site_policy.py), at
+    enrolment and at every sampling. Advisory: the site checks its own file at every task
+    too, so an aggregator that skipped this still gets the refusal."""
+    if node is None:
+        return None
+    return refuses_study(getattr(node, "site_policy", None), study)
 
 
 @dataclass(frozen=True)

@@ -102,20 +102,22 @@ def test_a_job_of_a_study_samples_only_its_enrolled_sites(tmp_path: Path) -> Non
 
 
 def test_a_site_whose_policy_refuses_the_study_is_neither_enrolled_nor_sampled(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The hook's contract (the site-owned policy fills it in): a reason refuses. Replaced here
-    # because today's hook allows everything; what is tested is that both paths ask it.
+        tmp_path: Path) -> None:
+    # site-b advertised a policy that serves study cardio only (fedgpu/core/site_policy.py).
+    from fedgpu.core import site_policy
+
     registry = _nodes("site-a", "site-b")
     store = Studies(tmp_path)
     store.create("onco")
     store.enrol("onco", ["site-a", "site-b"])
-    monkeypatch.setattr(studies_mod, "site_refuses_study",
-                        lambda node, study: "serves cardio only" if node and
-                        node.name == "site-b" else None)
+    nodes = {n.name: n for n in registry.all()}
+    nodes["site-b"].site_policy = site_policy.parse('studies = ["cardio"]\n')
     onco = parse_job({"task": "digits", "study": "onco"})
     assert [n.name for n in eligible_nodes(onco, registry.alive(), None, store)] == ["site-a"]
     store.create("cardio")
-    nodes = {n.name: n for n in registry.all()}
-    with pytest.raises(StudyError, match="site-b.*serves cardio only"):
-        store.enrol("cardio", ["site-a", "site-b"], nodes=nodes)
-    assert store.get("cardio").sites == ()  # type: ignore[union-attr]  # all or none
+    store.create("derm")
+    with pytest.raises(StudyError, match="site-b.*serves 'cardio', not study 'derm'"):
+        store.enrol("derm", ["site-a", "site-b"], nodes=nodes)
+    store.enrol("cardio", ["site-a", "site-b"], nodes=nodes)
+    assert store.get("cardio").sites == ("site-a", "site-b")  # type: ignore[union-attr]
+    assert store.get("derm").sites == ()  # type: ignore[union-attr]  # all or none
