@@ -165,7 +165,11 @@ def test_a_kit_from_a_request_carries_no_key(tmp_path: Path, kind: str) -> None:
 
 def test_a_site_kit_carries_the_sites_policy(tmp_path: Path) -> None:
     """The kit carries the site's policy file as policy.toml, named in node.toml and resolved
-    inside the kit; a bad policy file is refused with the parser's error and writes nothing."""
+    inside the kit; a bad policy file is refused with the parser's error and writes nothing.
+
+    Threat model: the kit maker (the CA's host) only hands the site a starting file; the
+    policy is the site's, which may replace it in its kit, and the node checks whatever file it
+    starts with (test below), never a copy the aggregator holds."""
     ca = _ca(tmp_path)
     policy = tmp_path / "site-policy.toml"
     text = 'studies = ["onco"]\nmax_rounds = 50 # per job\n'
