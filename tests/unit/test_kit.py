@@ -161,3 +161,72 @@ def test_a_kit_from_a_request_carries_no_key(tmp_path: Path, kind: str) -> None:
     r = cli("kit", "site", "x", "--aggregator", "a:1", "--ca-dir", str(ca), "--key-path", "/k",
             "--out", str(tmp_path / "x"))
     assert r.returncode != 0 and "--csr" in r.stderr
+
+
+def test_a_site_kit_carries_the_sites_policy(tmp_path: Path) -> None:
+    """The kit carries the site's policy file as policy.toml, named in node.toml and resolved
+    inside the kit; a bad policy file is refused with the parser's error and writes nothing.
+
+    Threat model: the kit maker (the CA's host) only hands the site a starting file; the
+    policy is the site's, which may replace it in its kit, and the node checks whatever file it
+    starts with (test below), never a copy the aggregator holds."""
+    ca = _ca(tmp_path)
+    policy = tmp_path / "site-policy.toml"
+    text = 'studies = ["onco"]\nmax_rounds = 50 # per job\n'
+    policy.write_text(text)
+    out = tmp_path / "kits" / "site-a"
+    r = cli("kit", "site", "site-a", "--aggregator", "agg:50051", "--ca-dir", str(ca),
+            "--out", str(out), "--policy", str(policy))
+    assert r.returncode == 0, r.stderr
+    assert (out / "policy.toml").read_text() == text  # the site's very text, comments kept
+    assert tomllib.loads((out / "node.toml").read_text())["policy"] == "policy.toml"
+    assert read_node_kit(out).policy == out / "policy.toml"
+    # A kit without --policy names none.
+    plain = tmp_path / "kits" / "site-b"
+    assert cli("kit", "site", "site-b", "--aggregator", "agg:50051", "--ca-dir", str(ca),
+               "--out", str(plain)).returncode == 0
+    assert read_node_kit(plain).policy is None and not (plain / "policy.toml").exists()
+
+    bad = tmp_path / "bad.toml"
+    for content, why in (('max_round = 5\n', "did you mean 'max_rounds'"),
+                         ('studies = [\n', "not valid TOML"),
+                         ('x' * (70 << 10), "over")):
+        bad.write_text(content)
+        again = tmp_path / "kits" / "site-c"
+        r = cli("kit", "site", "site-c", "--aggregator", "agg:50051", "--ca-dir", str(ca),
+                "--out", str(again), "--policy", str(bad))
+        assert r.returncode != 0 and why in r.stderr, r.stderr
+        assert not again.exists()
+    r = cli("kit", "site", "site-c", "--aggregator", "agg:50051", "--ca-dir", str(ca),
+            "--out", str(tmp_path / "kits" / "site-c"), "--policy", str(tmp_path / "nope"))
+    assert r.returncode != 0 and "cannot read" in r.stderr
+    # The kit's node.toml names a policy file the kit must hold.
+    (out / "policy.toml").unlink()
+    with pytest.raises(ConfigError, match="policy = 'policy.toml'.*not a file"):
+        read_node_kit(out)
+    doc = (out / "node.toml").read_text().replace('policy = "policy.toml"', "policy = 3")
+    (out / "node.toml").write_text(doc)
+    with pytest.raises(ConfigError, match="policy must be a string"):
+        read_node_kit(out)
+
+
+def test_node_start_reads_the_kits_policy_unless_given_one(tmp_path: Path) -> None:
+    """`node start --kit` checks the kit's policy.toml before it starts (a bad one stops it
+    with the file's error); --policy given on the command line wins over the kit's."""
+    ca = _ca(tmp_path)
+    policy = tmp_path / "p.toml"
+    policy.write_text('max_rounds = 5\n')
+    out = tmp_path / "site-a"
+    data = tmp_path / "no-data-here"
+    assert cli("kit", "site", "site-a", "--aggregator", "127.0.0.1:1", "--ca-dir", str(ca),
+               "--out", str(out), "--policy", str(policy), "--data", str(data)).returncode == 0
+    # The site edits its kit's file (it may): node start reads the edited file.
+    (out / "policy.toml").write_text('max_rounds = "many"\n')
+    r = cli("node", "start", "--kit", str(out))
+    assert r.returncode != 0 and "policy.toml" in r.stderr and "max_rounds" in r.stderr, r.stderr
+    good = tmp_path / "good.toml"
+    good.write_text('max_rounds = 5\n')
+    r = cli("node", "start", "--kit", str(out), "--policy", str(good))
+    # Past the policy (it stops at the missing data directory): --policy replaced the kit's.
+    assert r.returncode != 0 and "data directory" in r.stderr, r.stderr
+    assert f"site policy {good}: max_rounds=5" in r.stderr

@@ -54,6 +54,11 @@ def site(
         "(without it the site passes --data to 'node start').")] = None,
     gpu: Annotated[str | None, typer.Option(
         "--gpu", help="The site's GPU policy (none, offer, enforce) in node.toml.")] = None,
+    policy: Annotated[Path | None, typer.Option(
+        "--policy", show_default=False,
+        help="The site's policy file (TOML: the studies, tasks and job terms it trains for; "
+             "docs: how-to/site-policies.md), checked now and carried as policy.toml. The "
+             "site may replace that file in its kit at any time.")] = None,
     csr_file: Csr = None,
     key_path: KeyPath = None,
     archive: Archive = False,
@@ -63,6 +68,9 @@ def site(
     """Write a site's startup kit: its certificate and key (signed by the federation's CA),
     the CA certificate, and node.toml with the aggregator's address, the site's name and its
     TLS files. On the site's host, 'fedgpu node start --kit DIR' needs nothing else.
+
+    With --policy the kit carries the site's policy file as policy.toml (node start uses it
+    unless given --policy). The file is the site's: it may replace it in its kit at any time.
 
     With --csr (the site made its key and request with 'fedgpu certs request'), the kit holds
     the certificate signed from the request and no key: the key never leaves the site.
@@ -75,13 +83,16 @@ def site(
     if gpu is not None and gpu not in ("none", "offer", "enforce"):
         raise ConfigError(f"--gpu {gpu!r}: one of none, offer, enforce")
     _key_path_needs_csr(csr_file, key_path)
+    policy_text = None if policy is None else _site_policy(policy)
     out = out or Path("kits") / name
     issued = None if csr_file else _certificate(ca_dir, name, certs.Role.NODE, days)
     with files.writing(out, force) as tmp:
         _certificate_files(tmp, issued, csr_file, ca_dir, name, certs.Role.NODE, days)
         files.write_text(tmp / files.NODE_CONFIG, files.node_toml(
             address, name, data, gpu, certs.NODE_CERT, key_path or certs.NODE_KEY,
-            certs.CA_CERT))
+            certs.CA_CERT, files.POLICY_FILE if policy_text is not None else None))
+        if policy_text is not None:
+            files.write_text(tmp / files.POLICY_FILE, policy_text)
     typer.echo(f"site {name}: kit in {out}; on its host: fedgpu node start --kit {out}"
                + ("" if data else " --data DIR"))
     if csr_file is not None:
@@ -135,6 +146,24 @@ def operator(
                f"--connection {name}")
     if archive:
         typer.echo(f"archive: {files.archive(out, force)}")
+
+
+def _site_policy(path: Path) -> str:
+    """The policy file's text, checked by the parser the node uses (a bad file is refused
+    here with its error, before any kit is written); the kit carries this very text."""
+    from fedgpu.core import site_policy
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(site_policy.MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--policy {path}: cannot read it ({exc.strerror})") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--policy {path}: not UTF-8 text") from None
+    site_policy.parse(text, f"--policy {path}")
+    return text
 
 
 def _key_path_needs_csr(csr_file: Path | None, key_path: str | None) -> None:

@@ -2,9 +2,14 @@
 
 A site's kit: its certificate and key (signed by the federation's CA), the CA certificate, and
 `node.toml`, the flags `fedgpu node start` needs (aggregator address, name, TLS files; the data
-directory and GPU policy when given). An operator's kit: the operator certificate and key, the
+directory and GPU policy when given; the site's policy file, `policy.toml`, when given). An
+operator's kit: the operator certificate and key, the
 CA certificate, and `connections.toml`, a saved connection whose paths are relative to the kit
 (`FEDGPU_CONFIG_DIR=KIT fedgpu status --connection NAME`).
+
+The policy file belongs to the site, not to whoever made the kit: the site may edit or
+replace `policy.toml` in its kit at any time (the node reads it at start). The aggregator
+never sees the file, only what the node advertises from it.
 
 A kit is written whole or not at all: into a temporary directory beside it, then renamed into
 place; an existing kit is replaced only when asked (--force). Key files are 0600 from the
@@ -28,10 +33,12 @@ from fedgpu.core.errors import ConfigError
 
 NODE_CONFIG = "node.toml"
 CONNECTIONS = "connections.toml"
+# The site's policy (fedgpu/core/site_policy.py) as a kit carries it, beside node.toml.
+POLICY_FILE = "policy.toml"
 # A hand-edited node.toml this large is not one: refuse it rather than parse it.
 MAX_CONFIG_BYTES = 64 << 10
 _NODE_KEYS = {"aggregator": str, "name": str, "tls_cert": str, "tls_key": str, "tls_ca": str,
-              "data": str, "gpu": str}
+              "data": str, "gpu": str, "policy": str}
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,11 @@ class NodeKit:
     tls_ca: Path
     data: Path | None = None
     gpu: str | None = None
+    policy: Path | None = None
 
 
 def node_toml(aggregator: str, name: str, data: Path | None, gpu: str | None,
-              cert: str, key: str, ca: str) -> str:
+              cert: str, key: str, ca: str, policy: str | None = None) -> str:
     """The text of a site's node.toml (strings as JSON strings: TOML reads them the same)."""
     lines = [f"# fedgpu startup kit of site {name}: 'fedgpu node start --kit DIR' reads this",
              "# file; a flag given on the command line wins over its line here.",
@@ -59,6 +67,9 @@ def node_toml(aggregator: str, name: str, data: Path | None, gpu: str | None,
         lines.append(f"data = {json.dumps(str(data))}")
     if gpu is not None:
         lines.append(f"gpu = {json.dumps(gpu)}")
+    if policy is not None:
+        lines += ["# The site's own policy (which jobs it trains for): the site may replace "
+                  "this file.", f"policy = {json.dumps(policy)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -98,7 +109,7 @@ def read_node_kit(kit: Path) -> NodeKit:
 
     return NodeKit(doc["aggregator"], doc["name"], local("tls_cert"), local("tls_key"),
                    local("tls_ca"), Path(doc["data"]) if "data" in doc else None,
-                   doc.get("gpu"))
+                   doc.get("gpu"), local("policy") if "policy" in doc else None)
 
 
 @contextlib.contextmanager

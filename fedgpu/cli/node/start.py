@@ -27,8 +27,9 @@ def start(
     kit: Annotated[Path | None, typer.Option(
         envvar="FEDGPU_NODE_KIT",
         help="A site's startup kit ('fedgpu kit site NAME'): the aggregator's address, the "
-             "site's name, certificate and CA, and its data and GPU policy when the kit has "
-             "them. A flag given here wins over the kit's value.")] = None,
+             "site's name, certificate and CA, and its data, GPU policy and site policy "
+             "(policy.toml) when the kit has them. A flag given here wins over the kit's "
+             "value.")] = None,
     name: Annotated[str | None, typer.Option(
         envvar="FEDGPU_NODE_NAME",
         help="Node name (default: the --tls-cert's name, else the hostname and a short id kept "
@@ -111,6 +112,7 @@ def start(
         k = read_node_kit(kit)
         aggregator, data, name = aggregator or k.aggregator, data or k.data, name or k.name
         gpu = gpu or k.gpu
+        policy_file = policy_file or k.policy
         if not (tls_cert or tls_key or tls_ca):
             tls_cert, tls_key, tls_ca = k.tls_cert, k.tls_key, k.tls_ca
     if aggregator is None:
@@ -119,6 +121,17 @@ def start(
     if data is None:
         raise ConfigError("no data directory: pass --data DIR (or FEDGPU_DATA), or a --kit "
                           "made with 'fedgpu kit site NAME --data DIR'")
+    # Read before the data directory is checked: a bad policy file (a kit's policy.toml the
+    # site edited, say) is named before anything else about the host.
+    site_policy = None
+    if policy_file is not None:
+        from fedgpu.core import site_policy as sp
+
+        site_policy = sp.load(policy_file)
+        task_approval = sp.stricter_approval(task_approval, site_policy.task_approval)
+        logging.getLogger("fedgpu.node").info("site policy %s: %s (--task-approval %s)",
+                                              policy_file, site_policy.summary(),
+                                              task_approval)
     try:
         flags = policy.parse_gpu_flags(gpu or "offer", gpu_index, gpu_min_free_mib,
                                        gpu_memory_fraction)
@@ -138,15 +151,6 @@ def start(
         check_data_dir(data)
     except DataDirError as exc:
         raise ConfigError(str(exc)) from None
-    site_policy = None
-    if policy_file is not None:
-        from fedgpu.core import site_policy as sp
-
-        site_policy = sp.load(policy_file)
-        task_approval = sp.stricter_approval(task_approval, site_policy.task_approval)
-        logging.getLogger("fedgpu.node").info("site policy %s: %s (--task-approval %s)",
-                                              policy_file, site_policy.summary(),
-                                              task_approval)
     agent = Agent(AgentConfig(
         aggregator=aggregator,
         data_dir=data,
