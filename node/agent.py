@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
 from fedgpu.node.rounds import local_dp, workfiles
+from fedgpu.node.rounds.ddp_launch import run_workers
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
     SIMULATED_GPUS_ENV,
@@ -47,6 +49,7 @@ from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.status import write_status
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
+from fedgpu.node.worker_devices import decisions_for
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
@@ -267,6 +270,8 @@ class Agent:
                     header.task_name, hparams_json, self.cfg.data_dir,
                     resources_from_wire(header), bundled=header.HasField("bundle"))
                 decision = policy.decide_for_job(snap, self.cfg.gpu, need)
+                # Data-parallel workers ([resources] workers): a device for each, or refused.
+                decisions = decisions_for(snap, self.cfg.gpu, need, decision)
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 error = f"ineligible: {exc}"
@@ -294,7 +299,9 @@ class Agent:
                     args["extra"] = {**args.get("extra", {}), **section,
                                      **local_dp.from_header(header)}
                     # OSError starting the round is caught inside run_task (a failed outcome).
-                    outcome = run_task(
+                    start = run_task if len(decisions) == 1 else partial(
+                        run_workers, decisions=decisions)
+                    outcome = start(
                         kind=kind,
                         task_name=header.task_name,
                         hyperparameters=hparams,
@@ -302,13 +309,12 @@ class Agent:
                         round_number=header.round,
                         data_dir=self.cfg.data_dir,
                         payload=payload,
-                        decision=decision,
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
-                        factory=self._factory,
-                        node_name=self.cfg.name,
                         output=self.cfg.worker_output,
+                        **({"decision": decision, "factory": self._factory,
+                            "node_name": self.cfg.name} if len(decisions) == 1 else {}),
                         track=self._track,
                         cancel=cancel,
                         **args,

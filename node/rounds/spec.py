@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fedgpu.node.rounds import local_dp
+from fedgpu.node.rounds import ddp, local_dp
 from fedgpu.node.rounds.workfiles import KINDS, Kind
 from fedgpu.node.tasks.bundled import BundleSpec
 
@@ -34,6 +34,8 @@ class RoundSpec:
     # The task came as a bundle (node/tasks/bundled.py); None: an installed task.
     bundle: BundleSpec | None = None
     privacy: local_dp.LocalDp | None = None  # [privacy] mode = "local" (node/rounds/local_dp.py)
+    # One of several data-parallel workers of the round (node/rounds/ddp.py); None: the only one.
+    ddp: ddp.Ddp | None = None
 
 
 
@@ -86,4 +88,12 @@ def parse_spec(raw: object) -> RoundSpec:
         torch_threads=threads,
         bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
         privacy=local_dp.parse(raw.get(local_dp.SECTION)),
+        ddp=_ddp(raw.get(ddp.SECTION)),
     )
+
+
+def _ddp(raw: object) -> ddp.Ddp | None:
+    try:
+        return ddp.parse(raw)
+    except ddp.DdpError as exc:
+        raise BadInputError(str(exc)) from None
