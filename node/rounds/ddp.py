@@ -14,6 +14,7 @@ writes the update; every rank's counts and losses are summed into its metrics.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -82,7 +83,10 @@ def wrap(model: nn.Module, device: torch.device) -> nn.Module:
     ids = [device.index] if device.type == "cuda" else None
     # Buffers are not broadcast at each forward: every rank starts from the same weights file
     # and the synced BatchNorm updates its running statistics identically on every rank.
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    ddp_class = nn.parallel.DistributedDataParallel
+    quiet = ("forward_sync_buffers" if "forward_sync_buffers" in
+             inspect.signature(ddp_class.__init__).parameters else "broadcast_buffers")
+    return ddp_class(model, device_ids=ids, **{quiet: False})
 
 
 class _GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):

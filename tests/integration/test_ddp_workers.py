@@ -100,7 +100,7 @@ def _check_site_figures(one: RoundOutcome, two: RoundOutcome) -> None:
 
 @pytest.mark.timeout(300)
 def test_digits_two_workers_train_the_model_one_worker_trains(tmp_path: Path) -> None:
-    data = split_digits(tmp_path / "split", 2, seed=3)[0]
+    data = split_digits(tmp_path / "split", 8, seed=3)[0]  # ~180 examples: 5 global batches
     hp = {"local_epochs": 1, "batch_size": 32}
     payload = _init(tmp_path, "digits", data, hp)
     one, two = _one(tmp_path, "digits", data, hp, payload), _two(tmp_path, "digits", data, hp,
@@ -136,7 +136,7 @@ def test_causal_lm_two_workers_match_one(tmp_path: Path, lm_data: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_failing_rank_fails_the_round_with_its_reason(tmp_path: Path) -> None:
-    data = split_digits(tmp_path / "split", 2, seed=3)[0]
+    data = split_digits(tmp_path / "split", 8, seed=3)[0]
     payload = _init(tmp_path, "digits", data, {})
     out = run_workers(kind="train", task_name="digits", hyperparameters={"lr": -1.0},
                       seed=5, round_number=1, data_dir=data, payload=payload,
