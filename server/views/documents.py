@@ -12,6 +12,7 @@ from fedgpu.core.constants import JobState
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds import device_time
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
@@ -153,7 +154,13 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
-    """`fedgpu rounds [--job ID] --json`."""
+    """`fedgpu rounds [--job ID] --json`, with the job's device time so far."""
+    doc = _rounds_of(jobs, job_id)
+    doc["device_seconds"] = device_time.summary(doc.get("rounds") or ())
+    return doc
+
+
+def _rounds_of(jobs: JobManager, job_id: str) -> dict[str, Any]:
     if not job_id:
         held = jobs.active or jobs.last
         if held is not None:
@@ -211,8 +218,10 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     doc["run_id"] = engine.run_id if engine is not None else row.run_id
     doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle)
     doc["job"] = row.job
+    held = _engine(jobs, job_id)
+    saved = jobs.store.history(job_id)
+    rounds = held.history.dicts() if held is not None else (saved.records if saved else [])
+    doc["device_seconds"] = device_time.summary(rounds)
     if row.job.get("privacy"):
-        held = _engine(jobs, job_id)
-        rounds = held.history.dicts() if held is not None else jobs.store.history(job_id)[0]
         doc["privacy"] = privacy.summary(row.job, rounds)
     return doc
