@@ -7,7 +7,13 @@ import typer
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
-from fedgpu.cli.common.output import fmt_value, new_table, print_json, print_table
+from fedgpu.cli.common.output import (
+    device_time_line,
+    fmt_value,
+    new_table,
+    print_json,
+    print_table,
+)
 from fedgpu.cli.job.options import JobId
 from fedgpu.core import admin_client
 
@@ -40,6 +46,9 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
         budget = f" of {p['target_epsilon']:g}" if p["target_epsilon"] is not None else ""
         lines.append(f"privacy ({p['mode']}): epsilon {fmt_value(p['epsilon_spent'])}{budget} "
                      f"spent at delta {p['delta']:g} over {p['rounds_accounted']} round(s)")
+    hours = device_time_line(doc.get("device_seconds"))
+    if hours:
+        lines.append(hours)
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))
