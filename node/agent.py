@@ -299,8 +299,9 @@ class Agent:
                     args["extra"] = {**args.get("extra", {}), **section,
                                      **local_dp.from_header(header)}
                     # OSError starting the round is caught inside run_task (a failed outcome).
-                    start = run_task if len(decisions) == 1 else partial(
-                        run_workers, decisions=decisions)
+                    # Only training is data-parallel: init and evaluate need one process.
+                    parallel = len(decisions) > 1 and kind == "train"
+                    start = partial(run_workers, decisions=decisions) if parallel else run_task
                     outcome = start(
                         kind=kind,
                         task_name=header.task_name,
@@ -314,7 +315,7 @@ class Agent:
                         torch_threads=self.cfg.torch_threads,
                         output=self.cfg.worker_output,
                         **({"decision": decision, "factory": self._factory,
-                            "node_name": self.cfg.name} if len(decisions) == 1 else {}),
+                            "node_name": self.cfg.name} if not parallel else {}),
                         track=self._track,
                         cancel=cancel,
                         **args,
