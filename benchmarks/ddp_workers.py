@@ -40,7 +40,7 @@ CPU_HP = {"depth": 8, "width": 8, "image_size": 16, "batch_size": 32, "num_worke
           "augment": False, "lr": 0.05, "local_epochs": 1}
 GPU_HP = {"depth": 18, "width": 64, "image_size": 32, "batch_size": 256, "num_workers": -1,
           "amp": "bf16", "channels_last": True, "cudnn_benchmark": True, "lr": 0.1,
-          "local_epochs": 3, "max_steps": 60}
+          "local_epochs": 4, "max_steps": 100}
 
 
 def _round(tmp: Path, data: Path, hp: dict[str, Any], payload: bytes | None, kind: str,

@@ -79,7 +79,7 @@ def stop() -> None:
 def wrap(model: nn.Module, device: torch.device) -> nn.Module:
     """The model for training: BatchNorm on the global batch, gradients averaged over ranks.
     The weights are read from `model` itself (the wrapper shares its parameters)."""
-    sync_batchnorm(model)
+    sync_batchnorm(model, device)
     ids = [device.index] if device.type == "cuda" else None
     # Buffers are not broadcast at each forward: every rank starts from the same weights file
     # and the synced BatchNorm updates its running statistics identically on every rank.
@@ -122,7 +122,16 @@ class _GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
         return out.to(x.dtype)
 
 
-def sync_batchnorm(model: nn.Module) -> None:
+def sync_batchnorm(model: nn.Module, device: torch.device) -> None:
+    """BatchNorm over the global batch: nothing to do for one worker; torch's SyncBatchNorm
+    (fused kernels) on CUDA; `_GlobalBatchNorm` on the CPU. Children are replaced in place, so
+    `model` keeps its parameters and state-dict names."""
+    if dist.get_world_size() == 1:
+        return
+    if device.type == "cuda":
+        for name, child in list(model.named_children()):
+            setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
+        return
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
                 module, nn.SyncBatchNorm):
