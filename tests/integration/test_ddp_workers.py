@@ -1,11 +1,14 @@
 """Data-parallel rounds (`[resources] workers`) through real worker processes: two gloo
 workers on the CPU train the same model as one worker from the same seed and global batch
 (digits: a tensor task; images: a Dataset task with BatchNorm; causal-lm: LoRA adapters), rank
-0's update is the site's, and a rank that fails takes the round down with its reason."""
+0's update is the site's, each device's memory is measured (fake NVML), and a rank that fails
+takes the round down with its reason."""
 
 from __future__ import annotations
 
+import json
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from fedgpu.node.rounds import runner
 from fedgpu.node.rounds.ddp_launch import run_workers
 from fedgpu.node.rounds.process import RoundOutcome
 from fedgpu.node.rounds.workfiles import WEIGHTS_IN, WEIGHTS_OUT
+from tests.fixtures.fake_nvml import FakeNvml, fake_mig_uuid, fake_uuid
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -134,13 +138,49 @@ def test_causal_lm_two_workers_match_one(tmp_path: Path, lm_data: Path) -> None:
     assert two.result["num_examples"] == one.result["num_examples"]
 
 
-@pytest.mark.timeout(120)
-def test_a_failing_rank_fails_the_round_with_its_reason(tmp_path: Path) -> None:
+A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "memory_used_mib": 30000}
+H100_MIG = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+            "compute_capability": "9.0", "mig_mode": True, "mig": [
+                {"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "memory_total_mib": 40448,
+                 "memory_used_mib": 448, "gpu_instance_id": 2, "compute_instance_id": 0}]}
+ON_FAKE_GPUS = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from fedgpu.core.job import Resources
+    from fedgpu.node import nvml, policy
+    from fedgpu.node.gpu_sampler import MemorySampler
+    from fedgpu.node.rounds.ddp_launch import run_workers
+    from fedgpu.node.worker_devices import decisions_for
+    snap = nvml.snapshot()
+    flags = policy.parse_gpu_flags("enforce", None, 1000, None)
+    need = Resources(workers=2)
+    decisions = decisions_for(snap, flags, need, policy.decide_for_job(snap, flags, need))
+    with MemorySampler() as sampler:
+        out = run_workers(kind="train", task_name="digits", hyperparameters={"lr": -1.0},
+                          seed=5, round_number=1, data_dir=Path(sys.argv[1]), payload=None,
+                          decisions=decisions, work_root=Path(sys.argv[2]), sampler=sampler,
+                          torch_threads=1, timeout_s=120)
+    print(json.dumps({"ok": out.ok, "kind": out.error_kind, "error": out.error,
+                      "resources": out.resources}))
+""")
+
+
+@pytest.mark.timeout(240)
+def test_each_device_is_measured_and_a_failing_rank_fails_the_round_with_its_reason(
+        tmp_path: Path, fake_nvml: FakeNvml) -> None:
+    """Two devices by policy (a MIG device and a whole GPU of the fake NVML; training runs on
+    the CPU with simulated GPUs): each one's memory is read before, during and after, and a
+    rank's bad input ends the round, named by its rank."""
+    fake_nvml.write([A100, H100_MIG])
     data = split_digits(tmp_path / "split", 8, seed=3)[0]
-    payload = _init(tmp_path, "digits", data, {})
-    out = run_workers(kind="train", task_name="digits", hyperparameters={"lr": -1.0},
-                      seed=5, round_number=1, data_dir=data, payload=payload,
-                      decisions=(_cpu(), _cpu()), work_root=tmp_path, sampler=None,
-                      torch_threads=1, timeout_s=120)
-    assert not out.ok and out.error_kind == "bad_input"
-    assert out.error.startswith("worker rank ") and "lr" in out.error
+    env = fake_nvml.env({"FEDGPU_SIMULATED_GPUS": "1", "OMP_NUM_THREADS": "1"})
+    done = fake_nvml.run(["-c", ON_FAKE_GPUS, str(data), str(tmp_path)], env, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not out["ok"] and out["kind"] == "bad_input"
+    assert out["error"].startswith("worker rank ") and "lr" in out["error"]
+    devices = out["resources"]["devices"]
+    # By free memory: the MIG device (40000 MiB free) first, then the A100 (10960).
+    assert [d["gpu_uuid"] for d in devices] == [fake_mig_uuid(1, 0), fake_uuid(0)]
+    assert [(d["nvml_used_before_mib"], d["nvml_used_peak_mib"], d["nvml_used_after_mib"])
+            for d in devices] == [(448, 448, 448), (30000, 30000, 30000)]
