@@ -270,8 +270,10 @@ class Agent:
                     header.task_name, hparams_json, self.cfg.data_dir,
                     resources_from_wire(header), bundled=header.HasField("bundle"))
                 decision = policy.decide_for_job(snap, self.cfg.gpu, need)
-                # Data-parallel workers ([resources] workers): a device for each, or refused.
-                decisions = decisions_for(snap, self.cfg.gpu, need, decision)
+                # Data-parallel training ([resources] workers): a device for each, or refused;
+                # init and evaluate run in one process.
+                decisions = (decisions_for(snap, self.cfg.gpu, need, decision)
+                             if kind == "train" else (decision,))
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 error = f"ineligible: {exc}"
