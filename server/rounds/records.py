@@ -23,6 +23,11 @@ def _extra(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in known}
 
 
+# A data-parallel update lists at most this many devices (the job file's limit on workers): a
+# node cannot grow the round history without bound by listing more.
+MAX_DEVICES = 1024
+
+
 def _opt(v: int) -> int | None:
     return None if v < 0 else int(v)
 
@@ -74,7 +79,8 @@ class Resources:
                       "nvml_used_before_mib": _opt(d.nvml_used_before_mib),
                       "nvml_used_peak_mib": _opt(d.nvml_used_peak_mib),
                       "nvml_used_after_mib": _opt(d.nvml_used_after_mib),
-                      "train_seconds": round(d.train_seconds, 3)} for d in r.devices],
+                      "train_seconds": round(d.train_seconds, 3)}
+                     for d in r.devices[:MAX_DEVICES]],
         )
 
     def to_dict(self) -> dict[str, Any]:
