@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
 from fedgpu.node.rounds import local_dp, local_state, workfiles
+from fedgpu.node.rounds.ddp_launch import run_workers
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
     SIMULATED_GPUS_ENV,
@@ -50,6 +52,7 @@ from fedgpu.node.status import write_status
 from fedgpu.node.unacked import UnackedUpdates
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
+from fedgpu.node.worker_devices import decisions_for
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
@@ -283,6 +286,10 @@ class Agent:
                     header.task_name, hparams_json, self.cfg.data_dir,
                     resources_from_wire(header), bundled=header.HasField("bundle"))
                 decision = policy.decide_for_job(snap, self.cfg.gpu, need)
+                # Data-parallel training ([resources] workers): a device for each, or refused;
+                # init and evaluate run in one process.
+                decisions = (decisions_for(snap, self.cfg.gpu, need, decision)
+                             if kind == "train" else (decision,))
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 error = f"ineligible: {exc}"
@@ -313,7 +320,10 @@ class Agent:
                                      local_state.TASK_KEY: str(self.identity.folder
                                                                / "local-params")}
                     # OSError starting the round is caught inside run_task (a failed outcome).
-                    outcome = run_task(
+                    # Only training is data-parallel: init and evaluate need one process.
+                    parallel = len(decisions) > 1 and kind == "train"
+                    start = partial(run_workers, decisions=decisions) if parallel else run_task
+                    outcome = start(
                         kind=kind,
                         task_name=header.task_name,
                         hyperparameters=hparams,
@@ -321,13 +331,12 @@ class Agent:
                         round_number=header.round,
                         data_dir=self.cfg.data_dir,
                         payload=payload,
-                        decision=decision,
                         work_root=self.cfg.work_root,
                         sampler=self._sampler,
                         torch_threads=self.cfg.torch_threads,
-                        factory=self._factory,
-                        node_name=self.cfg.name,
                         output=self.cfg.worker_output,
+                        **({"decision": decision, "factory": self._factory,
+                            "node_name": self.cfg.name} if not parallel else {}),
                         track=self._track,
                         cancel=cancel,
                         **args,

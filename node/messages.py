@@ -72,7 +72,20 @@ def resources(r: Mapping[str, Any]) -> pb.RoundResources:
         train_seconds=float(r.get("train_seconds") or 0.0),
         round_seconds=float(r.get("round_seconds") or 0.0),
         queued_seconds=float(r.get("queued_seconds") or 0.0),
+        devices=[pb.DeviceUse(
+            rank=int(d.get("rank", 0)), device=str(d.get("device", "")),
+            gpu_uuid=str(d.get("gpu_uuid") or ""),
+            nvml_used_before_mib=_mib(d.get("nvml_used_before_mib")),
+            nvml_used_peak_mib=_mib(d.get("nvml_used_peak_mib")),
+            nvml_used_after_mib=_mib(d.get("nvml_used_after_mib")),
+            train_seconds=float(d.get("train_seconds") or 0.0)) for d in r.get("devices", ())],
+        # One device: its training time; data-parallel workers: the sum of theirs.
+        device_seconds=float(r.get("device_seconds") or r.get("train_seconds") or 0.0),
     )
+
+
+def _mib(v: object) -> int:
+    return -1 if v is None else int(v)  # type: ignore[call-overload]
 
 
 def update_header(task: pb.TaskHeader, node_id: str, gpu: Decision | None,

@@ -9,7 +9,13 @@ import typer
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.options import AsJson
-from fedgpu.cli.common.output import answer, fmt_value, new_table, print_table
+from fedgpu.cli.common.output import (
+    answer,
+    device_time_line,
+    fmt_value,
+    new_table,
+    print_table,
+)
 from fedgpu.cli.status import JobOpt
 
 
@@ -30,6 +36,9 @@ def show_rounds(doc: dict[str, Any]) -> None:
                       fmt_value(r["train_loss"]), fmt_value(ev.get("loss")),
                       fmt_value(ev.get("accuracy")), fmt_value(r["duration_s"], 1))
     print_table(table)
+    hours = device_time_line(doc.get("device_seconds"))
+    if hours:
+        typer.echo(hours)
     from fedgpu.cli.secagg_rounds import lines
 
     for line in lines(doc):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fedgpu.core.admission import GpuFree, SiteCapacity
 from fedgpu.core.constants import GPU_NEEDS, GpuMode, GpuNeed
-from fedgpu.core.job.resources import MAX_GPU_MIB, Resources
+from fedgpu.core.job.resources import ALL_WORKERS, MAX_GPU_MIB, MAX_WORKERS, Resources
 from fedgpu.proto import pb
 
 _MODES = tuple(m.value for m in GpuMode)
@@ -19,7 +19,9 @@ def _mib(value: int) -> int | None:
 
 def resources_to_wire(r: Resources) -> pb.JobResources:
     return pb.JobResources(gpu=r.gpu.value, min_gpu_free_mib=r.min_gpu_free_mib,
-                           gpu_memory_mib=r.gpu_memory_mib or 0)
+                           gpu_memory_mib=r.gpu_memory_mib or 0,
+                           workers=-1 if r.workers == ALL_WORKERS else int(r.workers),
+                           min_workers=r.min_workers or 0)
 
 
 def resources_from_wire(header: pb.TaskHeader) -> Resources:
@@ -33,8 +35,12 @@ def resources_from_wire(header: pb.TaskHeader) -> Resources:
                          f"{', '.join(GPU_NEEDS)}")
     if not (0 <= r.min_gpu_free_mib <= MAX_GPU_MIB and 0 <= r.gpu_memory_mib <= MAX_GPU_MIB):
         raise ValueError("the task's [resources] figures are out of range")
+    if not (-1 <= r.workers <= MAX_WORKERS and 0 <= r.min_workers <= MAX_WORKERS):
+        raise ValueError("the task's [resources] workers are out of range")
+    workers: int | str = ALL_WORKERS if r.workers == -1 else max(1, int(r.workers))
     return Resources(gpu=GpuNeed(r.gpu), min_gpu_free_mib=int(r.min_gpu_free_mib),
-                     gpu_memory_mib=int(r.gpu_memory_mib) or None)
+                     gpu_memory_mib=int(r.gpu_memory_mib) or None, workers=workers,
+                     min_workers=int(r.min_workers) or None)
 
 
 def capacity_to_wire(c: SiteCapacity) -> pb.NodeCapacity:

@@ -23,6 +23,7 @@ from fedgpu.node.rounds.switches import Amp, LoopSettings, Switches, workers_for
 from fedgpu.node.tasks.base import DatasetTask, Metrics
 
 if TYPE_CHECKING:
+    from fedgpu.node.rounds.ddp import Ddp
     from fedgpu.node.rounds.dp_sgd import PrivateTraining
 
 _AUTOCAST_DTYPES = {Amp.BF16: torch.bfloat16, Amp.FP16: torch.float16}
@@ -114,8 +115,11 @@ class Loop:
 
     def __init__(self, task: DatasetTask, model: torch.nn.Module, device: torch.device,
                  loop: LoopSettings, switches: Switches, task_hparams: Mapping[str, Any],
-                 private: PrivateTraining | None = None) -> None:
+                 private: PrivateTraining | None = None, ddp: Ddp | None = None) -> None:
         self.task = task
+        # Data-parallel workers (node/rounds/ddp.py): this rank trains on its slice of each
+        # global batch of `loop.batch_size`.
+        self.ddp = ddp
         self.model = model
         self.device = device
         self.loop = loop
@@ -163,9 +167,23 @@ class Loop:
         loop, device = self.loop, self.device
         opt = self.task.optimizer(self.model, self.hparams)
         scaler = torch.amp.GradScaler("cuda") if self.switches.amp is Amp.FP16 else None
-        loader = make_loader(ds, loop.batch_size, train=True, seed=seed, workers=self.workers,
-                             device=device)
-        forward = self.forward_model
+        shards = None
+        if self.ddp is not None:
+            from fedgpu.node.rounds import ddp as data_parallel
+
+            gen = torch.Generator().manual_seed(seed)
+            shards = data_parallel.sharded_batches(ds, loop.batch_size, gen, self.ddp,
+                                                   drop_last=len(ds) > loop.batch_size)  # type: ignore[arg-type]
+            loader: DataLoader[Any] = DataLoader(
+                ds, batch_sampler=shards, generator=gen, num_workers=self.workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=self.workers > 0)
+            wrapped = data_parallel.wrap(self.model, device)
+            forward = torch.compile(wrapped) if self.switches.compile else wrapped  # type: ignore[assignment]
+        else:
+            loader = make_loader(ds, loop.batch_size, train=True, seed=seed,
+                                 workers=self.workers, device=device)
+            forward = self.forward_model
         if self.private is not None:
             forward, opt, loader = self.private.wrap(self.model, opt, loader, loop.local_epochs,
                                                      loop.max_steps)
@@ -189,12 +207,17 @@ class Loop:
                 with autocast(device, self.switches):
                     loss, right = self._split(self.task.batch_loss(forward, batch))
                 opt.zero_grad(set_to_none=True)
+                step_loss = loss
+                if shards is not None:
+                    assert self.ddp is not None
+                    step_loss = loss * data_parallel.loss_weight(n, shards.global_size,
+                                                                 self.ddp)
                 if scaler is not None:
-                    scaler.scale(loss).backward()
+                    scaler.scale(step_loss).backward()
                     scaler.step(opt)
                     scaler.update()
                 else:
-                    loss.backward()
+                    step_loss.backward()
                     opt.step()
                 if n:  # a Poisson-sampled batch (DP-SGD) may be empty: its mean loss is NaN
                     loss_sum += loss.detach().float() * n
@@ -208,6 +231,9 @@ class Loop:
                     first_step_s = time.perf_counter() - round_started
                 stop = bool(loop.max_steps and steps >= loop.max_steps) or (
                     deadline is not None and time.perf_counter() >= deadline)
+                if shards is not None and deadline is not None:
+                    # Ranks must stop at the same step, or the others wait in a collective.
+                    stop = data_parallel.any_rank(stop, device)
                 if stop:
                     break
             # An epoch without a step (no batches) would spin forever under a time budget.

@@ -29,7 +29,7 @@ from fedgpu.core import codec, local_params
 from fedgpu.core.bundles import BundleError
 from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
-from fedgpu.node.rounds import compress, dp_sgd, local_dp, local_state, site_statistics
+from fedgpu.node.rounds import compress, ddp, dp_sgd, local_dp, local_state, site_statistics
 from fedgpu.node.rounds.loop import Loop, autocast
 from fedgpu.node.rounds.spec import (  # noqa: F401 - parse_spec: named here for its callers
     BadInputError,
@@ -75,6 +75,8 @@ class RoundResult:
     device_name: str = ""
     # A statistics round: the columns' exact summaries (node/rounds/site_statistics.py).
     statistics: list[dict[str, Any]] | None = None
+    # Data-parallel workers: each rank's training time, in rank order (rank 0's result only).
+    rank_train_seconds: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +104,19 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     workdir = Path(workdir)
     started = time.perf_counter()
     device = _prepare_device(spec)
+    if spec.ddp is None:
+        return _run_round(spec, workdir, device, started)
+    if dp_sgd.split_dp(spec.task_name, spec.hyperparameters)[0] is not None:
+        raise BadInputError("workers > 1 with DP-SGD (hyperparameter dp_sgd) is not supported")
+    ddp.start(spec.ddp, device)
+    try:
+        return _run_round(spec, workdir, device, started)
+    finally:
+        ddp.stop()
+
+
+def _run_round(spec: RoundSpec, workdir: Path, device: torch.device,
+               started: float) -> RoundResult:
     _seed_everything(spec.seed)
     task = task_for(spec, workdir)
     if spec.kind == "statistics":
@@ -151,7 +166,8 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
         if streaming:
             assert loop is not None
             _stream_round(spec, task, model, device, Loop(task, model, device, loop, switches,
-                                                          task_hp, private), result, started)
+                                                          task_hp, private, spec.ddp),
+                          result, started)
         else:
             _tensor_round(spec, task, model, device, switches, task_hp, result,  # type: ignore[arg-type]
                           private)
@@ -161,7 +177,9 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
             # Back to the layout the wire and every other node expect (row-major NCHW).
             model = model.to(memory_format=torch.contiguous_format)
 
-    if spec.kind in ("init", "train"):
+    if spec.ddp is not None and spec.kind == "train":
+        _combine_ranks(spec.ddp, device, result)
+    if spec.kind in ("init", "train") and (spec.ddp is None or spec.ddp.leader):
         bad = weights.non_finite(model)
         if bad:
             raise DivergedError(
@@ -226,11 +244,13 @@ def _stream_round(spec: RoundSpec, task: DatasetTask, model: torch.nn.Module,
             raise TypeError(f"task {spec.task_name!r}: load_datasets must return map-style "
                             f"Datasets (__len__ and __getitem__), got {type(ds).__name__}")
     # Evaluating first scores the model every node just received: the global model of the
-    # previous round, on each node's own held-out split, where training runs.
-    result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)
-    derived = getattr(task, "eval_metrics", None)
-    if callable(derived):  # optional: metrics computed from the loop's (causal-lm: perplexity)
-        result.eval_metrics.update(derived(result.eval_metrics))
+    # previous round, on each node's own held-out split, where training runs (by rank 0 of
+    # data-parallel workers: its update carries the site's figures).
+    if spec.ddp is None or spec.ddp.leader:
+        result.num_eval_examples, result.eval_metrics = loop.evaluate(sets.test)
+        derived = getattr(task, "eval_metrics", None)
+        if callable(derived):  # optional: metrics from the loop's (causal-lm: perplexity)
+            result.eval_metrics.update(derived(result.eval_metrics))
     if spec.kind == "train":
         out = loop.train(sets.train, spec.seed, started)
         result.num_examples, result.train_metrics = out.num_examples, out.metrics
@@ -249,12 +269,16 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
     # The task's loops run on the compiled module when asked; it shares `model`'s parameters.
     fwd = torch.compile(model) if switches.compile else model
     with autocast(device, switches):
-        result.num_eval_examples, result.eval_metrics = task.evaluate(
-            fwd, data, device, task_hp  # type: ignore[arg-type]
-        )
+        if spec.ddp is None or spec.ddp.leader:
+            result.num_eval_examples, result.eval_metrics = task.evaluate(
+                fwd, data, device, task_hp  # type: ignore[arg-type]
+            )
         if spec.kind == "train":
             start = time.perf_counter()
-            if private is not None:
+            if spec.ddp is not None:
+                out = ddp.train_tensor_task(task, model, ddp.wrap(model, device), data, device,
+                                            task_hp, spec.seed, spec.ddp)
+            elif private is not None:
                 out = dp_sgd.train_tensor_task(task, model, data, device, task_hp, private)
             else:
                 out = task.train(fwd, data, device, task_hp, spec.seed)  # type: ignore[arg-type]
@@ -269,6 +293,17 @@ def _tensor_round(spec: RoundSpec, task: Task, model: torch.nn.Module, device: t
                 # clock the runner keeps, and operators compare sites' speed by it.
                 result.train_metrics["examples_per_s"] = round(
                     seen / max(result.train_seconds, 1e-9), 1)
+
+
+def _combine_ranks(spec_ddp: ddp.Ddp, device: torch.device, result: RoundResult) -> None:
+    """The site's training figures from every rank's: examples and losses summed, each
+    rank's training time kept (the round's device-seconds)."""
+    result.train_metrics = ddp.combine_metrics(result.train_metrics, device)
+    result.rank_train_seconds = ddp.gather_seconds(result.train_seconds, device)
+    if "examples_per_s" in result.train_metrics:
+        slowest = max(result.rank_train_seconds)
+        result.train_metrics["examples_per_s"] = round(
+            result.train_metrics.get("examples", 0.0) / max(slowest, 1e-9), 1)
 
 
 def _to_device(t: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fedgpu.node.rounds import local_dp
+from fedgpu.node.rounds import ddp, local_dp
 from fedgpu.node.rounds.workfiles import KINDS, Kind
 from fedgpu.node.tasks.bundled import BundleSpec
 
@@ -36,6 +36,8 @@ class RoundSpec:
     privacy: local_dp.LocalDp | None = None  # [privacy] mode = "local" (node/rounds/local_dp.py)
     # Where the site keeps its local tensors (local_params; node/rounds/local_state.py).
     local_state_dir: str | None = None
+    # One of several data-parallel workers of the round (node/rounds/ddp.py); None: the only one.
+    ddp: ddp.Ddp | None = None
 
 
 
@@ -89,4 +91,12 @@ def parse_spec(raw: object) -> RoundSpec:
         bundle=BundleSpec.parse(raw["bundle"]) if raw.get("bundle") is not None else None,
         privacy=local_dp.parse(raw.get(local_dp.SECTION)),
         local_state_dir=need("local_state_dir", str, "a path", optional=True),
+        ddp=_ddp(raw.get(ddp.SECTION)),
     )
+
+
+def _ddp(raw: object) -> ddp.Ddp | None:
+    try:
+        return ddp.parse(raw)
+    except ddp.DdpError as exc:
+        raise BadInputError(str(exc)) from None

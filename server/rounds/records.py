@@ -23,6 +23,11 @@ def _extra(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in known}
 
 
+# A data-parallel update lists at most this many devices (the job file's limit on workers): a
+# node cannot grow the round history without bound by listing more.
+MAX_DEVICES = 1024
+
+
 def _opt(v: int) -> int | None:
     return None if v < 0 else int(v)
 
@@ -45,6 +50,13 @@ class Resources:
     # only in a record resumed from a state.json written before nodes reported it, whose
     # documents stay as they were.
     queued_seconds: float | None = None
+    # Device time of the round: its training time on each device, summed (a data-parallel
+    # round's workers each count); GPU-hours per site and job add these up. None only in a
+    # record from before nodes reported it (its documents stay as they were).
+    device_seconds: float | None = None
+    # A data-parallel round's devices, rank 0 first: {"rank", "device", "gpu_uuid",
+    # "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "train_seconds"}.
+    devices: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_wire(cls, r: pb.RoundResources) -> Resources:
@@ -61,12 +73,24 @@ class Resources:
             train_seconds=round(r.train_seconds, 3),
             round_seconds=round(r.round_seconds, 3),
             queued_seconds=round(r.queued_seconds, 3),
+            # A node from before device_seconds: its training time on its one device.
+            device_seconds=round(r.device_seconds or r.train_seconds, 3),
+            devices=[{"rank": d.rank, "device": d.device, "gpu_uuid": d.gpu_uuid or None,
+                      "nvml_used_before_mib": _opt(d.nvml_used_before_mib),
+                      "nvml_used_peak_mib": _opt(d.nvml_used_peak_mib),
+                      "nvml_used_after_mib": _opt(d.nvml_used_after_mib),
+                      "train_seconds": round(d.train_seconds, 3)}
+                     for d in r.devices[:MAX_DEVICES]],
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if d["queued_seconds"] is None:
             del d["queued_seconds"]
+        if d["device_seconds"] is None:
+            del d["device_seconds"]
+        if not d["devices"]:  # one device: the keys above describe it
+            del d["devices"]
         return d
 
     @classmethod

@@ -256,4 +256,6 @@ def rounds_summary(doc: Mapping[str, Any], query: RoundsQuery) -> dict[str, Any]
         "rounds": [round_summary(r, per_site=i >= len(shown) - WORK_ROUNDS,
                                  eval_sites=i == len(shown) - 1)
                    for i, r in enumerate(shown)],
+        # GPU-hours of the whole job (every round, not only those shown), per site.
+        "device_seconds": doc.get("device_seconds"),
     }

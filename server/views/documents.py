@@ -12,6 +12,7 @@ from fedgpu.core.constants import JobState, Mode
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
+from fedgpu.server.rounds import device_time
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
@@ -143,10 +144,7 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
     row = jobs.get(doc["job_id"])
     doc["reason"] = jobs.live_state(row)[1]
     if row.job.get("privacy"):
-        held = _engine(jobs, row.job_id)
-        rounds = held.history.dicts() if held is not None else jobs.store.history(
-            row.job_id)[0]
-        full = privacy.summary(row.job, rounds) or {}
+        full = privacy.summary(row.job, _round_dicts(jobs, row.job_id)) or {}
         doc["privacy"] = {k: full.get(k) for k in ("mode", "target_epsilon", "delta",
                                                    "epsilon_spent", "rounds_accounted")}
     if row.job.get("mode") == Mode.STATISTICS:  # the dashboard's Statistics panel reads it
@@ -155,7 +153,13 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
-    """`fedgpu rounds [--job ID] --json`."""
+    """`fedgpu rounds [--job ID] --json`, with the job's device time so far."""
+    doc = _rounds_of(jobs, job_id)
+    doc["device_seconds"] = device_time.summary(doc.get("rounds") or ())
+    return doc
+
+
+def _rounds_of(jobs: JobManager, job_id: str) -> dict[str, Any]:
     if not job_id:
         held = jobs.active or jobs.last
         if held is not None:
@@ -214,14 +218,16 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
     doc["nodes"] = [] if row.ended else jobs.node_parts(job_from_row(row), row.bundle,
                                                              row.job_id)
     doc["job"] = row.job
+    rounds = _round_dicts(jobs, job_id)
+    doc["device_seconds"] = device_time.summary(rounds)
     if row.job.get("privacy"):
-        doc["privacy"] = privacy.summary(row.job, _round_dicts(jobs, job_id))
+        doc["privacy"] = privacy.summary(row.job, rounds)
     if row.job.get("secure_aggregation"):
         doc["masked_metrics"] = last_masked_metrics(jobs, job_id)
     if row.job.get("mode") == Mode.EVALUATE:
-        doc["evaluation"] = evaluation.summary(_round_dicts(jobs, job_id))
+        doc["evaluation"] = evaluation.summary(rounds)
     if row.job.get("mode") == Mode.STATISTICS:
-        doc["statistics"] = statistics.summary(_round_dicts(jobs, job_id))
+        doc["statistics"] = statistics.summary(rounds)
     return doc
 
 

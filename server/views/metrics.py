@@ -21,6 +21,7 @@ from fedgpu.core.constants import RUN_STATES, RoundStatus
 from fedgpu.core.errors import FedgpuError
 from fedgpu.proto import pb
 from fedgpu.server.jobs.queue import JobManager
+from fedgpu.server.rounds import device_time
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.views import privacy
@@ -70,6 +71,7 @@ class FederationCollector:
         held = self.jobs.active or self.jobs.last
         if held is not None:
             yield from self._run(held.orch)
+            yield _device_seconds(held.row.job_id, held.orch)
         yield from self._nodes()
 
     def _run(self, orch: Orchestrator) -> Iterator[Metric]:
@@ -241,3 +243,14 @@ def _privacy(orch: Orchestrator) -> Iterator[Metric]:
 def _inf_if_none(value: float | None) -> float:
     # A stored infinity reads back as null (strict JSON): no noise, no bound.
     return float("inf") if value is None else float(value)
+
+
+def _device_seconds(job_id: str, orch: Orchestrator) -> Metric:
+    """GPU-hours: device-seconds of training per site of the job (server/rounds/device_time.py);
+    a data-parallel round counts every worker's device."""
+    family = CounterMetricFamily("fedgpu_device_seconds", "Device-seconds of training (each "
+                                 "device of a data-parallel round counted), per site and job.",
+                                 labels=["job_id", "site"])
+    for site, seconds in device_time.per_site_records(orch.history.records).items():
+        family.add_metric([job_id, site], seconds)
+    return family

@@ -141,3 +141,30 @@ def test_preferred_runs_on_cpu_where_no_gpu_fits_and_none_never_uses_a_gpu(
         # A free GPU (the cpu site's card has 15000 MiB free) is still not used.
         assert u["gpu_decision"]["device"] == "cpu" and u["resources"]["device"] == "cpu"
         assert u["resources"]["nvml_used_peak_mib"] is None
+
+
+def test_a_site_that_cannot_give_the_workers_a_job_asks_for_says_why(
+        fake_nvml: FakeNvml, federation: Federation, tmp_path: Path,
+        digits_split: list[Path]) -> None:
+    """[resources] workers: the node chooses its devices at admission (node/worker_devices.py)
+    and answers a task it cannot staff as ineligible, with the shortfall."""
+    fed = federation
+    inv = tmp_path / "one.conf"
+    write_inventory(inv, [{"memory_total_mib": 16000, "memory_used_mib": 2000}])
+    start(fed, fake_nvml, tmp_path, {"site-a": (inv, ["--gpu", "enforce"])}, digits_split)
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, use_gpu=None,
+                    round_deadline_s=30, resources={"gpu": "required", "workers": 2})
+    job_id = job_cli(fed, "submit", str(job))["job_id"]
+    end = time.monotonic() + 120
+    refused: list[dict[str, Any]] = []
+    while time.monotonic() < end and not refused:
+        refused = [i for r in fed.query("ListRounds", job_id=job_id)["rounds"]
+                   for i in r.get("ineligible") or ()]
+        cur = job_cli(fed, "status", job_id).get("current_round") or {}
+        refused = refused or [i for i in cur.get("ineligible") or ()]
+        time.sleep(0.5)
+    job_cli(fed, "stop", job_id)
+    assert refused, "the site never refused the task"
+    assert refused[0]["node"] == "site-a"
+    assert refused[0]["reason"].startswith("this site can give 1 of the 2 GPUs the job asks "
+                                           "for: it has 1 device"), refused[0]

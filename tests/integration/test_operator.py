@@ -261,6 +261,14 @@ def test_metrics_after_a_run(finished_run: FinishedRun) -> None:
     assert m[("fedgpu_eval_accuracy", ())] == pytest.approx(status["accuracy"])
     assert status["rejections"] == {"unknown_node": 1}
     assert m[("fedgpu_updates_rejected_total", (("reason", "unknown_node"),))] == 1
+    # GPU-hours: each site's device-seconds, as its updates reported them (one device each).
+    device_s = fed.query("ListRounds")["device_seconds"]["per_site"]
+    assert device_s and all(s > 0 for s in device_s.values())
+    for site, seconds in device_s.items():
+        assert seconds == pytest.approx(sum(u["resources"]["device_seconds"] for r in rounds
+                                            for u in r["updates"] if u["node"] == site))
+        assert m[("fedgpu_device_seconds_total", (("job_id", status["job_id"]),
+                                                  ("site", site)))] == pytest.approx(seconds)
     assert m[("fedgpu_nodes_registered", ())] == 2
     for name, node in nodes.items():
         assert m[("fedgpu_node_rounds_completed_total", (("node", name),))] == 3

@@ -30,6 +30,7 @@ RESULT_KEYS = {
     "rss_peak_mib",
     "train_seconds",
     "device_name",
+    "rank_train_seconds",
 }
 
 

@@ -134,7 +134,11 @@ def test_summary_of_nothing() -> None:
                                  "gpus": 0}
     assert rounds_summary({"run_id": "x", "initial_eval": None, "rounds": []},
                           RoundsQuery()) == {"run_id": "x", "initial_eval": None, "total": 0,
-                                             "rounds": []}
+                                             "rounds": [], "device_seconds": None}
+    # The job's GPU-hours reach the page whole, whatever the rounds shown.
+    hours = {"total": 7.0, "hours": 0.0019, "per_site": {"a": 7.0}}
+    assert rounds_summary({"rounds": [], "device_seconds": hours},
+                          RoundsQuery())["device_seconds"] == hours
 
 
 SECURE = {"sites": 4, "threshold": 3, "neighbours": 3, "protocol_s": 3.41, "ring_bits": 32,

@@ -348,5 +348,5 @@ def test_every_kustomization_is_used_by_an_overlay() -> None:
     for path in _paths():
         if path.name == "kustomization.yaml" and path.parent.parent != k8s.OVERLAYS:
             assert path.parent.resolve() in used or path.parent.name in (
-                "public-aggregator", "dashboard", "site-policy"), (
+                "public-aggregator", "dashboard", "site-policy", "multi-gpu"), (
                 f"{path.parent} is used by no overlay")

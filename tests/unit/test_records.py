@@ -56,7 +56,8 @@ def test_old_state_resumes_into_the_same_documents(name: str) -> None:
     gpu = "preferred" if state["job"]["use_gpu"] else "none"
     assert new_keys == {"max_examples_per_node": None, "name": None, "task_dir": None,
                         "wire_dtype": None, "resources": {"gpu": gpu, "min_gpu_free_mib": 0,
-                                                          "gpu_memory_mib": None},
+                                                          "gpu_memory_mib": None, "workers": 1,
+                                                          "min_workers": None},
                         "privacy": None, "secure_aggregation": None,
                         "queue_timeout_s": 600.0, "model_from_job": None,
                         "local_params": (), "study": None, "statistics": None}
@@ -94,7 +95,7 @@ def test_queued_seconds_is_reported_when_nodes_send_it_and_absent_from_older_rec
     new = Resources.from_wire(pb.RoundResources(device="cpu", round_seconds=2.5,
                                                 queued_seconds=1.23456))
     assert new.to_dict()["queued_seconds"] == 1.235
-    assert list(new.to_dict())[-2:] == ["round_seconds", "queued_seconds"]
+    assert list(new.to_dict())[-3:] == ["round_seconds", "queued_seconds", "device_seconds"]
     old = Resources.from_dict({"device": "cpu", "round_seconds": 2.5})
     assert "queued_seconds" not in old.to_dict()
     assert Resources.from_dict(new.to_dict()) == new

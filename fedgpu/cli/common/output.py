@@ -27,6 +27,15 @@ def fmt_value(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
+def device_time_line(summary: dict[str, Any] | None) -> str | None:
+    """One line of a job's device time (`device_seconds` of rounds / job status), or None
+    before any update counted."""
+    if not summary or not summary.get("per_site"):
+        return None
+    sites = ", ".join(f"{site} {s / 3600:.3f}" for site, s in summary["per_site"].items())
+    return f"GPU-hours (device time) {summary['total'] / 3600:.3f}: {sites}"
+
+
 def when(ts: float | None, short: bool = False) -> str:
     """A local time; `short` (tables): month, day, hours and minutes."""
     if ts is None:

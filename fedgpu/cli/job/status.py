@@ -10,7 +10,13 @@ from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
 from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.common.options import AsJson
-from fedgpu.cli.common.output import fmt_value, new_table, print_json, print_table
+from fedgpu.cli.common.output import (
+    device_time_line,
+    fmt_value,
+    new_table,
+    print_json,
+    print_table,
+)
 from fedgpu.cli.job.options import JobId
 from fedgpu.cli.job.statistics_text import statistics_lines
 from fedgpu.core import admin_client
@@ -50,6 +56,9 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
         lines.append("evaluation of the job's model on each site's held-out data:")
         lines += site_lines(doc["evaluation"])
     lines += statistics_lines(doc.get("statistics"))
+    hours = device_time_line(doc.get("device_seconds"))
+    if hours:
+        lines.append(hours)
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     typer.echo("\n".join(lines))

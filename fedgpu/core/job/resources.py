@@ -9,10 +9,13 @@ from typing import Any
 
 from fedgpu.core.constants import GPU_NEEDS, GpuNeed
 from fedgpu.core.errors import ConfigError
-from fedgpu.core.job.schema import key, keys_of, refuse_unknown
+from fedgpu.core.job.schema import ANY, key, keys_of, refuse_unknown
 
 # Larger than any GPU made: a figure above it is a unit mistake (bytes, not MiB).
 MAX_GPU_MIB = 16 << 20
+# Data-parallel workers on one site: no host has more devices; a larger figure is a typo.
+MAX_WORKERS = 1024
+ALL_WORKERS = "all"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,21 @@ class Resources:
         "turns it into a fraction of the chosen GPU's total (the site's own fraction, if "
         "smaller, wins).", int, f"a whole number of MiB from 1 to {MAX_GPU_MIB}", lo=1,
         hi=MAX_GPU_MIB, optional=True, travels=True)
+    workers: int | str = key(
+        1, "Train each round data-parallel over this many of the site's devices (GPUs or MIG "
+        "instances; one process each, torch.distributed DDP), or `\"all\"`: every usable one. "
+        "On a CPU-only site the workers share the CPU (gloo).", ANY,
+        f"a whole number from 1 to {MAX_WORKERS}, or \"all\"", travels=True)
+    min_workers: int | None = key(
+        None, "Under the site's `--gpu offer`, accept as few as this many devices when the "
+        "site cannot give `workers` (unset: exactly `workers`, or refuse).", int,
+        f"a whole number from 1 to {MAX_WORKERS}", lo=1, hi=MAX_WORKERS, optional=True,
+        travels=True)
+
+    @property
+    def many_workers(self) -> bool:
+        """More than one worker may train a round: the data-parallel path."""
+        return self.workers != 1
 
 
 
@@ -62,5 +80,20 @@ def parse_resources(raw: Mapping[str, Any], parsed: dict[str, Any], source: str)
             f"{source}: 'use_gpu' = {str(use_gpu).lower()} contradicts [resources] gpu = "
             f"{need.value!r}: drop use_gpu (gpu = \"none\" is use_gpu = false)")
     parsed["use_gpu"] = need is not GpuNeed.NONE
+    workers = _workers(values["workers"], source)
+    low = values["min_workers"]
+    if low is not None and workers != ALL_WORKERS and low > workers:
+        raise ConfigError(f"{source}: [resources] min_workers = {low} is more than workers = "
+                          f"{workers}")
     return Resources(gpu=need, min_gpu_free_mib=values["min_gpu_free_mib"],
-                     gpu_memory_mib=values["gpu_memory_mib"])
+                     gpu_memory_mib=values["gpu_memory_mib"], workers=workers, min_workers=low)
+
+
+def _workers(value: object, source: str) -> int | str:
+    if value == ALL_WORKERS:
+        return ALL_WORKERS
+    # bool is an int in Python; `workers = true` is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise _fail(source, "resources.workers", f"a whole number from 1 to {MAX_WORKERS}, or "
+                    '"all"', value)
+    return value

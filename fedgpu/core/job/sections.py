@@ -193,5 +193,23 @@ def _codec_with_whole_updates(parsed: dict[str, Any], source: str) -> None:
             raise ConfigError(f"{source}: {why}")
 
 
+@combination_rule
+def _workers_alone(parsed: dict[str, Any], source: str) -> None:
+    """Data-parallel workers (node/rounds/ddp.py) train one model with DistributedDataParallel;
+    Opacus' per-example clipping and ring mode's own worker processes are not wired to it."""
+    resources: Resources = parsed["resources"]
+    if not resources.many_workers:
+        return
+    given = parsed["resources"].workers
+    if parsed["hyperparameters"].get("dp_sgd") is True:
+        raise ConfigError(
+            f"{source}: workers > 1 with DP-SGD (hyperparameter dp_sgd) is not supported: "
+            f"[resources] workers = {given!r} trains with DistributedDataParallel, which this "
+            "node's Opacus path does not wrap; drop workers or dp_sgd")
+    if parsed["mode"] == "ring":
+        raise ConfigError(f"{source}: workers > 1 with mode = \"ring\" is not supported: each "
+                          f"ring rank is one process; drop [resources] workers = {given!r}")
+
+
 # job.py imports this module for its registrations.
 registered = True

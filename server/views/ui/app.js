@@ -356,6 +356,11 @@
 
   function renderRounds(rounds) {
     text("rounds-summary", rounds.total ? `${rounds.total} closed` : "");
+    // Device time of the job (every worker's device counted), per site in the tooltip.
+    const dev = rounds.device_seconds;
+    text("ov-gpu-hours", dev ? (dev.total / 3600).toFixed(3) : "-");
+    $("ov-gpu-hours").title = dev ? Object.entries(dev.per_site)
+      .map(([site, s]) => `${site}: ${(s / 3600).toFixed(3)} h`).join("\n") : "";
     const rows = rounds.rounds.slice(-ROUND_ROWS).reverse().map((r) => {
       const ev = r.eval || {};
       const rejected = Object.entries(r.rejected).map(([k, v]) => `${k}=${v}`).join(", ");

@@ -297,14 +297,18 @@ class PrivacyDistributedDp(_message.Message):
     def __init__(self, clip_norm: _Optional[float] = ..., noise_multiplier: _Optional[float] = ...) -> None: ...
 
 class JobResources(_message.Message):
-    __slots__ = ("gpu", "min_gpu_free_mib", "gpu_memory_mib")
+    __slots__ = ("gpu", "min_gpu_free_mib", "gpu_memory_mib", "workers", "min_workers")
     GPU_FIELD_NUMBER: _ClassVar[int]
     MIN_GPU_FREE_MIB_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
     gpu: str
     min_gpu_free_mib: int
     gpu_memory_mib: int
-    def __init__(self, gpu: _Optional[str] = ..., min_gpu_free_mib: _Optional[int] = ..., gpu_memory_mib: _Optional[int] = ...) -> None: ...
+    workers: int
+    min_workers: int
+    def __init__(self, gpu: _Optional[str] = ..., min_gpu_free_mib: _Optional[int] = ..., gpu_memory_mib: _Optional[int] = ..., workers: _Optional[int] = ..., min_workers: _Optional[int] = ...) -> None: ...
 
 class TaskBundle(_message.Message):
     __slots__ = ("sha256", "size", "name", "entry", "job_id")
@@ -385,7 +389,7 @@ class TaskChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class RoundResources(_message.Message):
-    __slots__ = ("device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "torch_peak_allocated_mib", "torch_peak_reserved_mib", "rss_peak_mib", "train_seconds", "round_seconds", "queued_seconds")
+    __slots__ = ("device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "torch_peak_allocated_mib", "torch_peak_reserved_mib", "rss_peak_mib", "train_seconds", "round_seconds", "queued_seconds", "devices", "device_seconds")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     NVML_USED_BEFORE_MIB_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +401,8 @@ class RoundResources(_message.Message):
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     device: str
     gpu_uuid: str
     nvml_used_before_mib: int
@@ -408,7 +414,27 @@ class RoundResources(_message.Message):
     train_seconds: float
     round_seconds: float
     queued_seconds: float
-    def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceUse]
+    device_seconds: float
+    def __init__(self, device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., torch_peak_allocated_mib: _Optional[int] = ..., torch_peak_reserved_mib: _Optional[int] = ..., rss_peak_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ..., round_seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DeviceUse, _Mapping]]] = ..., device_seconds: _Optional[float] = ...) -> None: ...
+
+class DeviceUse(_message.Message):
+    __slots__ = ("rank", "device", "gpu_uuid", "nvml_used_before_mib", "nvml_used_peak_mib", "nvml_used_after_mib", "train_seconds")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_BEFORE_MIB_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_PEAK_MIB_FIELD_NUMBER: _ClassVar[int]
+    NVML_USED_AFTER_MIB_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    device: str
+    gpu_uuid: str
+    nvml_used_before_mib: int
+    nvml_used_peak_mib: int
+    nvml_used_after_mib: int
+    train_seconds: float
+    def __init__(self, rank: _Optional[int] = ..., device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json", "payload_offset")
