@@ -27,9 +27,11 @@ def test_every_command_block_of_the_tutorials_is_marked() -> None:
         assert [b for b in found[name] if b.run], f"{name} runs no block"
     # Each tutorial page is run by some test: here, or in the e2e suite; the language-model
     # tutorial by tests/integration/test_causal_lm.py (which checks its outcome too), the
-    # three-hosts one by tests/docs/test_three_hosts.py (it needs network namespaces).
+    # three-hosts one by tests/docs/test_three_hosts.py (it needs network namespaces), the
+    # three-hospitals one by tests/docs/test_three_hospitals.py (it checks what the run left).
     covered = {"first-federation.md", "own-task.md", "kubernetes.md", "compose.md",
-               "fine-tune-a-language-model.md", "three-hosts.md"}
+               "fine-tune-a-language-model.md", "three-hosts.md",
+               "three-hospitals-two-studies.md"}
     assert {n for n, bs in found.items() if bs} <= covered, "a new tutorial needs its test"
 
 

@@ -172,6 +172,22 @@ def test_a_researcher_lists_only_their_studies_jobs(fed: Federation) -> None:
     assert {ONCO_JOB, BARE_JOB} <= {j["job_id"] for j in every}
 
 
+def test_a_whole_job_id_a_researcher_does_not_list_gets_the_aggregators_reason(
+        fed: Federation) -> None:
+    """The CLI completes short ids from `job list`, which shows a researcher only their
+    studies' jobs: a whole id it does not list goes to the aggregator, so a refusal says why
+    instead of 'no job'. A short prefix still completes from the list alone."""
+    rob = fed.tokens["researcher"]  # type: ignore[attr-defined]
+    r = cli("job", "stop", BARE_JOB, "--address", fed.address, operator_token=rob)
+    assert r.returncode == 1 and "rob (researcher): this job names no study" in r.stderr, \
+        r.stderr
+    r = cli("job", "stop", "cccccccccccc", "--address", fed.address, operator_token=rob)
+    assert r.returncode != 0 and "no job 'cccccccccccc' on this aggregator" in r.stderr, \
+        r.stderr
+    r = cli("job", "stop", BARE_JOB[:4], "--address", fed.address, operator_token=rob)
+    assert r.returncode == 2 and "no job id starts with it" in r.stderr, r.stderr
+
+
 def test_the_audit_log_names_each_caller_and_outcome(fed: Federation, tmp_path: Path) -> None:
     tokens = fed.tokens  # type: ignore[attr-defined]
     _call(fed.address, tokens["viewer"], "StopJob:onco", tmp_path)

@@ -3,6 +3,7 @@ characters `fedgpu job list` shows, as git takes a short commit hash."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from fedgpu.cli.common.connect import Target
@@ -11,6 +12,8 @@ from fedgpu.core.errors import ConfigError
 
 # What tables show of an id: unique in practice (48 bits), and an 80-column table keeps room.
 SHOWN = 12
+# A whole job id as the aggregator makes it (6 random bytes in hex).
+FULL_JOB_ID = re.compile(r"[0-9a-f]{12}")
 
 
 def short(ident: str | None) -> str:
@@ -43,4 +46,11 @@ def job_id(conn: Target, given: str) -> str:
     if not given:
         return given
     jobs = admin_client.query(conn.address, conn.token, "ListJobs", tls=conn.tls)
-    return unique_prefix(given, (j["job_id"] for j in jobs))
+    known = [j["job_id"] for j in jobs]
+    whole = given.strip()
+    if FULL_JOB_ID.fullmatch(whole) and whole not in known:
+        # A researcher's list holds only their studies' jobs: a whole id that is not listed
+        # goes to the aggregator, whose answer says why (not theirs, or no such job), rather
+        # than a 'no job' here that hides a refusal.
+        return whole
+    return unique_prefix(given, known)

@@ -42,10 +42,13 @@ def precheck(address: str, token: str | None, tls: Any, terms: JobTerms) -> Prec
     except FedgpuError as exc:
         return Precheck(skipped=f"could not list the sites: {exc}")
     nodes = doc.get("nodes", []) if isinstance(doc, dict) else doc
+    sites = _study_sites(address, token, tls, terms.study)
     out = Precheck()
     for node in nodes if isinstance(nodes, list) else []:
         if not isinstance(node, dict) or not node.get("alive"):
             continue
+        if sites is not None and node.get("name") not in sites:
+            continue  # the job never samples it: its policy is not the job's concern
         out.alive += 1
         name = str(node.get("name", node.get("node_id", "?")))
         raw = node.get("site_policy")
@@ -61,3 +64,20 @@ def precheck(address: str, token: str | None, tls: Any, terms: JobTerms) -> Prec
         elif policy.hours is not None:
             out.hours[name] = policy.hours.text()
     return out
+
+
+def _study_sites(address: str, token: str | None, tls: Any, study: str) -> set[str] | None:
+    """The sites enrolled in `study` on the aggregator; None (every site) when the job names
+    no study, the study does not exist (study names are labels then), or the list cannot be
+    read."""
+    if not study:
+        return None
+    try:
+        doc = admin_client.query(address, token, "ListStudies", tls=tls)
+    except FedgpuError:
+        return None
+    studies = doc.get("studies", []) if isinstance(doc, dict) else doc
+    for entry in studies if isinstance(studies, list) else []:
+        if isinstance(entry, dict) and entry.get("name") == study:
+            return {str(s) for s in entry.get("sites") or []}
+    return None
