@@ -21,7 +21,7 @@ from fedgpu.core.job.schema import Key, combination_rule, key_rule
 # refused in an evaluate job.
 TRAINING_KEYS: tuple[str, ...] = (
     "strategy", "strategy_params", "fraction", "max_examples_per_node", "mixing",
-    "local_steps", "iterations", "ring_timeout_s", "local_params")
+    "local_steps", "iterations", "ring_timeout_s")
 
 
 # Each top-level key's default, as declared on Job: handed over by job.py once Job exists
@@ -57,6 +57,8 @@ def _evaluate_keys(parsed: dict[str, Any], source: str) -> None:
         raise ConfigError(f"{source}: mode = \"evaluate\" is an evaluation: 'evaluate = "
                           "false' leaves it nothing to do")
     given = [k for k in TRAINING_KEYS if parsed[k] != defaults[k]]
+    if parsed.get("local_params"):  # [] as a stored job writes it counts as not given
+        given.append("local_params")
     if given:
         raise ConfigError(f"{source}: {', '.join(repr(k) for k in given)} only mean something "
                           "for training, and mode = \"evaluate\" trains nothing: leave "
