@@ -31,6 +31,7 @@ RESULT_KEYS = {
     "train_seconds",
     "device_name",
     "rank_train_seconds",
+    "statistics",
 }
 
 
