@@ -35,6 +35,7 @@ from fedgpu.node.rounds.process import (
     _read_json,
     _task_file,
     _wait,
+    take_result,
 )
 
 # How often the group looks at its workers while none has exited.
@@ -201,14 +202,4 @@ def run_workers(
     if result is None:
         outcome.error, outcome.error_kind = "worker rank 0 wrote no result.json", "crash"
         return outcome
-    outcome.ok = True
-    outcome.result = result
-    out = workdir / workfiles.WEIGHTS_OUT
-    outcome.weights = out if out.exists() else None
-    outcome.resources.update(
-        torch_peak_allocated_mib=result.get("torch_peak_allocated_mib"),
-        torch_peak_reserved_mib=result.get("torch_peak_reserved_mib"),
-        rss_peak_mib=result.get("rss_peak_mib"),
-        train_seconds=result.get("train_seconds", 0.0),
-    )
-    return outcome
+    return take_result(outcome, workdir, result)

@@ -190,6 +190,12 @@ def run_task(
     if result is None:
         outcome.error, outcome.error_kind = "training subprocess wrote no result.json", "crash"
         return outcome
+    return take_result(outcome, workdir, result)
+
+
+def take_result(outcome: RoundOutcome, workdir: Path, result: dict[str, Any]) -> RoundOutcome:
+    """A round whose worker (or rank 0 of several) wrote its result: the outcome carries it,
+    the weights it wrote and its memory and time figures. Shared with ddp_launch.py."""
     outcome.ok = True
     outcome.result = result
     out = workdir / workfiles.WEIGHTS_OUT
