@@ -173,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per case")
     p.add_argument("--target", type=float, default=0.9, help="CPU: accuracy to reach")
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--steps", type=int, default=GPU_HP["max_steps"],
+                   help="cuda: training steps per round (longer rounds, steadier rates)")
     args = p.parse_args(argv)
+    GPU_HP["max_steps"] = args.steps
     os.environ.setdefault("OMP_NUM_THREADS", "1" if args.device == "cpu" else "4")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedgpu-ddp-bench-") as tmp:

@@ -9,6 +9,7 @@ device by its UUID: a GPU's or a MIG device's (`nvml.handle_by_uuid` finds eithe
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from types import ModuleType, TracebackType
 from typing import Any
@@ -16,6 +17,9 @@ from typing import Any
 from fedgpu.node import nvml
 from fedgpu.node.gpu_records import MIB
 from fedgpu.node.nvml import code_name, handle_by_uuid, memory_info
+
+# How long a round's "after" reading waits for the driver to free an exited worker's memory.
+SETTLE_S = 2.0
 
 
 class MemorySampler:
@@ -78,6 +82,22 @@ class MemorySampler:
     def used_mib_each(self, uuids: Sequence[str]) -> dict[str, int | None]:
         """`used_mib` of each device, by UUID (a round's before and after on N devices)."""
         return {uuid: self.used_mib(uuid) for uuid in uuids}
+
+    def settled_mib_each(self, baseline: dict[str, int | None],
+                         within_s: float = SETTLE_S) -> dict[str, int | None]:
+        """Used memory of each device once it is back at its `baseline`, or what it is after
+        `within_s`. The driver frees an exited process's context a moment after the process is
+        reaped (a fork-server's worker on an H200 read 849 MiB at once, its baseline a few ms
+        later), so the round's "after" waits that moment out instead of reporting a residue
+        that is not there."""
+        deadline = time.monotonic() + within_s
+        while True:
+            now = self.used_mib_each(tuple(baseline))
+            settled = all(v is None or b is None or v <= b for v, b in
+                          ((now[u], baseline[u]) for u in baseline))
+            if settled or time.monotonic() >= deadline:
+                return now
+            time.sleep(0.05)
 
     def watch_peak(self, uuid: str, interval_s: float = 0.1) -> PeakWatch:
         """A context manager that samples in a thread and keeps the peak."""

@@ -164,7 +164,7 @@ def run_workers(
     finally:
         if track is not None:
             track(None)
-    after = sampler.used_mib_each(measured) if measure else {}  # type: ignore[union-attr]
+    after = sampler.settled_mib_each(before) if measure else {}  # type: ignore[union-attr]
     results = [_read_json(rank_dir(workdir, r) / workfiles.RESULT_FILE) for r in range(world)]
     seconds = [float((res or {}).get("train_seconds") or 0.0) for res in results]
     devices = [{"rank": r, "device": d.device, "gpu_uuid": uuids[r] or "",

@@ -158,7 +158,8 @@ def run_task(
             track(None)
         if isinstance(proc, FactoryWorker):
             proc.close()
-    after = sampler.used_mib(uuid) if measure else None  # type: ignore[union-attr,arg-type]
+    after = (sampler.settled_mib_each({uuid: before})[uuid]  # type: ignore[union-attr,index]
+             if measure else None)
     outcome = RoundOutcome(ok=False, workdir=workdir)
     outcome.resources = {
         "device": decision.device,

@@ -118,3 +118,46 @@ def test_memory_sampler_without_nvml_answers_none(fake_nvml: FakeNvml) -> None:
         f"    print(s.active, s.used_mib({fake_uuid(0)!r}), s.reason)\n"
     )
     assert out.startswith("False None no permission")
+
+
+SETTLE = textwrap.dedent(
+    """
+    import sys, time
+    from fedgpu.node.gpu_sampler import MemorySampler
+    uuid = sys.argv[1]
+    with MemorySampler() as sampler:
+        print("ready", flush=True)
+        t = time.monotonic()
+        got = sampler.settled_mib_each({uuid: 2000}, within_s=float(sys.argv[2]))
+        print(got[uuid], round(time.monotonic() - t, 2), flush=True)
+    """
+)
+
+
+def test_a_rounds_after_reading_waits_for_the_driver_to_free_the_memory(
+        fake_nvml: FakeNvml) -> None:
+    # An exited worker's memory is freed by the driver a moment after the process is reaped
+    # (seen on an H200: 849 MiB at once, the baseline a few ms later): "after" waits for the
+    # baseline, within a bound, instead of reporting a residue that was never there.
+    fleet = _fleet(2)
+    fleet[1]["memory_used_mib"] = 2849
+    fake_nvml.write(fleet)
+
+    def settle(within_s: float, free_after_s: float | None) -> tuple[int, float]:
+        proc = subprocess.Popen([sys.executable, "-c", SETTLE, fake_uuid(1), str(within_s)],
+                                env=fake_nvml.env(), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout and proc.stdout.readline().strip() == "ready"
+        if free_after_s is not None:
+            time.sleep(free_after_s)
+            fleet[1]["memory_used_mib"] = 2000
+            fake_nvml.write(fleet)
+        value, took = proc.stdout.readline().split()
+        proc.wait(timeout=10)
+        return int(value), float(took)
+
+    value, took = settle(within_s=10.0, free_after_s=0.4)
+    assert value == 2000 and 0.3 <= took < 5.0
+    fleet[1]["memory_used_mib"] = 2849  # a residue that stays: reported, after the bound
+    fake_nvml.write(fleet)
+    value, took = settle(within_s=0.5, free_after_s=None)
+    assert value == 2849 and took >= 0.5
