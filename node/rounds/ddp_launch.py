@@ -31,11 +31,11 @@ from fedgpu.node.rounds.process import (
     ABANDONED,
     WORKER_MODULE,
     RoundOutcome,
-    _exit_reason,
-    _read_json,
-    _task_file,
-    _wait,
+    exit_reason,
+    read_json,
     take_result,
+    task_file,
+    wait_worker,
 )
 
 # How often the group looks at its workers while none has exited.
@@ -121,7 +121,7 @@ def run_workers(
         for rank, decision in enumerate(decisions):
             rdir = rank_dir(workdir, rank)
             rdir.mkdir(exist_ok=True)
-            task = _task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
+            task = task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
                               decision, threads, extra)
             task["ddp"] = {"rank": rank, "world_size": world,  # type: ignore[typeddict-unknown-key]
                            "init_method": init}
@@ -152,10 +152,10 @@ def run_workers(
     try:
         if measure:
             with sampler.watch_peaks(measured, interval_s=0.05) as watch:  # type: ignore[union-attr]
-                code = _wait(group, timeout_s, cancel)  # type: ignore[arg-type]
+                code = wait_worker(group, timeout_s, cancel)  # type: ignore[arg-type]
             peaks = dict(watch.peaks)
         else:
-            code = _wait(group, timeout_s, cancel)  # type: ignore[arg-type]
+            code = wait_worker(group, timeout_s, cancel)  # type: ignore[arg-type]
     except BaseException:
         group.kill()
         for p in procs:
@@ -165,7 +165,7 @@ def run_workers(
         if track is not None:
             track(None)
     after = sampler.settled_mib_each(before) if measure else {}  # type: ignore[union-attr]
-    results = [_read_json(rank_dir(workdir, r) / workfiles.RESULT_FILE) for r in range(world)]
+    results = [read_json(rank_dir(workdir, r) / workfiles.RESULT_FILE) for r in range(world)]
     seconds = [float((res or {}).get("train_seconds") or 0.0) for res in results]
     devices = [{"rank": r, "device": d.device, "gpu_uuid": uuids[r] or "",
                 "nvml_used_before_mib": before.get(uuids[r] or ""),
@@ -193,9 +193,9 @@ def run_workers(
         return outcome
     if code != 0:
         rank = group.failed_rank or 0
-        err = _read_json(rank_dir(workdir, rank) / workfiles.ERROR_FILE) or {}
+        err = read_json(rank_dir(workdir, rank) / workfiles.ERROR_FILE) or {}
         outcome.error = f"worker rank {rank} of {world}: " + (
-            err.get("error") or _exit_reason(code))
+            err.get("error") or exit_reason(code))
         outcome.error_kind = err.get("kind") or "crash"
         return outcome
     result = results[0]

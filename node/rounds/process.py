@@ -101,7 +101,7 @@ def run_task(
     queued = 0.0
     try:
         workdir = Path(tempfile.mkdtemp(prefix=f"fedgpu-r{round_number}-", dir=work_root))
-        task = _task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
+        task = task_file(kind, task_name, hyperparameters, seed, round_number, data_dir,
                           decision, torch_threads, extra)
         workfiles.write_json(workdir / workfiles.TASK_FILE, task)
         if payload is not None:
@@ -144,10 +144,10 @@ def run_task(
     try:
         if measure:
             with sampler.watch_peak(uuid, interval_s=0.05) as watch:  # type: ignore[union-attr,arg-type]
-                code = _wait(proc, timeout_s, cancel)
+                code = wait_worker(proc, timeout_s, cancel)
             peak = watch.peak_mib
         else:
-            code = _wait(proc, timeout_s, cancel)
+            code = wait_worker(proc, timeout_s, cancel)
     except BaseException:
         # Ctrl-C or a shutdown must not leave a training child holding the GPU.
         proc.kill()
@@ -183,11 +183,11 @@ def run_task(
         outcome.error, outcome.error_kind = f"training subprocess exceeded {timeout_s}s", "timeout"
         return outcome
     if code != 0:
-        err = _read_json(workdir / workfiles.ERROR_FILE)
-        outcome.error = (err or {}).get("error") or _exit_reason(code)
+        err = read_json(workdir / workfiles.ERROR_FILE)
+        outcome.error = (err or {}).get("error") or exit_reason(code)
         outcome.error_kind = (err or {}).get("kind") or "crash"
         return outcome
-    result = _read_json(workdir / workfiles.RESULT_FILE)
+    result = read_json(workdir / workfiles.RESULT_FILE)
     if result is None:
         outcome.error, outcome.error_kind = "training subprocess wrote no result.json", "crash"
         return outcome
@@ -210,7 +210,8 @@ def take_result(outcome: RoundOutcome, workdir: Path, result: dict[str, Any]) ->
     return outcome
 
 
-def _wait(proc: Worker, timeout_s: float | None, cancel: threading.Event | None) -> int | None:
+def wait_worker(proc: Worker, timeout_s: float | None,
+                cancel: threading.Event | None) -> int | None:
     """The worker's exit status; None when it ran past `timeout_s`. It is killed then, and as
     soon as `cancel` is set."""
     end = None if timeout_s is None else time.monotonic() + timeout_s
@@ -246,7 +247,7 @@ def _from_factory(factory: FactoryClient, workdir: Path, env: dict[str, str],
         return None
 
 
-def _task_file(kind: str, task_name: str, hyperparameters: dict[str, Any], seed: int,
+def task_file(kind: str, task_name: str, hyperparameters: dict[str, Any], seed: int,
                round_number: int, data_dir: Path, decision: Decision,
                torch_threads: int | None, extra: dict[str, Any] | None) -> workfiles.TaskFile:
     on_gpu = decision.device == "cuda" and not simulated_gpus()
@@ -266,7 +267,7 @@ def _task_file(kind: str, task_name: str, hyperparameters: dict[str, Any], seed:
     return task
 
 
-def _exit_reason(code: int) -> str:
+def exit_reason(code: int) -> str:
     if code < 0:
         import signal
 
@@ -279,7 +280,7 @@ def _exit_reason(code: int) -> str:
     return f"training subprocess exited with code {code}"
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
