@@ -171,7 +171,7 @@ register(Section("statistics", "`mode = \"statistics\"`: how each site releases 
                  "statistics (see [Federated statistics](../how-to/statistics.md)); absent: "
                  "the defaults.", parse_statistics, JobStatistics, travels=True))
 register(Section("transfer", "How the aggregator treats sites on slow links (see "
-                 "[Transfers](../explanation/transfers.md)).", parse_transfer,
+                 "[Slow links](../explanation/bulk-path.md#slow-links)).", parse_transfer,
                  TransferSettings))
 
 

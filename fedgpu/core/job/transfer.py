@@ -25,7 +25,8 @@ class TransferSettings:
         "says why: \"needs ~180 s at 2.1 Mbit/s, deadline 15 s\"), ask it for a `compress`ed "
         "update (int8, or top-k sized to make the deadline; not with secure aggregation or "
         "[privacy], which need whole updates; star mode only), or `try` it anyway. A site "
-        "not measured yet is always tried. See [Transfers](../explanation/transfers.md).",
+        "not measured yet is always tried. See "
+        "[Slow links](../explanation/bulk-path.md#slow-links).",
         str, f"one of {', '.join(SLOW_SITES)}", choices=SLOW_SITES)
 
     @property
