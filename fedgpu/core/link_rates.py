@@ -102,8 +102,14 @@ class SiteLink:
             self.at = time.time() if now is None else now
 
     def known(self, now: float | None = None) -> bool:
+        """A figure for at least one way, recent enough to believe."""
         now = time.time() if now is None else now
-        return self.down > 0 and self.up > 0 and now - self.at <= MAX_AGE_S
+        return (self.down > 0 or self.up > 0) and now - self.at <= MAX_AGE_S
+
+    def rates(self) -> tuple[float, float]:
+        """(down, up); a way not measured yet is taken to be as fast as the other (a site
+        whose upload was never accepted has only its download measured)."""
+        return self.down or self.up, self.up or self.down
 
     def to_dict(self) -> dict[str, float | None]:
         return {"down_bytes_per_s": round(self.down, 1) or None,
@@ -141,15 +147,15 @@ def plan(link: SiteLink, model_bytes: int, update_bytes: int, deadline_s: float,
     """Whether to hand a site the round's model (and how it sends its update back)."""
     if mode is SlowSites.TRY or not link.known(now):
         return Admission(True)
-    need = estimate(model_bytes, update_bytes, link.down, link.up, link.train_s)
+    down, up = link.rates()
+    need = estimate(model_bytes, update_bytes, down, up, link.train_s)
     budget = deadline_s * DEADLINE_SHARE
     if need <= budget:
         return Admission(True)
-    slowest = min(link.down, link.up)
-    why = f"needs ~{need:.0f} s at {mbit(slowest)}, deadline {deadline_s:g} s"
+    why = f"needs ~{need:.0f} s at {mbit(min(down, up))}, deadline {deadline_s:g} s"
     if mode is SlowSites.COMPRESS:
-        left = budget - model_bytes / link.down - max(0.0, link.train_s)
-        room = left * link.up  # update bytes the link carries in the time left
+        left = budget - model_bytes / down - max(0.0, link.train_s)
+        room = left * up  # update bytes the link carries in the time left
         if room >= compressed_bytes(update_bytes, UpdateCodec.INT8):
             return Admission(True, UpdateCodec.INT8, 0.0, f"{why}: asked for an int8 update")
         fraction = room / (update_bytes * TOPK_BYTES_PER_KEPT) if update_bytes else 0.0

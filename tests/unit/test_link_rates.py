@@ -44,7 +44,9 @@ def test_site_link_ignores_nonsense_and_ages() -> None:
     link = SiteLink()
     link.report(float("nan"), -5.0, now=100.0)
     assert not link.known(100.0) and link.at == 0
-    link.report(SLOW, SLOW, now=100.0)
+    link.report(SLOW, 0.0, now=100.0)
+    # One way measured: the other is taken to be as fast.
+    assert link.known(100.0) and link.rates() == (SLOW, SLOW)
     assert link.known(100.0 + MAX_AGE_S) and not link.known(101.0 + MAX_AGE_S)
 
 
