@@ -173,6 +173,7 @@ class Orchestrator:
         finally:
             self.finished_at = time.time()
             self.current = None
+            self.links.forget()
             for node in self.registry.all():
                 node.wakeup.set()
             self.finished.set()

@@ -84,6 +84,13 @@ class LinkAdmission:
         self.skipped, self.asks = skipped, asks
         return admitted
 
+    def forget(self) -> None:
+        """The run ended: the sites it left out are no longer told so."""
+        for node in self.registry.all():
+            if node.name in self.skipped:
+                node.left_out = None
+        self.skipped, self.asks = {}, {}
+
     def hyperparameters(self, node: Node, hparams: dict[str, Any], run_id: str
                         ) -> dict[str, Any]:
         """The task's hyperparameters for `node`: with the codec it is asked for, if any (the
