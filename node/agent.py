@@ -67,6 +67,8 @@ class Agent:
     def __init__(self, cfg: AgentConfig, factory: FactoryClient | None = None) -> None:
         """`factory`: a client shared with other agents of this process (node/fleet.py)."""
         self.cfg = cfg
+        # The aggregator's last word on an empty poll (why it left this site out), logged once.
+        self._told = ""
         state_dir = cfg.state_dir or default_state_dir()
         self.identity = identity.claim_or_anonymous(state_dir, cfg.name)
         # One unmasking per global model, remembered across restarts (node/unmask_ledger.py).
@@ -249,6 +251,10 @@ class Agent:
             if self.state == "reconnecting":
                 self._set_state("idle")
             if header.kind == pb.TASK_KIND_NONE:
+                if header.message and header.message != self._told:
+                    # Why the aggregator left this site out (a slow link): logged once.
+                    log.info("aggregator: %s", header.message)
+                self._told = header.message
                 continue
             if header.kind == pb.TASK_KIND_SHUTDOWN:
                 log.info("the aggregator retired this node (%s); exiting", header.message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import mmap
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,10 +21,13 @@ from pathlib import Path
 import grpc
 
 from fedgpu.core import bulk, codec, digests
+from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.proto import pb, pb_grpc
+
+log = logging.getLogger("fedgpu.node.link")
 
 # What receives a task's payload: an Assembler (keeps it) or a DigestSink (checks and drops).
 Receiver = codec.Assembler | bulk.DigestSink
@@ -96,6 +100,9 @@ class WireClient:
         self.bulk = BulkPath(address, tls)
         # Task streams over gRPC resumed after a break.
         self.resumed = 0
+        # This node's link rates, measured on every payload it moves, either way and path;
+        # sent with every poll and heartbeat (fedgpu/core/link_rates.py).
+        self.link = LinkMeter()
 
     async def close(self) -> None:
         if self._own_channel:
@@ -112,6 +119,7 @@ class WireClient:
 
     async def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10
                         ) -> pb.HeartbeatReply:
+        request.down_bytes_per_s, request.up_bytes_per_s = self.link.down, self.link.up
         return await self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
 
     async def pull(self, node_id: str, wait_s: int, max_bytes: int,
@@ -122,6 +130,8 @@ class WireClient:
         pulled = await self._pull(node_id, wait_s, max_bytes, self.bulk.usable, make)
         header = pulled.header
         if not header.HasField("bulk") or pulled.receiver is None:
+            self._measured("down", header.payload_size - header.payload_offset,
+                           pulled.seconds, pulled.transport)
             return pulled
         started = time.perf_counter()
         try:
@@ -139,8 +149,17 @@ class WireClient:
             _release(pulled.receiver)
             # Broken off, or the ticket went stale: ask again (the agent retries this).
             raise PayloadError(f"bulk download failed: {exc}") from None
-        return Pulled(header, payload or None, pulled.receiver, "bulk",
-                      time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._measured("down", header.payload_size, seconds, "bulk")
+        return Pulled(header, payload or None, pulled.receiver, "bulk", seconds)
+
+    def _measured(self, way: str, nbytes: int, seconds: float, transport: str) -> None:
+        rate = self.link.saw(way, nbytes, seconds)
+        if rate is not None:
+            # The node's log shows each transfer's rate (and the running figure it reports).
+            log.info("%s %d bytes in %.2f s over %s: %s (link %s now ~%s)",
+                     "downloaded" if way == "down" else "uploaded", nbytes, seconds,
+                     transport, mbit(rate), way, mbit(getattr(self.link, way)))
 
     async def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
                     make: Callable[[pb.TaskHeader], Receiver]) -> Pulled:
@@ -163,7 +182,9 @@ class WireClient:
                          make: Callable[[pb.TaskHeader], Receiver], held: _Broken | None
                          ) -> Pulled:
         request = pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
-                                     bulk_error=self.bulk.error or "")
+                                     bulk_error=self.bulk.error or "",
+                                     down_bytes_per_s=self.link.down,
+                                     up_bytes_per_s=self.link.up)
         if held is not None:
             request.bulk = False
             request.resume_task_id = held.header.task_id
@@ -269,7 +290,15 @@ class WireClient:
     async def push(self, header: pb.UpdateHeader, source: Source | None
                    ) -> tuple[pb.PushReply, str]:
         """Send an update (and its payload); the aggregator's reply and the path it took.
-        The payload's size and digest are stamped on the header unless already there."""
+        The payload's size and digest are stamped on the header unless already there. An
+        accepted upload's rate is measured (LinkMeter)."""
+        reply, transport, seconds = await self._push(header, source)
+        if reply.accepted and seconds is not None:
+            self._measured("up", header.payload_size, seconds, transport)
+        return reply, transport
+
+    async def _push(self, header: pb.UpdateHeader, source: Source | None
+                    ) -> tuple[pb.PushReply, str, float | None]:
         if source is not None:
             if isinstance(source, codec.Encoded):
                 header.payload_size = source.size
@@ -286,15 +315,19 @@ class WireClient:
                                                      timeout=60)
                 if ticket.already_accepted:
                     # An earlier try got through; only its acknowledgement was lost.
-                    return pb.PushReply(accepted=True, message=ticket.message), "bulk"
+                    return pb.PushReply(accepted=True, message=ticket.message), "bulk", None
                 data = source if isinstance(source, Path) else source.segments
                 try:
+                    started = time.perf_counter()
                     message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,
                                                       ticket.port, data)
-                    return pb.PushReply(accepted=True, message=message), "bulk"
+                    return (pb.PushReply(accepted=True, message=message), "bulk",
+                            time.perf_counter() - started)
                 except bulk.BulkUnreachable:
                     pass  # over gRPC below, from now on (the log says so once)
-        return await self._push_grpc(header, source), "grpc"
+        started = time.perf_counter()
+        reply = await self._push_grpc(header, source)
+        return reply, "grpc", time.perf_counter() - started
 
     async def _push_grpc(self, header: pb.UpdateHeader, source: Source | None
                          ) -> pb.PushReply:

@@ -181,6 +181,7 @@ class FederationService(pb_grpc.FederationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"heartbeat refused: {exc}")
         self.registry.touch(node.node_id)
         node.state = request.state or node.state
+        self.registry.link(node.name).report(request.down_bytes_per_s, request.up_bytes_per_s)
         if request.HasField("decision"):
             node.decision = _as_dict(request.decision)
         capacity = await _capacity(request, context)
@@ -219,6 +220,7 @@ class FederationService(pb_grpc.FederationServicer):
         if self.bulk_port:
             # Why a node falls back to gRPC, as it tells us (`fedgpu nodes` bulk_error).
             node.bulk_error = wire_limits.truncate(request.bulk_error, 512) or None
+        self.registry.link(node.name).report(request.down_bytes_per_s, request.up_bytes_per_s)
         wait_s = min(max(request.wait_s, 0), MAX_POLL_S) * random.uniform(*POLL_JITTER)
         node.polling += 1
         node.loop_seen = time.time()
@@ -246,7 +248,9 @@ class FederationService(pb_grpc.FederationServicer):
                                     "the aggregator is stopping (a restart keeps this "
                                     "node's registration): poll again")
             else:
-                yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE))
+                # Why the last round left this site out (a slow link), for its log; "" if not.
+                yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TASK_KIND_NONE,
+                                                        message=node.left_out or ""))
             return
         if task.payload is not None and request.bulk and self.tickets is not None:
             ticket = self.tickets.issue(Direction.DOWNLOAD, node.node_id, node.name,

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedgpu.core.admission import SiteCapacity
 from fedgpu.core.job.resources import Resources
+from fedgpu.core.link_rates import SiteLink
 from fedgpu.core.site_policy import SitePolicy
 from fedgpu.server.registry_store import RegistryStore, SavedNode
 
@@ -87,6 +88,9 @@ class Node:
     # came (None: not yet known, as for nodes made by hand in tests).
     polling: int = 0
     loop_seen: float | None = None
+    # Why the last training round left it out (a slow link, server/rounds/link_admission.py):
+    # told to the node with its next empty poll, for its log. None: it was not.
+    left_out: str | None = None
 
     def loop_quiet_s(self, now: float) -> float:
         """Seconds since its task loop last asked for work (0 while it asks)."""
@@ -140,12 +144,24 @@ class Registry:
         self._clock = clock
         self.max_nodes = max_nodes
         self._nodes: dict[str, Node] = {}
+        # Each site's measured link, by name: it outlives the site's reconnects (a new node
+        # id), so a slow site is known as slow when it comes back (fedgpu/core/link_rates.py).
+        self.links: dict[str, SiteLink] = {}
         self.changed = asyncio.Event()
         self._store = store
         if store is not None:
             for saved in store.load()[:max_nodes]:
                 node = _restored(saved)
                 self._nodes[node.node_id] = node
+
+    def link(self, name: str) -> SiteLink:
+        """The site's link record, made on first use; at most max_nodes kept (oldest go)."""
+        found = self.links.get(name)
+        if found is None:
+            while len(self.links) >= self.max_nodes:
+                del self.links[next(iter(self.links))]
+            found = self.links[name] = SiteLink()
+        return found
 
     def __len__(self) -> int:
         """Node records held (replaced ones are dropped, not kept)."""

@@ -43,3 +43,7 @@ def show_rounds(doc: dict[str, Any]) -> None:
 
     for line in lines(doc):
         typer.echo(line)
+    from fedgpu.cli import link_lines
+
+    for line in link_lines.lines(doc):
+        typer.echo(line)

@@ -21,7 +21,7 @@ from fedgpu.core import local_params
 from fedgpu.core.job import Job
 from fedgpu.core.site_policy import REFUSAL_MEMORY_S, REFUSAL_PREFIX
 from fedgpu.proto import pb
-from fedgpu.server.registry import Node
+from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.folding import FoldQueue, Waiting
@@ -62,6 +62,8 @@ class Run(Protocol):
     def strategy(self) -> Strategy: ...
     @property
     def global_spec(self) -> dict[str, tuple[str, tuple[int, ...]]] | None: ...
+    @property
+    def registry(self) -> Registry: ...
 
     def take_initial(self, tensors: dict[str, np.ndarray]) -> None:
         """The starting model a node sent (an INIT task's answer) becomes the global one."""
@@ -253,6 +255,8 @@ class Answers:
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:
             node.rounds_completed += 1
+            # Its training time joins its link's round-trip estimate (link_admission.py).
+            self.run.registry.link(node.name).train_s = resources.train_seconds
             node.measured(self.run.job.task, _speed(header, resources.train_seconds,
                                                 self.run.job.hyperparameters.get("local_epochs")))
             # A node that stated no size at registration states it with its first update.

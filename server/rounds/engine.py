@@ -30,6 +30,7 @@ from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
 from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
 from fedgpu.server.rounds.eligibility import Seating, eligible_nodes, never_started
 from fedgpu.server.rounds.history import History
+from fedgpu.server.rounds.link_admission import LinkAdmission
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.states import SlotState
@@ -93,6 +94,8 @@ class Orchestrator:
         self._agg_lock = asyncio.Lock()
         # Checks, refusals and accepted updates of the open attempt (what nodes' answers meet).
         self.answers = Answers(self, self._agg_lock)
+        # Which sites' links can carry a round in time (server/rounds/link_admission.py).
+        self.links = LinkAdmission(job, registry, job_id)
         self._payload: ModelPayload | None = None
         # The file the global model was last adopted from, and the arrays mapped from it.
         self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
@@ -170,6 +173,7 @@ class Orchestrator:
         finally:
             self.finished_at = time.time()
             self.current = None
+            self.links.forget()
             for node in self.registry.all():
                 node.wakeup.set()
             self.finished.set()
@@ -187,7 +191,7 @@ class Orchestrator:
         attempt = spent = 0
         while spent < plan.attempts():
             attempt += 1
-            pool = await self._wait_for_nodes(plan.pool_size())
+            pool = await self._wait_for_nodes(plan.pool_size(), plan)
             chosen = plan.choose(pool, number, attempt)
             if self.roster is not None:
                 self.roster.claim(chosen)  # no await since the pool was read: no other job
@@ -206,6 +210,9 @@ class Orchestrator:
             # Recorded before the checkpoint is written, so the round is in its history.
             record = (self._record(rnd, RoundStatus.FINISHED if ok else RoundStatus.RETRIED)
                       if plan.recorded else None)
+            if record is not None and self.links.applies(plan.kind, plan.sends_model) and (
+                    link := self.links.record([n.name for n in chosen])):
+                record.extra["link"] = link  # slow sites left out, rates (`fedgpu rounds`)
             if ok and record is not None and (report := self.strategy.round_report()):
                 record.extra["privacy"] = report  # the spent epsilon, in `fedgpu rounds`
             error = plan.closed(rnd, record, chosen, ok)
@@ -244,12 +251,15 @@ class Orchestrator:
         # Local tensors (local_params) keep the global model's own copy: no update had them.
         return local_params.merged(self.global_weights or {}, new, self.job.local_params)
 
-    async def _wait_for_nodes(self, needed: int) -> list[Node]:
+    async def _wait_for_nodes(self, needed: int, plan: Plan | None = None) -> list[Node]:
         last_log = 0.0
         since = time.monotonic()
         while True:
             alive = eligible_nodes(self.job, self.registry.alive(), self.bundle,
                                    self.roster)
+            if plan is not None and self.links.applies(plan.kind, plan.sends_model):
+                # Sites whose links cannot make the deadline are left out (or compress).
+                alive = self.links.sort(alive, self._model_payload().size)
             if len(alive) >= needed:
                 self.waiting_for_nodes = False
                 self.opened_any = True
@@ -304,7 +314,8 @@ class Orchestrator:
                 round=number,
                 kind=plan.kind,
                 task_name=self.job.task,
-                hyperparameters_json=json.dumps(task_hyperparameters(self.job, self.run_id)),
+                hyperparameters_json=json.dumps(self.links.hyperparameters(
+                    node, task_hyperparameters(self.job, self.run_id), self.run_id)),
                 use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
                 resources=resources_to_wire(self.job.needs),
                 payload_size=payload.size if payload is not None else 0,

@@ -20,7 +20,6 @@ from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.buffered import next_step
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.intakes import Receive
-from fedgpu.server.rounds.work import decode_payload
 from fedgpu.server.transfer import wire_limits
 from fedgpu.server.transfer.wire_limits import WireError
 
@@ -88,8 +87,9 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 rnd.upload_s[node.node_id] = got.seconds
                 rnd.transport[node.node_id] = transport
                 spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
-                tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
-                                                  got.payload, spec)
+                tensors = await asyncio.to_thread(orch.links.decode, node.node_id,
+                                                  header.kind, got.payload, spec,
+                                                  lambda: orch.shared_weights)
             try:
                 await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             except UpdateRejected as exc:

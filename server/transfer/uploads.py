@@ -98,6 +98,8 @@ class _Upload:
     began: float = field(default_factory=time.perf_counter)
     last_perf: float = 0.0
     waited: float = 0.0
+    # The payload's announced size (progress in `fedgpu rounds`).
+    size: int = 0
 
     def got(self, n: int) -> None:
         self.received += n
@@ -193,7 +195,7 @@ class Uploads:
         else:
             asm = self.assembler(header)
             now = time.time()
-            up = _Upload(node, now, now)
+            up = _Upload(node, now, now, size=header.payload_size)
             reserved = [0]
         self._active[id(up)] = up
         kept = [False]
@@ -258,6 +260,11 @@ class Uploads:
         quiet = [now - u.last_byte for u in self._active.values()
                  if u.node == node and not u.waiting_for_memory]
         return min(quiet) if quiet else 0.0
+
+    def progress(self) -> dict[str, tuple[int, int, float]]:
+        """Uploads in flight by node name: (bytes received, payload size, receiving seconds)
+        — a round's progress as `fedgpu rounds` shows it (server/views/round_progress.py)."""
+        return {u.node: (u.received, u.size, u.seconds) for u in self._active.values()}
 
     def parked_offset(self, key: str) -> int:
         """Bytes kept of the broken upload parked under `key` (0: none)."""

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fedgpu.server.views.link_view import link_summary, open_summary
+
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_SEARCH = 200
@@ -242,6 +244,8 @@ def round_summary(rec: Mapping[str, Any], per_site: bool = True,
         "secure_aggregation": secure_summary(rec.get("secure_aggregation"),
                                              rec.get("masked_metrics")),
         "work": work_summary(rec, per_site),
+        # Sites left out for a slow link, or asked to compress (server/views/link_view.py).
+        "link": link_summary(rec),
     }
 
 
@@ -258,4 +262,6 @@ def rounds_summary(doc: Mapping[str, Any], query: RoundsQuery) -> dict[str, Any]
                    for i, r in enumerate(shown)],
         # GPU-hours of the whole job (every round, not only those shown), per site.
         "device_seconds": doc.get("device_seconds"),
+        # While a round is open: each site's transfer progress.
+        **({"open": progress} if (progress := open_summary(doc)) else {}),
     }

@@ -17,6 +17,7 @@ from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
 from fedgpu.server.views import evaluation, privacy, statistics
+from fedgpu.server.views.round_progress import open_round
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -153,9 +154,14 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
-    """`fedgpu rounds [--job ID] --json`, with the job's device time so far."""
+    """`fedgpu rounds [--job ID] --json`, with the job's device time so far and, while a
+    round is open, each site's transfer progress (`open`, server/views/round_progress.py)."""
     doc = _rounds_of(jobs, job_id)
     doc["device_seconds"] = device_time.summary(doc.get("rounds") or ())
+    engine = _engine(jobs, doc.get("job_id") or "") if doc.get("job_id") else None
+    progress = open_round(engine, jobs.uploads) if engine is not None else None
+    if progress is not None:
+        doc["open"] = progress
     return doc
 
 

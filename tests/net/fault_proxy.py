@@ -11,6 +11,9 @@ connection is cut. What each side sees is the `how` of the cut:
 - CutStyle.SENDER_RESET (default): the receiver gets every byte that crossed and then the end
   of the stream, the sender a reset: the cut is exactly at `after`, so a test can count the
   bytes sent twice without the kernel's buffers blurring the figure.
+
+A slow link: `rate` (bytes/s) limits each direction of each connection with a token bucket
+(a burst of BURST bytes, then `rate`), as `tc tbf` would on a real interface.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 READ = 1 << 16
+# The token bucket's depth: what a rate-limited link lets through at once.
+BURST = 16 << 10
 
 
 class Way(StrEnum):
@@ -52,6 +58,8 @@ class FaultProxy:
     # Bytes that crossed, each way, over all connections (read from the sending side).
     carried: dict[Way, int] = field(default_factory=lambda: {Way.UP: 0, Way.DOWN: 0})
     connections: int = 0
+    # Bytes/s each way of each connection (None: as fast as loopback).
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -116,6 +124,21 @@ class FaultProxy:
         return None
 
 
+class _Bucket:
+    """A token bucket: take(n) returns once n bytes' worth of tokens have accrued."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.tokens, self.at = rate, float(BURST), time.monotonic()
+
+    def take(self, n: int) -> None:
+        now = time.monotonic()
+        self.tokens = min(float(BURST), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= n
+        if self.tokens < 0:
+            time.sleep(-self.tokens / self.rate)
+
+
 def _reset(sock: socket.socket) -> None:
     """Close with a TCP reset instead of the orderly end of the stream."""
     with contextlib.suppress(OSError):
@@ -135,11 +158,14 @@ class _Connection:
     def pump(self, way: Way) -> None:
         src, dst = (self.client, self.upstream) if way is Way.UP else (self.upstream, self.client)
         cut = self.proxy._armed(self.index, way)
+        bucket = _Bucket(self.proxy.rate) if self.proxy.rate else None
         try:
             while not self.broken.is_set():
-                data = src.recv(READ)
+                data = src.recv(BURST if bucket is not None else READ)
                 if not data:
                     break
+                if bucket is not None:
+                    bucket.take(len(data))
                 with self.proxy._lock:
                     self.proxy.carried[way] += len(data)
                 if cut is not None and self.sent[way] + len(data) >= cut.after:

@@ -87,7 +87,7 @@ def test_resume_rule_and_sections_are_declared_once() -> None:
     assert set(resume_keys()) == {"task", "mode", "strategy", "strategy_params",
                                   "local_params"}
     assert list(SECTIONS) == ["resources", "secure_aggregation", "privacy", "hetero",
-                             "statistics"]
+                             "statistics", "transfer"]
     travels = {k.name for k in keys_of(Job) if k.travels}
     assert {"task", "hyperparameters", "seed"} <= travels
     assert not {"strategy", "initial_weights", "task_dir"} & travels

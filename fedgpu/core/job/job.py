@@ -25,6 +25,7 @@ from fedgpu.core.job import sections as _sections
 from fedgpu.core.job.resources import Resources
 from fedgpu.core.job.schema import ANY, REQUIRED, TABLE, key
 from fedgpu.core.job.strategies import JOB_STRATEGIES
+from fedgpu.core.job.transfer import TransferSettings
 from fedgpu.core.job_bounds import (
     INT32_MAX,
     INT64_MAX,
@@ -187,6 +188,7 @@ class Job:
         "Before any study is created it is a label only (every site is sampled).", str,
         "a study name (1-64 letters, digits, . _ @ -)", optional=True, valid=is_study_name)
     statistics: JobStatistics | None = _section("statistics", None)
+    transfer: TransferSettings = _section("transfer", TransferSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as its stored JSON (job_json): every key; parse_job reads it back to an

@@ -26,6 +26,8 @@ from fedgpu.core.job.schema import (
     register,
 )
 from fedgpu.core.job.strategies import strategy_spec
+from fedgpu.core.job.transfer import TransferSettings, parse_transfer
+from fedgpu.core.link_rates import SlowSites
 from fedgpu.core.privacy import PrivacySettings, parse_privacy
 from fedgpu.core.privacy.settings import with_dp_rounds
 from fedgpu.core.secagg import jobfile as secagg_jobfile
@@ -168,9 +170,29 @@ register(Section("hetero", "Keys for unlike sites (time-budgeted work, compresse
 register(Section("statistics", "`mode = \"statistics\"`: how each site releases its data's "
                  "statistics (see [Federated statistics](../how-to/statistics.md)); absent: "
                  "the defaults.", parse_statistics, JobStatistics, travels=True))
+register(Section("transfer", "How the aggregator treats sites on slow links (see "
+                 "[Slow links](../explanation/bulk-path.md#slow-links)).", parse_transfer,
+                 TransferSettings))
 
 
 # ---- features that each work alone but not together (yet) --------------------------------
+
+
+@combination_rule
+def _compress_slow_sites(parsed: dict[str, Any], source: str) -> None:
+    """A compressed update is a lossy delta: what needs the whole vector cannot take it."""
+    transfer: TransferSettings = parsed["transfer"]
+    if transfer.mode is not SlowSites.COMPRESS:
+        return
+    if parsed["secure_aggregation"] is not None:
+        raise ConfigError(f"{source}: [transfer] slow_sites = \"compress\" cannot be combined "
+                          "with secure_aggregation: SecAgg+ masks and sums full update "
+                          "vectors, which a compressed (int8 or top-k) update is not; use "
+                          "slow_sites = \"skip\"")
+    if parsed["privacy"] is not None:
+        raise ConfigError(f"{source}: [transfer] slow_sites = \"compress\" cannot be combined "
+                          "with [privacy], which clips and noises whole updates; use "
+                          "slow_sites = \"skip\"")
 
 
 @combination_rule

@@ -379,6 +379,31 @@
         h("td", {class: "work"}, ...workCell(r.work)));
     });
     replaceRows($("rounds-table").tBodies[0], rows);
+    replaceRows($("round-links"), linkLines(rounds));
+  }
+
+  // Slow links: each site's transfer in the open round, then why the last round left sites
+  // out or asked them to compress (server/views/link_view.py).
+  function linkLines(rounds) {
+    const mbit = (b) => (b ? `${(b * 8 / 1e6).toFixed(1)} Mbit/s` : dash0);
+    const items = [];
+    const open = rounds.open;
+    if (open) {
+      items.push(h("li", {}, `round ${open.round}: deadline in ${num(open.deadline_in_s, 0)} s`));
+      for (const s of open.sites) {
+        const parts = [s.node, s.phase || s.state];
+        if (s.bytes !== undefined) parts.push(`${(s.bytes / 1e6).toFixed(1)}/${(s.size / 1e6).toFixed(1)} MB`);
+        if (s.rate_bytes_per_s) parts.push(`at ${mbit(s.rate_bytes_per_s)}`);
+        if (s.time_left_s !== undefined && s.time_left_s !== null) parts.push(`~${num(s.time_left_s, 0)} s left`);
+        items.push(h("li", {"data-transfer": s.node}, parts.join(" ")));
+      }
+    }
+    const last = rounds.rounds.length ? rounds.rounds[rounds.rounds.length - 1].link : null;
+    if (last) {
+      for (const s of last.skipped) items.push(h("li", {"data-skipped": s.node}, `skipped ${s.node}: ${s.reason}`));
+      for (const c of last.compressed) items.push(h("li", {"data-compressed": c.node}, `compressed ${c.node}: ${c.reason}`));
+    }
+    return items;
   }
 
   // ---- controls --------------------------------------------------------------------------

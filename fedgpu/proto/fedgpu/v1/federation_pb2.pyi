@@ -185,20 +185,24 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., bulk_port: _Optional[int] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error", "resume_task_id", "resume_offset")
+    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error", "resume_task_id", "resume_offset", "down_bytes_per_s", "up_bytes_per_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     BULK_FIELD_NUMBER: _ClassVar[int]
     BULK_ERROR_FIELD_NUMBER: _ClassVar[int]
     RESUME_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DOWN_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UP_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     wait_s: int
     bulk: bool
     bulk_error: str
     resume_task_id: str
     resume_offset: int
-    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ...) -> None: ...
+    down_bytes_per_s: float
+    up_bytes_per_s: float
+    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
     __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics")
@@ -527,20 +531,24 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "state", "decision", "task_id", "capacity", "bundles")
+    __slots__ = ("node_id", "state", "decision", "task_id", "capacity", "bundles", "down_bytes_per_s", "up_bytes_per_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    DOWN_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UP_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     state: str
     decision: GpuDecision
     task_id: str
     capacity: NodeCapacity
     bundles: _containers.RepeatedCompositeFieldContainer[BundleStatus]
-    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ...) -> None: ...
+    down_bytes_per_s: float
+    up_bytes_per_s: float
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("known", "shutdown", "bulk_port", "abandon", "offers")
