@@ -16,7 +16,7 @@ from fedgpu.server.rounds import device_time
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import evaluation, privacy, statistics
+from fedgpu.server.views import cross_site, evaluation, privacy, statistics
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"
@@ -149,6 +149,8 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
                                                    "epsilon_spent", "rounds_accounted")}
     if row.job.get("mode") == Mode.STATISTICS:  # the dashboard's Statistics panel reads it
         doc["statistics"] = statistics.summary(_round_dicts(jobs, row.job_id))
+    if row.job.get("mode") == Mode.CROSS_SITE:  # the dashboard's cross-site panel reads it
+        doc["cross_site"] = cross_site.matrix(_round_dicts(jobs, row.job_id))
     return doc
 
 
@@ -228,6 +230,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         doc["evaluation"] = evaluation.summary(rounds)
     if row.job.get("mode") == Mode.STATISTICS:
         doc["statistics"] = statistics.summary(rounds)
+    if row.job.get("mode") == Mode.CROSS_SITE:
+        doc["cross_site"] = cross_site.matrix(rounds)
     return doc
 
 
