@@ -144,9 +144,9 @@ class Orchestrator:
                 # resumed before round 1 finishes must train from the very same weights.
                 await self.commit(self.global_weights, 0)
             self.state = RunState.RUNNING
-            if not self.completed and getattr(self.plan, "runs_itself", False):
-                await self.plan.run_all(self)  # type: ignore[attr-defined]  # cross-site
-            elif not self.completed:
+            if not self.completed:
+                if getattr(self.plan, "runs_itself", False):
+                    await self.plan.run_all(self)  # type: ignore[attr-defined]  # cross-site
                 for number in range(self.global_round + 1, self.job.rounds + 1):
                     self.end_reason = self.strategy.exhausted()
                     if self.end_reason is not None:
