@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import fedgpu
+from fedgpu.core import cross_site_matrix as cross_site
 from fedgpu.core.constants import JobState, Mode
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
@@ -16,7 +17,7 @@ from fedgpu.server.rounds import device_time
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.plans import KIND_NAMES
 from fedgpu.server.transfer.uploads import Uploads
-from fedgpu.server.views import cross_site, evaluation, privacy, statistics
+from fedgpu.server.views import evaluation, privacy, statistics
 
 # `status --json` `state` when no job has ever been submitted.
 IDLE = "idle"

@@ -13,12 +13,13 @@ row is empty with the reason, and its audit log records the refusal)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, write_job
+from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, free_port, write_job
 from tests.integration.test_jobs import job_cli, wait_job
 
 ENDED = ("finished", "failed", "stopped")
@@ -26,7 +27,9 @@ ENDED = ("finished", "failed", "stopped")
 
 @pytest.fixture
 def sites(federation: Federation, tmp_path: Path, digits_split: list[Path]) -> Federation:
-    federation.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1")
+    federation.ui_port = free_port()  # type: ignore[attr-defined]
+    federation.start_server(None, "--state-dir", str(tmp_path / "state"), "--heartbeat-s", "1",
+                            "--ui-port", str(federation.ui_port))  # type: ignore[attr-defined]
     share = tmp_path / "share.toml"
     share.write_text("share_local_model = true\n")
     federation.start_node("site-a", digits_split[0], "--gpu", "none", "--policy", str(share))
@@ -82,6 +85,23 @@ def test_cross_site_scores_every_model_on_every_site_and_a_site_may_refuse(
     assert r.returncode == 0, r.stderr
     assert f"cross-site evaluation of job {trained['job_id']}" in r.stdout, r.stdout
     assert "site-a (local)" in r.stdout and "share_local_model = true" in r.stdout, r.stdout
+
+    # The dashboard's cross-site panel (server/views/ui/cross_site.js) reads the same matrix
+    # from /api/status.
+    conn = http.client.HTTPConnection("127.0.0.1", fed.ui_port, timeout=10)  # type: ignore[attr-defined]
+    conn.request("GET", "/api/status", headers={"Authorization": f"Bearer {fed.operator_token}"})
+    api = json.loads(conn.getresponse().read())
+    conn.close()
+    assert api["cross_site"] == m and api["mode"] == "cross-site", api
+
+    # The report: the matrix as a table in summary.md and a heat map.
+    out = tmp_path / "report"
+    r = cli("report", "--address", fed.address, "--job", job["job_id"], "--out", str(out),
+            operator_token=OPERATOR_TOKEN)
+    assert r.returncode == 0, r.stderr
+    summary = (out / "summary.md").read_text()
+    assert "## Cross-site evaluation" in summary and "| site-a (local) | 0." in summary, summary
+    assert (out / "cross_site.png").stat().st_size > 0
 
     # Refused at submit, nothing queued: the training job must exist.
     listed = len(fed.query("ListJobs"))

@@ -20,12 +20,12 @@ import pytest
 
 from fedgpu.cli.common.cross_site_text import matrix_lines
 from fedgpu.core import codec
+from fedgpu.core.cross_site_matrix import matrix
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job import parse_job
 from fedgpu.core.site_policy import local_model_refusal, parse
 from fedgpu.node.local_models import LocalModels
 from fedgpu.proto import pb
-from fedgpu.server.views.cross_site import matrix
 
 BASE = {"task": "digits", "mode": "cross-site", "model_from_job": "a1b2c3"}
 

@@ -1,6 +1,7 @@
-"""What the views show of a cross-site job (mode = "cross-site", server/rounds/cross_site.py):
-the site x model matrix, read from its round records. `fedgpu job status --json` has it as
-`cross_site`, the dashboard's job view draws it and `fedgpu report` writes it.
+"""The site x model matrix of a cross-site job (mode = "cross-site", server/rounds/cross_site.py),
+read from its round records: pure, so the aggregator's views (`fedgpu job status --json`
+has it as `cross_site`, the dashboard's job view draws it) and `fedgpu report` (from a rounds
+document or a state directory) build the same one.
 
 Rows are models: the training job's final model ("global"), then each site's local model by
 site name (sent or not); columns are the sites whose held-out data scored them. A row whose
