@@ -82,7 +82,8 @@ class CollectPlan(Plan):
             self.not_sent[site] = (f"the aggregator compares at most {MAX_LOCAL_MODELS} "
                                    "local models per job")
         else:
-            self.models[site] = {k: np.asarray(v) for k, v in tensors.items()}
+            # Copies: the decoded arrays are views of the upload's buffer, which is reused.
+            self.models[site] = {k: np.array(v) for k, v in tensors.items()}
 
     def closed(self, rnd: RoundState, record: RoundRecord | None, chosen: list[Node],
                ok: bool) -> str:

@@ -167,3 +167,15 @@ def test_the_matrix_shows_every_model_on_every_site_and_says_why_where_none() ->
     assert "a (local)" in text and "0.8000" in text and "0.9000" in text
     assert "b (local): not scored: site policy: share_local_model = false" in text
     assert "a (local) on b: out of memory" in text
+
+
+def test_the_aggregator_keeps_its_own_copy_of_each_local_model_that_fits() -> None:
+    from fedgpu.server.rounds.cross_site import CollectPlan
+
+    plan = CollectPlan(parse_job(BASE), {"w": ("F32", (4,))})
+    buffer = bytearray(np.arange(4, dtype=np.float32).tobytes())
+    plan.take_model("a", {"w": np.frombuffer(buffer, dtype=np.float32)})
+    buffer[:] = bytes(16)  # the upload's buffer, reused by the next upload
+    assert plan.models["a"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    plan.take_model("b", {"w": np.zeros(5, dtype=np.float32)})
+    assert "b" not in plan.models and "does not fit job a1b2c3's model" in plan.not_sent["b"]
