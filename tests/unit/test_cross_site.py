@@ -179,3 +179,23 @@ def test_the_aggregator_keeps_its_own_copy_of_each_local_model_that_fits() -> No
     assert plan.models["a"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
     plan.take_model("b", {"w": np.zeros(5, dtype=np.float32)})
     assert "b" not in plan.models and "does not fit job a1b2c3's model" in plan.not_sent["b"]
+
+
+def test_fedgpu_run_cross_site_follows_a_training_job_with_a_job_the_schema_takes() -> None:
+    import tomllib
+
+    from fedgpu.cli.run import cross_site as run_cross_site
+    from fedgpu.cli.run.run_config import demo_job
+
+    trained = demo_job(task="digits", nodes=2, rounds=1, use_gpu=False)
+    run_cross_site.check(trained)
+    follow = parse_job(tomllib.loads(run_cross_site.job_toml(trained, "abc123")))
+    assert follow.mode == "cross-site" and follow.model_from_job == "abc123"
+    assert follow.hyperparameters == trained.hyperparameters and follow.min_nodes == 2
+    with pytest.raises(ConfigError, match="the job's mode is 'evaluate'"):
+        run_cross_site.check(parse_job({"task": "digits", "mode": "evaluate",
+                                        "initial_weights": "w.safetensors"}))
+    line = run_cross_site.round_line({"round": 2, "nodes_reporting": 2, "eval": {
+        "accuracy": 0.5}, "cross_site": {"stage": "score", "model": "node-1"}})
+    assert line == "cross-site round 2: node-1's local model scored by 2 node(s), accuracy 0.5000"
+    assert run_cross_site.round_line({"round": 1}) is None
