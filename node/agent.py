@@ -364,6 +364,7 @@ class Agent:
                               lambda: cancel.is_set() or self._stop.is_set(),
                               self.unmasked, self.cfg.secagg_min_threshold,
                               self.secagg_identity)
+                self.local_models.keep(header, None)  # its note: why none is kept
             else:
                 self._report(header, outcome, error)
         finally:

@@ -7,8 +7,9 @@ size), replacing the job's earlier round: one model per job. Only the newest KEE
 are kept (older ones are deleted when a newer job's model is written), and a model over the
 size limit is not kept, only noted. On disk, so a restarted node still answers for its jobs.
 
-A job whose update is not the plain model (compressed deltas, locally noised under DP,
-personalised layers left out) keeps a note with the reason instead: the site's answer to a
+A job whose update is not the plain model (compressed deltas, personalised layers left out),
+or whose protection a local model would bypass (secure aggregation, differential privacy),
+keeps a note with the reason instead: the site's answer to a
 cross-site job says why it has no model. Its answer is given only when its policy lets the
 model leave (fedgpu/core/site_policy.py local_model_refusal). safetensors, never pickle.
 """
@@ -39,8 +40,12 @@ _CODEC_KEYS = ("update_codec", "topk_fraction")
 
 def not_plain(task: pb.TaskHeader) -> str | None:
     """Why the weights a training task uploads are not the site's plain local model."""
-    if task.HasField("privacy_local"):
-        return "the job trained under local differential privacy (its update is noised)"
+    if task.secagg_setup:
+        return "the job trained under secure aggregation (no site's update is seen alone)"
+    if task.HasField("privacy_local") or task.job_terms.dp_mode:
+        # Its guarantee covers what leaves the sites: a local model sent on would bypass it.
+        return (f"the job trained under differential privacy ([privacy] mode = "
+                f"{task.job_terms.dp_mode or 'local'!r})")
     try:
         hparams = json.loads(task.hyperparameters_json or "{}")
     except ValueError:

@@ -67,9 +67,9 @@ def test_a_site_shares_its_local_model_only_when_its_policy_says_so() -> None:
 
 
 def _task(job_id: str, round_number: int = 1, **fields: Any) -> pb.TaskHeader:
+    fields.setdefault("job_terms", pb.JobTerms(job_id=job_id))
     return pb.TaskHeader(task_id=f"t{round_number}", round=round_number,
-                         kind=pb.TASK_KIND_TRAIN,
-                         job_terms=pb.JobTerms(job_id=job_id), **fields)
+                         kind=pb.TASK_KIND_TRAIN, **fields)
 
 
 def _weights(path: Path, value: float) -> Path:
@@ -103,7 +103,10 @@ def test_the_node_keeps_one_local_model_per_job_for_its_newest_jobs(tmp_path: Pa
 
 @pytest.mark.parametrize(("fields", "why"), [
     ({"privacy_local": pb.PrivacyLocalDp(clip_norm=1.0, noise_multiplier=1.0)},
-     "local differential privacy"),
+     "differential privacy ([privacy] mode = 'local')"),
+    ({"job_terms": pb.JobTerms(job_id="job1", dp_mode="central")},
+     "differential privacy ([privacy] mode = 'central')"),
+    ({"secagg_setup": b"setup"}, "secure aggregation"),
     ({"hyperparameters_json": json.dumps({"update_codec": "topk"})}, "compressed deltas"),
     ({"hyperparameters_json": json.dumps({"local_params": ["head.*"]})}, "local_params"),
 ])
