@@ -100,7 +100,8 @@ class Agent:
             cfg.task_approval, state_dir,
             lambda sha: self.client.fetch_bundle(self.node_id or "", sha, MAX_BUNDLE_BYTES))
         # Its last local model of each training job, for cross-site evaluation.
-        self.local_models = LocalModels(self.identity.folder, cfg.max_payload_bytes)
+        self.local_models = LocalModels(self.identity.folder, cfg.max_payload_bytes,
+                                        self.audit, f"aggregator {cfg.aggregator}")
         # The bundles the aggregator last offered; every heartbeat answers about them.
         self._offers: list[pb.TaskBundle] = []
 
@@ -262,11 +263,9 @@ class Agent:
 
     def _handle(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
         if header.kind == pb.TASK_KIND_LOCAL_MODEL:  # cross-site: nothing runs, a file is sent
-            update, model = self.local_models.answer(
+            self._push(header, *self.local_models.answer(
                 header, self.node_id or "", self.rules.policy,
-                self.rules.refusals(header, "local_model"))
-            self._audit_local_model(header, update)
-            self._push(header, update, model)
+                self.rules.refusals(header, "local_model")))
             return
         kind = KIND_NAMES.get(header.kind)
         if kind is None or kind not in KINDS:
@@ -384,15 +383,6 @@ class Agent:
             self.audit.record(f"aggregator {self.cfg.aggregator}", f"task.{kind}",
                               f"{header.task_name} round {header.round} ({header.task_id})",
                               ran, error or None)
-        except (OSError, AuditError) as exc:
-            log.error("site audit log %s: %s", self.audit.path, exc)
-
-    def _audit_local_model(self, header: pb.TaskHeader, update: pb.UpdateHeader) -> None:
-        """The site's record of each local model that left it (or was refused, and why)."""
-        try:
-            self.audit.record(f"aggregator {self.cfg.aggregator}", "task.local_model",
-                              f"local model of job {header.local_model_of} ({header.task_id})",
-                              "REFUSED" if update.failed else "SENT", update.error or None)
         except (OSError, AuditError) as exc:
             log.error("site audit log %s: %s", self.audit.path, exc)
 

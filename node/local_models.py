@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from fedgpu.core import local_params
+from fedgpu.core.audit import AuditError, AuditLog
 from fedgpu.core.site_policy import REFUSAL_PREFIX, SitePolicy, local_model_refusal
 from fedgpu.proto import pb
 
@@ -61,10 +62,14 @@ def not_plain(task: pb.TaskHeader) -> str | None:
 class LocalModels:
     """One site's kept local models: `keep` after a training round, `answer` a cross-site task."""
 
-    def __init__(self, state_dir: Path, max_bytes: int, keep_jobs: int = KEEP_JOBS) -> None:
+    def __init__(self, state_dir: Path, max_bytes: int, audit: AuditLog | None = None,
+                 asked_by: str = "", keep_jobs: int = KEEP_JOBS) -> None:
         self.folder = Path(state_dir) / DIR
         self.max_bytes = max_bytes
         self.keep_jobs = keep_jobs
+        # The site's audit log: each local model that left the site, or was refused, and why.
+        self.audit = audit
+        self.asked_by = asked_by
 
     def _paths(self, job_id: str) -> tuple[Path, Path]:
         return self.folder / f"{job_id}.safetensors", self.folder / f"{job_id}.json"
@@ -144,4 +149,11 @@ class LocalModels:
         else:
             log.info("cross-site: sending the local model of job %s (%d bytes)",
                      task.local_model_of, path.stat().st_size)
+        if self.audit is not None:
+            try:
+                self.audit.record(self.asked_by, "task.local_model",
+                                  f"local model of job {task.local_model_of} ({task.task_id})",
+                                  "REFUSED" if header.failed else "SENT", header.error or None)
+            except (OSError, AuditError) as exc:
+                log.error("site audit log %s: %s", self.audit.path, exc)
         return header, path

@@ -84,7 +84,7 @@ def _ask(job_id: str) -> pb.TaskHeader:
 
 
 def test_the_node_keeps_one_local_model_per_job_for_its_newest_jobs(tmp_path: Path) -> None:
-    models = LocalModels(tmp_path, max_bytes=1 << 20, keep_jobs=2)
+    models = LocalModels(tmp_path, 1 << 20, keep_jobs=2)
     models.keep(_task("job1", 1), _weights(tmp_path / "r1", 1.0))
     models.keep(_task("job1", 2), _weights(tmp_path / "r2", 2.0))  # the last round replaces
     path, _ = models.find("job1")
@@ -95,7 +95,7 @@ def test_the_node_keeps_one_local_model_per_job_for_its_newest_jobs(tmp_path: Pa
         os.utime(tmp_path / "local_models" / "job1.json", (n, n))  # job1 is the oldest
         models.keep(_task(job), _weights(tmp_path / f"w-{job}", 3.0))
     # Only the newest two jobs are kept; a node started again reads what is on disk.
-    again = LocalModels(tmp_path, max_bytes=1 << 20, keep_jobs=2)
+    again = LocalModels(tmp_path, 1 << 20, keep_jobs=2)
     assert again.find("job1")[0] is None and "kept no local model" in again.find("job1")[1]
     assert again.find("job2")[0] is not None and again.find("job3")[0] is not None
     assert not (tmp_path / "local_models" / "job1.safetensors").exists()
@@ -126,7 +126,9 @@ def test_a_model_over_the_limit_is_noted_not_kept(tmp_path: Path) -> None:
 
 
 def test_the_answer_to_a_cross_site_task(tmp_path: Path) -> None:
-    models = LocalModels(tmp_path, max_bytes=1 << 20)
+    from fedgpu.core.audit import AuditLog
+
+    models = LocalModels(tmp_path, 1 << 20, AuditLog(tmp_path / "audit.jsonl"), "aggregator x")
     models.keep(_task("job1"), _weights(tmp_path / "w", 1.0))
     share = parse("share_local_model = true\n")
     header, path = models.answer(_ask("job1"), "n1", share, [])
@@ -137,6 +139,9 @@ def test_the_answer_to_a_cross_site_task(tmp_path: Path) -> None:
     assert path is None and header.error == "site policy: the job names no study"
     header, path = models.answer(_ask("../etc"), "n1", share, [])
     assert path is None and "is not a job id" in header.error
+    # The site's audit log: one record per answer, what left and what was refused.
+    audit = (tmp_path / "audit.jsonl").read_text()
+    assert audit.count("task.local_model") == 4 and audit.count("SENT") == 1, audit
 
 
 def _rec(number: int, part: dict[str, Any], per_node: list[tuple[str, float]] = (),
