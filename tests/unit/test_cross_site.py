@@ -207,3 +207,16 @@ def test_fedgpu_run_cross_site_follows_a_training_job_with_a_job_the_schema_take
         "accuracy": 0.5}, "cross_site": {"stage": "score", "model": "node-1"}})
     assert line == "cross-site round 2: node-1's local model scored by 2 node(s), accuracy 0.5000"
     assert run_cross_site.round_line({"round": 1}) is None
+
+
+def test_max_rounds_counts_training_rounds_not_a_cross_site_jobs_scoring_rounds(
+        tmp_path: Path) -> None:
+    from fedgpu.core.audit import AuditLog
+    from fedgpu.node.site_rules import SiteRules
+
+    rules = SiteRules(parse("max_rounds = 1\nshare_local_model = true\n"), tmp_path,
+                      AuditLog(tmp_path / "audit.jsonl"))
+    task = pb.TaskHeader(round=3, kind=pb.TASK_KIND_EVALUATE,
+                         job_terms=pb.JobTerms(job_id="cs", rounds=1))
+    assert rules.refusals(task, "evaluate") == []
+    assert rules.refusals(task, "train") == ["round 3 is past the site's maximum 1 per job"]
