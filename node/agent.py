@@ -35,6 +35,7 @@ from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
+from fedgpu.node.local_models import LocalModels
 from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
 from fedgpu.node.rounds import local_dp, local_state, workfiles
 from fedgpu.node.rounds.ddp_launch import run_workers
@@ -100,6 +101,9 @@ class Agent:
         self.bundles = BundleKeeper(
             cfg.task_approval, state_dir,
             lambda sha: self.client.fetch_bundle(self.node_id or "", sha, MAX_BUNDLE_BYTES))
+        # Its last local model of each training job, for cross-site evaluation.
+        self.local_models = LocalModels(self.identity.folder, cfg.max_payload_bytes,
+                                        self.audit, f"aggregator {cfg.aggregator}")
         # The bundles the aggregator last offered; every heartbeat answers about them.
         self._offers: list[pb.TaskBundle] = []
 
@@ -264,6 +268,11 @@ class Agent:
         return 0
 
     def _handle(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
+        if header.kind == pb.TASK_KIND_LOCAL_MODEL:  # cross-site: nothing runs, a file is sent
+            self._push(header, *self.local_models.answer(
+                header, self.node_id or "", self.rules.policy,
+                self.rules.refusals(header, "local_model")))
+            return
         kind = KIND_NAMES.get(header.kind)
         if kind is None or kind not in KINDS:
             log.warning("ignoring task of unknown kind %d", header.kind)
@@ -360,6 +369,7 @@ class Agent:
                               lambda: cancel.is_set() or self._stop.is_set(),
                               self.unmasked, self.cfg.secagg_min_threshold,
                               self.secagg_identity)
+                self.local_models.keep(header, None)  # its note: why none is kept
             else:
                 self._report(header, outcome, error)
         finally:
@@ -401,6 +411,8 @@ class Agent:
         else:
             assert outcome is not None
             weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
+            if task.kind == pb.TASK_KIND_TRAIN:
+                self.local_models.keep(task, weights)
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))

@@ -53,8 +53,10 @@ class SiteRules:
                        "(upgrade the aggregator)"]
         else:
             now = now or dt.datetime.now(dt.UTC)
+            # max_rounds counts training rounds: a final evaluation (round rounds + 1) or a
+            # cross-site job's scoring rounds train nothing.
             reasons = self.policy.refusals(terms, now, self.gpu_hours(terms.job_id),
-                                           header.round)
+                                           header.round if kind == "train" else 0)
             if (self.policy.require_secure_aggregation and kind == "train"
                     and not header.secagg_setup):
                 # The terms claim secure aggregation; the task itself shows whether it is.

@@ -57,6 +57,9 @@ class Mode(StrEnum):
     EVALUATE = "evaluate"
     # Federated statistics (fedgpu/core/fedstats/): one round, no model, no training.
     STATISTICS = "statistics"
+    # After a training job: each site's last local model and the global one, scored on every
+    # site's held-out split (a site x model matrix; server/rounds/cross_site.py).
+    CROSS_SITE = "cross-site"
 
 
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)

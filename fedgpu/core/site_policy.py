@@ -10,6 +10,8 @@ max_rounds = 50                   # per job
 max_gpu_hours = 10.0              # per job: GPU time this site spends on it, counted here
 hours = "20:00-06:00"             # when it trains (a window may pass midnight)
 timezone = "Europe/Berlin"        # of `hours` (default UTC)
+share_local_model = true          # cross-site evaluation may send this site's local model to
+                                  # the aggregator and the study's other sites (default false)
 ```
 
 `fedgpu node start --policy FILE` (FEDGPU_NODE_POLICY) reads it; the node checks every task
@@ -52,7 +54,7 @@ MAX_NAME = 128
 MAX_ROUNDS = 1_000_000
 MAX_GPU_HOURS = 1e6
 KEYS = ("studies", "tasks", "task_approval", "require_secure_aggregation", "max_epsilon",
-        "max_rounds", "max_gpu_hours", "hours", "timezone")
+        "max_rounds", "max_gpu_hours", "hours", "timezone", "share_local_model")
 _HOURS = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
 
@@ -113,6 +115,9 @@ class SitePolicy:
     max_rounds: int | None = None
     max_gpu_hours: float | None = None
     hours: Hours | None = None
+    # A job of mode = "cross-site" asks for the site's last local model of a training job; it
+    # leaves the site only when this says so (local_model_refusal).
+    share_local_model: bool = False
     source: str = field(default="", compare=False)
 
     # ---- the check ----------------------------------------------------------------------
@@ -173,6 +178,8 @@ class SitePolicy:
         if self.hours is not None:
             doc["hours"] = self.hours.text().split(" ")[0]
             doc["timezone"] = self.hours.timezone
+        if self.share_local_model:
+            doc["share_local_model"] = True
         return doc
 
     def to_json(self) -> str:
@@ -193,6 +200,20 @@ def refuses_study(policy: SitePolicy | None, study: str) -> str | None:
     if policy is None or policy.studies is None or study in policy.studies:
         return None
     return f"{REFUSAL_PREFIX}this site serves {_list(policy.studies)}, not study {study!r}"
+
+
+def local_model_refusal(policy: SitePolicy | None) -> str | None:
+    """Why this site does not send its local model of a training job to a cross-site job
+    (None: it does). A local model was fitted to one site's data alone and says more about it
+    than an average does (membership, a rare case it memorised), and the cross-site job sends
+    it on to every other site of the study: so it leaves a site only on the site's word,
+    `share_local_model = true`; no policy, or a policy without the key, keeps it home."""
+    if policy is None:
+        return (f"{REFUSAL_PREFIX}none set, and a site shares its local model only when its "
+                "policy says share_local_model = true")
+    if not policy.share_local_model:
+        return f"{REFUSAL_PREFIX}share_local_model = false"
+    return None
 
 
 def stricter_approval(flag: TaskApproval, policy: TaskApproval | None) -> TaskApproval:
@@ -261,6 +282,9 @@ def from_dict(raw: dict[str, Any], where: str = "site policy") -> SitePolicy:
     secagg = raw.get("require_secure_aggregation", False)
     if not isinstance(secagg, bool):
         raise ConfigError(f"{where}: require_secure_aggregation must be true or false")
+    share = raw.get("share_local_model", False)
+    if not isinstance(share, bool):
+        raise ConfigError(f"{where}: share_local_model must be true or false")
     if "timezone" in raw and "hours" not in raw:
         raise ConfigError(f"{where}: timezone is the zone of `hours`, which is not given")
     return SitePolicy(
@@ -276,6 +300,7 @@ def from_dict(raw: dict[str, Any], where: str = "site policy") -> SitePolicy:
                                MAX_GPU_HOURS) if "max_gpu_hours" in raw else None),
         hours=(_hours(raw["hours"], raw.get("timezone", "UTC"), where)
                if "hours" in raw else None),
+        share_local_model=share,
         source=where)
 
 

@@ -54,7 +54,7 @@ def round_seconds(job: Job, node: Node) -> float | None:
 def estimate(job: Job, nodes: Iterable[Node]) -> dict[str, Any] | None:
     """The job's training time on the live nodes that offer its task; None when no such node
     has trained the task yet (nothing measured to go by), or the job trains nothing."""
-    if job.mode == Mode.EVALUATE:
+    if job.mode in (Mode.EVALUATE, Mode.CROSS_SITE):
         return None
     offering = [n for n in nodes if not n.tasks or job.task in n.tasks]
     costed = [(s, n) for n in offering if (s := round_seconds(job, n)) is not None]

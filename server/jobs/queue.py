@@ -40,6 +40,7 @@ from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.buffered import AsyncPlan
+from fedgpu.server.rounds.cross_site import CrossSitePlan
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.ring import RingPlan
 from fedgpu.server.rounds.scoring import ScorePlan
@@ -362,7 +363,9 @@ class JobManager:
                                   else RingPlan(job) if job.mode == Mode.RING
                                   else SecAggPlan(job) if job.secure_aggregation
                                   else AsyncPlan(job) if job.mode == Mode.ASYNC
-                                  else ScorePlan(job) if job.mode == Mode.EVALUATE else None),
+                                  else ScorePlan(job) if job.mode == Mode.EVALUATE
+                                  else CrossSitePlan(job) if job.mode == Mode.CROSS_SITE
+                                  else None),
                             bundle=row.bundle, job_id=row.job_id,
                             roster=self.roster(row.job_id))
         if saved is not None:

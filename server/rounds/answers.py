@@ -229,6 +229,9 @@ class Answers:
         if header.kind == pb.TASK_KIND_INIT:
             assert tensors is not None
             self.run.take_initial(tensors)
+        elif header.kind == pb.TASK_KIND_LOCAL_MODEL:  # cross-site: a site's local model
+            assert tensors is not None
+            self.run.current_plan.take_model(node.name, dict(tensors))  # type: ignore[attr-defined]
         elif header.kind == pb.TASK_KIND_TRAIN:
             assert tensors is not None
             await self._folds.fold(self.run.strategy, Waiting(

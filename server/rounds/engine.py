@@ -148,6 +148,8 @@ class Orchestrator:
                 await self.commit(self.global_weights, 0)
             self.state = RunState.RUNNING
             if not self.completed:
+                if getattr(self.plan, "runs_itself", False):
+                    await self.plan.run_all(self)  # type: ignore[attr-defined]  # cross-site
                 for number in range(self.global_round + 1, self.job.rounds + 1):
                     self.end_reason = self.strategy.exhausted()
                     if self.end_reason is not None:

@@ -33,6 +33,7 @@ KIND_NAMES = {
     pb.TASK_KIND_TRAIN: "train",
     pb.TASK_KIND_EVALUATE: "evaluate",
     pb.TASK_KIND_STATISTICS: "statistics",
+    pb.TASK_KIND_LOCAL_MODEL: "local model",
 }
 
 

@@ -50,6 +50,7 @@ log = logging.getLogger("fedgpu.server.views.dashboard")
 
 Doc = Callable[[], Any]
 ASSETS = {"app.js": "text/javascript", "charts.js": "text/javascript",
+          "cross_site.js": "text/javascript",
           "style.css": "text/css", "index.html": "text/html", "login.html": "text/html"}
 # The login form is the only body this server reads.
 MAX_BODY = 8 << 10

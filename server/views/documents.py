@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import fedgpu
+from fedgpu.core import cross_site_matrix as cross_site
 from fedgpu.core.constants import JobState, Mode
 from fedgpu.server.jobs.queue import JobManager, job_from_row
 from fedgpu.server.jobs.state import JobRow, SavedHistory
@@ -150,6 +151,8 @@ def _with_budget(jobs: JobManager, doc: dict[str, Any]) -> dict[str, Any]:
                                                    "epsilon_spent", "rounds_accounted")}
     if row.job.get("mode") == Mode.STATISTICS:  # the dashboard's Statistics panel reads it
         doc["statistics"] = statistics.summary(_round_dicts(jobs, row.job_id))
+    if row.job.get("mode") == Mode.CROSS_SITE:  # the dashboard's cross-site panel reads it
+        doc["cross_site"] = cross_site.matrix(_round_dicts(jobs, row.job_id))
     return doc
 
 
@@ -234,6 +237,8 @@ def job_doc(jobs: JobManager, job_id: str) -> dict[str, Any]:
         doc["evaluation"] = evaluation.summary(rounds)
     if row.job.get("mode") == Mode.STATISTICS:
         doc["statistics"] = statistics.summary(rounds)
+    if row.job.get("mode") == Mode.CROSS_SITE:
+        doc["cross_site"] = cross_site.matrix(rounds)
     return doc
 
 

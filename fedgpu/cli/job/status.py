@@ -8,6 +8,7 @@ import typer
 
 from fedgpu.cli.common import ids
 from fedgpu.cli.common.connect import Target, connection_options
+from fedgpu.cli.common.cross_site_text import matrix_lines
 from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.common.options import AsJson
 from fedgpu.cli.common.output import (
@@ -56,6 +57,7 @@ def status(conn: Target, job_id: JobId, as_json: AsJson = False) -> None:
         lines.append("evaluation of the job's model on each site's held-out data:")
         lines += site_lines(doc["evaluation"])
     lines += statistics_lines(doc.get("statistics"))
+    lines += matrix_lines(doc.get("cross_site"))
     hours = device_time_line(doc.get("device_seconds"))
     if hours:
         lines.append(hours)

@@ -68,6 +68,10 @@ def start_many(
         min=0, help="Largest task payload a node accepts, in MiB (0: the aggregator's).")] = 0,
     task_approval: TaskApprovalOpt = TaskApproval.APPROVED,
     state_dir: StateDirOpt = None,
+    policy_file: Annotated[Path | None, typer.Option(
+        "--policy", show_default=False,
+        help="One site policy (TOML) for every node here (docs: how-to/site-policies.md); "
+             "`fedgpu run --cross-site` gives its nodes share_local_model = true.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Host COUNT training nodes in this one process (token authentication only).
@@ -95,6 +99,12 @@ def start_many(
                           "aggregator runs without one")
     if ":" not in aggregator:
         raise ConfigError(f"--aggregator {aggregator!r} must be HOST:PORT")
+    site_policy = None
+    if policy_file is not None:
+        from fedgpu.core import site_policy as sp
+
+        site_policy = sp.load(policy_file)
+        task_approval = sp.stricter_approval(task_approval, site_policy.task_approval)
     numbers = range(first, first + count)
     ports = _ports(ring_ports, count)
     configs = []
@@ -112,7 +122,7 @@ def start_many(
             status_file=status_dir / f"{name}.status.json" if status_dir else None,
             torch_threads=torch_threads, prestart=prestart, worker_factory=worker_factory,
             ring_host=ring_host, **({"ring_port": ports[i]} if ports else {}),
-            task_approval=task_approval, state_dir=state_dir,
+            task_approval=task_approval, state_dir=state_dir, site_policy=site_policy,
         ))
     if status_dir is not None:
         status_dir.mkdir(parents=True, exist_ok=True)

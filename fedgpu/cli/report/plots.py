@@ -17,6 +17,8 @@ from typing import Any
 
 from fedgpu.cli.common.ids import unique_prefix
 from fedgpu.cli.common.output import fmt_value
+from fedgpu.cli.report import cross_site
+from fedgpu.core.cross_site_matrix import matrix
 from fedgpu.core.errors import ConfigError, FedgpuError
 
 PLOTS = ("global.png", "node_accuracy.png", "node_memory.png", "round_time.png")
@@ -352,5 +354,12 @@ def write_report(hist: RunHistory, out: Path) -> list[Path]:
     _plot_round_time(plt, rounds, paths[3])
     plt.close("all")
     summary = out / SUMMARY
-    summary.write_text(summary_markdown(hist, rounds, nodes, PLOTS))
+    text = summary_markdown(hist, rounds, nodes, PLOTS)
+    # A cross-site job: its site x model matrix too (fedgpu/cli/report/cross_site.py).
+    if (m := matrix(hist.rounds)) is not None and m["rows"]:
+        paths.append(out / cross_site.PLOT)
+        cross_site.plot(plt, m, paths[-1])
+        text += "\n".join(["", *cross_site.markdown(m), f"![{cross_site.PLOT}]({cross_site.PLOT})",
+                            ""])
+    summary.write_text(text)
     return [*paths, summary]

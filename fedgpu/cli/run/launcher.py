@@ -28,10 +28,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedgpu.cli.common.cross_site_text import matrix_lines
 from fedgpu.cli.common.evaluation import site_lines
 from fedgpu.cli.job.statistics_text import statistics_lines
+from fedgpu.cli.run import cross_site
 from fedgpu.cli.run.latest import link_latest
 from fedgpu.cli.run.run_config import LocalRunConfig, demo_job, free_port
+from fedgpu.cli.run.summary_lines import privacy_line, rounds_summary
 from fedgpu.core import admin_client, lifetime
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.job import Job
@@ -98,6 +101,9 @@ class LocalRun:
         self.last_rounds: dict[str, Any] | None = None
         self.total_rounds = cfg.job.rounds
         self.last_status: dict[str, Any] | None = None
+        # --cross-site: the job queued after the training job, and its matrix when it ended.
+        self.follow_up: str | None = None
+        self.cross_site: dict[str, Any] | None = None
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -186,11 +192,14 @@ class LocalRun:
                 host, address=self.address, split=split, socket=self.socket,
                 logs=self.run_dir / "logs", gpu=self.cfg.gpu,
                 torch_threads=self.cfg.torch_threads,
-                gpu_memory_fraction=self.cfg.gpu_memory_fraction, ring_ports=ring)
+                gpu_memory_fraction=self.cfg.gpu_memory_fraction, ring_ports=ring,
+                policy=cross_site.policy(self.run_dir) if self.cfg.cross_site else None)
             proc = Proc(host.name, cmd, self.run_dir / "logs" / f"{host.name}.log",
                         self._env(self.cfg.node_env))
             self.procs.append(proc)
             self.hosts.append(proc)
+        if self.cfg.cross_site:
+            self.follow_up = cross_site.submit(self.address, self.operator_token, self.cfg.job)
         self.say(f"aggregator on {self.address}; {len(dirs)} nodes started in "
                  f"{len(self.hosts)} process(es), round workers forked by one worker factory; "
                  f"logs in {self.run_dir / 'logs'}")
@@ -232,7 +241,7 @@ class LocalRun:
     def watch(self) -> str:
         """Print progress until the aggregator exits; return the run's final state."""
         server = self.procs[0]
-        shown = 0
+        shown, job = 0, None
         deadline = time.monotonic() + self.cfg.timeout_s
         warned: set[str] = set()
         while server.alive():
@@ -247,6 +256,8 @@ class LocalRun:
                 time.sleep(0.3)
                 continue
             history = self.last_rounds["rounds"]
+            if self.last_rounds.get("job_id") != job:  # --cross-site: the next job's rounds
+                shown, job = 0, self.last_rounds.get("job_id")
             while shown < len(history):
                 self._show_round(history, shown)
                 shown += 1
@@ -255,7 +266,11 @@ class LocalRun:
                     warned.add(p.name)
                     self.say(f"warning: {p.name} exited with code {p.popen.returncode}:\n"
                              f"{p.tail(5)}")
-            if self.last_status["state"] in ("finished", "failed"):
+            if self.last_status["state"] in ("finished", "failed") and (
+                    self.follow_up in (None, self.last_status.get("job_id"))):
+                if self.follow_up is not None:  # --cross-site: its matrix, before the exit
+                    self.cross_site = admin_client.query(self.address, self.operator_token,
+                                                         "GetJob", 5, job_id=self.follow_up)
                 break
             if self.hosts and not any(p.alive() for p in self.hosts):
                 tails = "\n".join(f"--- {p.name}: {p.tail(3)}" for p in self.hosts)
@@ -267,6 +282,8 @@ class LocalRun:
 
     def _show_round(self, history: list[dict[str, Any]], i: int) -> None:
         r = history[i]
+        if line := cross_site.round_line(r):
+            return self.say(line)
         prev = history[i - 1]["eval"] if i > 0 and history[i - 1]["eval"] else (
             self.last_rounds or {}).get("initial_eval") if i == 0 else None
         acc = f"  accuracy before it {prev['accuracy']:.4f}" if prev and prev.get(
@@ -300,28 +317,6 @@ class LocalRun:
         for name, doc in (("status", self.last_status), ("rounds", self.last_rounds)):
             if doc is not None:
                 (self.run_dir / f"{name}.json").write_text(json.dumps(doc, indent=2))
-
-
-def privacy_line(status: dict[str, Any]) -> str:
-    """"privacy: epsilon 7.59 of 8 spent over 9 rounds (privacy budget spent after ...)" from
-    `status --json`; empty for a job without [privacy]."""
-    p = status.get("privacy")
-    if not isinstance(p, dict):
-        return ""
-    spent, target = p.get("epsilon_spent"), p.get("target_epsilon")
-    shown = "infinite" if spent is None else f"{spent:.2f}"
-    of = f" of {target:g}" if target is not None else ""
-    why = f" ({status['reason']})" if status.get("reason") else ""
-    return (f"privacy ({p.get('mode')}): epsilon {shown}{of} spent over "
-            f"{p.get('rounds_accounted', 0)} rounds{why}")
-
-
-def rounds_summary(rounds: list[dict[str, Any]]) -> str:
-    """"9 rounds (2 attempts retried)": rounds of the model, not attempts."""
-    done = sum(1 for r in rounds if r.get("status", "finished") == "finished")
-    retried = len(rounds) - done
-    again = f" ({retried} attempt{'s' if retried != 1 else ''} retried)" if retried else ""
-    return f"{done} round{'s' if done != 1 else ''}{again}"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -389,6 +384,8 @@ def run_local(cfg: LocalRunConfig, out: TextIO = sys.stdout) -> int:
         run.say(f"final global model: loss {last_eval['loss']:.4f}, perplexity "
                 f"{math.exp(min(last_eval['loss'], 50.0)):.3f} on {last_eval['num_examples']} "
                 f"held-out examples of {last_eval['nodes']} nodes")
+    for line in matrix_lines((run.cross_site or {}).get("cross_site")):
+        run.say(line)
     line = privacy_line(run.last_status or {})
     if line:
         run.say(line)

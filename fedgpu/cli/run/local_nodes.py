@@ -50,7 +50,7 @@ def factory_cmd(socket: Path, cpu_slots: int) -> list[str]:
 
 def host_cmd(host: Host, *, address: str, split: Path, socket: Path, logs: Path, gpu: str,
              torch_threads: int, gpu_memory_fraction: float | None,
-             ring_ports: list[int] | None) -> list[str]:
+             ring_ports: list[int] | None, policy: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "fedgpu.cli.app", "node", "start-many",
            "--aggregator", address, "--split", str(split), "--first", str(host.first),
            "--count", str(host.count), "--name-prefix", NODE_DIR_PREFIX, "--gpu", gpu,
@@ -61,6 +61,8 @@ def host_cmd(host: Host, *, address: str, split: Path, socket: Path, logs: Path,
            "--task-approval", "any", "--state-dir", str(logs / "node-state")]
     if gpu_memory_fraction is not None:
         cmd += ["--gpu-memory-fraction", str(gpu_memory_fraction)]
+    if policy is not None:  # --cross-site: the nodes share their local models
+        cmd += ["--policy", str(policy)]
     if ring_ports:
         # Any node may be rank 0 and host the rendezvous: each gets a port of its own.
         ports = ring_ports[host.first - 1:host.first - 1 + host.count]

@@ -59,6 +59,10 @@ def run(
         envvar="FEDGPU_TRACKING_URI",
         help="Record the job as an MLflow run there (sqlite:///PATH, file:PATH or a tracking "
         "server's URI), with the report's plots; needs fedgpu[tracking].")] = None,
+    cross_site: Annotated[bool, typer.Option(
+        "--cross-site", help="After the training job, a cross-site job of it (mode = "
+        "\"cross-site\"): the global model and each node's local model scored on every "
+        "node's held-out data; the nodes here share their local models.")] = False,
 ) -> None:
     """Run an aggregator and N nodes as local processes and show each round.
 
@@ -105,11 +109,16 @@ def run(
     if the_job.model_from_job is not None:
         raise ConfigError(f"{job}: 'model_from_job' names a job of a running aggregator, and "
                           "fedgpu run starts a fresh one: give that job's model (from 'fedgpu "
-                          "job model') as 'initial_weights', or use 'fedgpu job submit'")
+                          "job model') as 'initial_weights', or use 'fedgpu job submit' (for "
+                          "mode = \"cross-site\": run the training job with --cross-site)")
+    if cross_site:
+        from fedgpu.cli.run.cross_site import check
+
+        check(the_job)
     code = run_local(LocalRunConfig(
         job=the_job, job_file=job, nodes=nodes, run_dir=run_dir, partition=partition,
         alpha=alpha, split_seed=seed, gpu=gpu, gpu_memory_fraction=gpu_memory_fraction,
         timeout_s=timeout, torch_threads=torch_threads, data=data, cpu_slots=cpu_slots,
-        nodes_per_process=nodes_per_process, tracking_uri=tracking_uri,
+        nodes_per_process=nodes_per_process, tracking_uri=tracking_uri, cross_site=cross_site,
     ))
     raise typer.Exit(code)

@@ -74,6 +74,8 @@ class LocalRunConfig:
     data: Path | None = None
     # Each job as an MLflow run there (`server start --tracking-uri`); None: off.
     tracking_uri: str | None = None
+    # After the training job, a cross-site job of it (fedgpu/cli/run/cross_site.py).
+    cross_site: bool = False
 
 
 def free_port() -> int:

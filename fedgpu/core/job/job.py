@@ -116,9 +116,11 @@ class Job:
         "see [Train as a ring](../how-to/ring.md)) or `async` (FedBuff: a step per buffer of "
         "updates; see [Unlike sites](../how-to/heterogeneous-sites.md)), `evaluate` (no "
         "training: every site scores one model; see [Evaluate a model on every site]"
-        "(../how-to/evaluate-a-model.md)) or `statistics` (one round of per-site and combined "
+        "(../how-to/evaluate-a-model.md)), `statistics` (one round of per-site and combined "
         "statistics of the data, no model; see [Federated statistics]"
-        "(../how-to/statistics.md)).", str,
+        "(../how-to/statistics.md)) or `cross-site` (no training: a training job's global "
+        "model and each site's local model scored on every site; see [Cross-site evaluation]"
+        "(../how-to/cross-site-evaluation.md)).", str,
         f"one of {', '.join(MODES)}", choices=MODES, resume=True, travels=True)
     evaluate: bool = key(
         True, "Federated evaluation of every global model on the nodes' held-out splits.",
@@ -172,7 +174,9 @@ class Job:
     hetero: HeteroWork = _section("hetero", HeteroWork)
     model_from_job: str | None = key(
         None, "`mode = \"evaluate\"`: score the final model of this earlier job (its id, "
-        "from `fedgpu job list`) instead of `initial_weights`.", str,
+        "from `fedgpu job list`) instead of `initial_weights`. `mode = \"cross-site\"` "
+        "(required): the training job whose final model and sites' local models are "
+        "compared.", str,
         "a job id (1-64 letters, digits, '-' or '_')", optional=True, valid=is_job_id)
     local_params: tuple[str, ...] = key(
         (), "Personalised layers: glob patterns over tensor names (`[\"head.*\", \"*.bn*\"]`) "

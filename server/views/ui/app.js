@@ -129,6 +129,7 @@
     renderStatus(status, nodes.summary);
     renderJobs(jobs);
     renderStatistics(status.statistics);
+    window.FedgpuCrossSite.render(status.cross_site);  // cross_site.js
     renderCharts(rounds);
     renderSites(nodes);
     renderRounds(rounds);

@@ -26,6 +26,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_CONSISTENCY: _ClassVar[TaskKind]
     TASK_KIND_STATISTICS: _ClassVar[TaskKind]
+    TASK_KIND_LOCAL_MODEL: _ClassVar[TaskKind]
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
@@ -40,6 +41,7 @@ TASK_KIND_SECAGG_MASKED_INPUT: TaskKind
 TASK_KIND_SECAGG_UNMASK: TaskKind
 TASK_KIND_SECAGG_CONSISTENCY: TaskKind
 TASK_KIND_STATISTICS: TaskKind
+TASK_KIND_LOCAL_MODEL: TaskKind
 
 class BulkTicket(_message.Message):
     __slots__ = ("ticket", "port", "expires_in_s", "already_accepted", "message")
@@ -205,7 +207,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics", "local_model_of")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +232,7 @@ class TaskHeader(_message.Message):
     PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     JOB_TERMS_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_MODEL_OF_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -254,7 +257,8 @@ class TaskHeader(_message.Message):
     payload_offset: int
     job_terms: JobTerms
     statistics: StatisticsRelease
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., payload_offset: _Optional[int] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ...) -> None: ...
+    local_model_of: str
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., payload_offset: _Optional[int] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ..., local_model_of: _Optional[str] = ...) -> None: ...
 
 class JobTerms(_message.Message):
     __slots__ = ("job_id", "study", "rounds", "secure_aggregation", "dp_mode", "target_epsilon")
