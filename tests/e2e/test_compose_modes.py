@@ -9,6 +9,7 @@ client. Skips, saying why, without an engine.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,9 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
     store.chmod(0o777)  # the aggregator writes as UID 10001
     project: ComposeProject = compose_project(files=[TRACKING_FILE])
     project.env.update(FEDGPU_JOB=str(job), FEDGPU_TRACKING_DIR=str(store))
+    t0 = time.monotonic()
     project.compose("up", "-d", "--no-build", profiles=["cpu"], timeout=300)
+    print(f"up: {time.monotonic() - t0:.0f}s")
 
     def ended(job_id: str):
         def probe() -> dict[str, Any] | None:
@@ -50,6 +53,7 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
     trained = wait_for("the training job to end", ended(listed[0]["job_id"]),
                        FEDERATION_TIMEOUT_S)
     assert trained["state"] == "finished", trained
+    print(f"training job ended: {time.monotonic() - t0:.0f}s")
     for node in NODES:  # each site's own head, in its state volume
         kept = project.compose("exec", "-T", node, "sh", "-c",
                                "ls /var/lib/fedgpu/node/identity/named/*/local-params/").stdout
@@ -64,6 +68,7 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
     ids = [job_cli(project, "submit", str(p))["job_id"] for p in (evaluate, stats)]
     done = [wait_for(f"job {i} to end", ended(i), FEDERATION_TIMEOUT_S) for i in ids]
     assert [d["state"] for d in done] == ["finished", "finished"], done
+    print(f"evaluate and statistics jobs ended: {time.monotonic() - t0:.0f}s")
 
     ev = done[0]["evaluation"]
     assert sorted(e["node"] for e in ev["per_node"]) == NODES, ev
@@ -89,6 +94,7 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
         return found if len(ended_runs) == 3 else None
 
     by_job = wait_for("three finished MLflow runs", runs, 90)
+    print(f"runs read back: {time.monotonic() - t0:.0f}s")
     assert set(by_job) == {trained["job_id"], *ids}, by_job
     train_run = by_job[trained["job_id"]]
     assert train_run.data.params["task"] == "digits" and train_run.data.params["rounds"] == "1"
