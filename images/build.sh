@@ -131,8 +131,8 @@ ensure_wheelhouse() {
   mkdir -p "$CACHE/wheelhouse"
   cp -u "$torch_wheel" "$CACHE/wheelhouse/"
   echo "$TORCH_SPEC" > "$CACHE/torch-constraint.txt"
-  # Requirements straight from pyproject.toml (base + node extra + the build
-  # backend), downloaded as wheels for the image's interpreter and platform
+  # Requirements straight from pyproject.toml (base + node and tracking extras + the
+  # build backend), downloaded as wheels for the image's interpreter and platform
   # (CPython 3.11, glibc 2.36, x86_64), whatever the host runs. The torch pin
   # has a local version (+cpu) that only the local wheel matches.
   python3 - "$ROOT/pyproject.toml" > "$CACHE/requirements.txt" <<'PY'
@@ -141,7 +141,9 @@ with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)
 build = project["build-system"]["requires"]
 p = project["project"]
-print("\n".join(build + ["wheel"] + p["dependencies"] + p["optional-dependencies"]["node"]))
+# The aggregator image's default SERVER_EXTRAS (tracking: MLflow) as well.
+extras = p["optional-dependencies"]
+print("\n".join(build + ["wheel"] + p["dependencies"] + extras["node"] + extras["tracking"]))
 PY
   # Skip the resolver when neither the requirements nor the torch pin changed.
   local stamp

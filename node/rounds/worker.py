@@ -98,11 +98,16 @@ def _warm_up(hint: dict | None) -> None:
     import torch
 
     if hint and hint.get("task_name"):
+        from fedgpu.node.rounds import compress, local_state
         from fedgpu.node.rounds.switches import split_hparams
         from fedgpu.node.tasks import DatasetTask, load_task
 
         task = load_task(str(hint["task_name"]))
-        given = hint.get("hyperparameters") or {}
+        given = dict(hint.get("hyperparameters") or {})
+        # The runner's own keys (local_params, update_codec), taken out before a task sees the
+        # rest, as in the round itself.
+        local_state.take(given)
+        compress.take(given)
         custom = getattr(task, "warm_up", None)
         if callable(custom):
             # The task knows a cheaper warm-up than a step of its model (causal-lm: a base

@@ -26,7 +26,7 @@ import fedgpu
 from fedgpu.core import bulk, codec, digests, tls_diagnosis
 from fedgpu.core.buffers import BufferPool
 from fedgpu.node.retry import RetryPolicy
-from fedgpu.node.sim import secure, synthetic
+from fedgpu.node.sim import personal, secure, statistics, synthetic
 from fedgpu.node.sim.records import SimConfig, SimStats
 from fedgpu.node.wire_client import PayloadError, WireClient, is_unreachable
 from fedgpu.proto import pb
@@ -38,7 +38,7 @@ log = logging.getLogger("fedgpu.sim")
 DOWNLOADS = BufferPool(1 << 30)
 
 KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
-              pb.TASK_KIND_EVALUATE: "evaluate"}
+              pb.TASK_KIND_EVALUATE: "evaluate", pb.TASK_KIND_STATISTICS: "statistics"}
 
 
 class RegisterFailed(Exception):
@@ -68,6 +68,8 @@ class SimNode:
         # Set by a heartbeat the aggregator answered with "unknown node".
         self._reregister = asyncio.Event()
         self.heartbeating = False
+        # The job's local_params tensors: they stay here, as on a real site.
+        self.layers = personal.LocalLayers()
 
     # ---- registration ------------------------------------------------------------------
 
@@ -216,12 +218,15 @@ class SimNode:
             return synthetic.synthetic_model(self.cfg.params, self.cfg.tensors, seed=header.seed)
         if header.kind != pb.TASK_KIND_TRAIN or payload is None or header.secagg_setup:
             return None  # a secure round's change is made in _secure
-        return synthetic.trained(self.noise, self.index, header, payload)
+        patterns, run = personal.ask_of(header.hyperparameters_json)
+        return synthetic.trained(self.noise, self.index, header, payload,
+                                 self.layers if patterns else None, patterns, run)
 
     def _header(self, task: pb.TaskHeader) -> pb.UpdateHeader:
         update = pb.UpdateHeader(
             node_id=self.node_id, task_id=task.task_id, round=task.round, kind=task.kind,
             evaluated_round=task.evaluated_round,
+            # A statistics answer states its records, as a training one its examples.
             num_examples=self.examples if task.kind != pb.TASK_KIND_EVALUATE else 0,
         )
         update.decision.CopyFrom(pb.GpuDecision(mode="none", device="cpu", gpu_index=-1,
@@ -241,8 +246,10 @@ class SimNode:
 
     async def _secure(self, task: pb.TaskHeader, payload: memoryview,
                       update: pb.UpdateHeader) -> None:
+        patterns, run = personal.ask_of(task.hyperparameters_json)
         change = await asyncio.to_thread(synthetic.secure_change, self.noise, self.index,
-                                         task, payload)
+                                         task, payload, self.layers if patterns else None,
+                                         patterns, run)
         try:
             why = await secure.answer(self.wire, self.node_id, self.cfg.poll_s, self.max_bytes,
                                       task, update, change)
@@ -273,13 +280,23 @@ class SimNode:
             return  # a secure round's relay after its protocol stopped: nothing to answer
         self.state = "training"
         try:
-            weights = await asyncio.to_thread(self._update, header, payload)
             update = self._header(header)
-            if header.kind == pb.TASK_KIND_TRAIN and header.secagg_setup and payload is not None:
-                await self._secure(header, payload, update)
-                return
+            try:
+                weights = await asyncio.to_thread(self._update, header, payload)
+                if header.kind == pb.TASK_KIND_TRAIN and header.secagg_setup \
+                        and payload is not None:
+                    await self._secure(header, payload, update)
+                    return
+            except personal.BadLocalParams as exc:
+                # As the agent's runner: the round fails on the node, saying why.
+                weights, update.failed, update.error = None, True, str(exc)
+            if header.kind == pb.TASK_KIND_STATISTICS:
+                # Held back and noised by the site's own release code, as on a real site.
+                statistics.answer(header, update, self.index, self.examples)
             source: codec.Encoded | Path | None = None
-            if self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
+            if update.failed:
+                pass  # nothing but the reason
+            elif self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
                                                                     pb.TASK_KIND_TRAIN):
                 size, digest = await asyncio.to_thread(synthetic.file_payload,
                                                        self.cfg.update_file)

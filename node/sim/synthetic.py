@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, local_params
+from fedgpu.node.sim.personal import LocalLayers
 from fedgpu.proto import pb
 
 
@@ -60,19 +61,35 @@ def step_scale(index: int, round_: int) -> np.float32:
     return np.float32((1 + index % 7) / (1 + round_))
 
 
-def trained(noise: Noise, index: int, header: pb.TaskHeader, payload: memoryview
+def trained(noise: Noise, index: int, header: pb.TaskHeader, payload: memoryview,
+            layers: LocalLayers | None = None, patterns: tuple[str, ...] = (), run: str = ""
             ) -> dict[str, np.ndarray]:
-    """The global model plus this node's step, in the dtype it came in (a job's wire_dtype)."""
+    """The global model plus this node's step, in the dtype it came in (a job's wire_dtype).
+    With `layers` (the job's local_params): the node's own copy of the local tensors is
+    stepped instead of the global model's, kept in `layers`, and left out of what returns."""
     tensors, _ = codec.decode(payload)
+    if layers is not None:
+        tensors = dict(tensors)
+        layers.restore(tensors, patterns, run)
     scale = step_scale(index, header.round)
-    return {name: (g + noise.get(name, g.shape) * scale).astype(g.dtype, copy=False)
-            for name, g in tensors.items()}
+    out = {name: (g + noise.get(name, g.shape) * scale).astype(g.dtype, copy=False)
+           for name, g in tensors.items()}
+    return layers.keep(out, patterns) if layers is not None else out
 
 
-def secure_change(noise: Noise, index: int, header: pb.TaskHeader, payload: memoryview
-                  ) -> np.ndarray:
-    """The same step alone, flat in the secure protocol's layout (sorted names)."""
+def secure_change(noise: Noise, index: int, header: pb.TaskHeader, payload: memoryview,
+                  layers: LocalLayers | None = None, patterns: tuple[str, ...] = (),
+                  run: str = "") -> np.ndarray:
+    """The same step alone, flat in the secure protocol's layout (sorted names); local
+    tensors (`layers`) are stepped and kept on the node and are not in the vector, as the
+    agent's masked vector covers the shared tensors only (node/secagg.py)."""
     tensors, _ = codec.decode(payload)
     scale = step_scale(index, header.round)
+    if layers is not None:
+        mine = dict(tensors)
+        layers.restore(mine, patterns, run)
+        layers.keep({name: (g + noise.get(name, g.shape) * scale).astype(g.dtype, copy=False)
+                     for name, g in local_params.split(mine, patterns)[1].items()}, patterns)
+        tensors = local_params.shared(tensors, patterns)
     return np.concatenate([(noise.get(name, tensors[name].shape) * scale).reshape(-1)
                            for name in sorted(tensors)]).astype(np.float32, copy=False)

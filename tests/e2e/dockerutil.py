@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 GPU_IDS_FILE = COMPOSE_DIR / "gpu-device-ids.yaml"
+TRACKING_FILE = COMPOSE_DIR / "tracking.yaml"
 NO_GPU_FILE = Path(__file__).with_name("no-gpu.override.yaml")
 BUILD_SCRIPT = REPO / "images" / "build.sh"
 

@@ -101,6 +101,7 @@ def test_the_warm_up_takes_the_runner_switches_out_for_either_contract(
 
     data = node_dir if task_name == "images" else split_digits(tmp_path / "d", 1)[0]
     hp = {**(HP if task_name == "images" else {"lr": 0.1}), "amp": "bf16",
-          "channels_last": True}
+          "channels_last": True, "local_params": ["fc*"], "local_params_run": "run1",
+          "update_codec": "int8"}
     # Raises if the task were handed the runner's keys (digits refuses unknown ones).
     worker._warm_up({"task_name": task_name, "hyperparameters": hp, "data_dir": str(data)})
