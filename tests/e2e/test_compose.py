@@ -9,7 +9,6 @@ taken down with `compose down -v`, also when a test fails.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,44 +18,6 @@ from .admin import FEDERATION_TIMEOUT_S, TOOLKIT_HINT, admin, exited, job_cli, w
 from .dockerutil import NO_GPU_FILE, ComposeProject, run
 
 pytestmark = pytest.mark.e2e
-
-
-def test_cpu_profile_runs_a_federation_to_completion(compose_project) -> None:
-    project: ComposeProject = compose_project()
-    t0 = time.monotonic()
-    # --wait would also wait for the nodes' health, which is not the point here;
-    # depends_on already orders split -> aggregator healthy -> nodes.
-    project.compose("up", "-d", "--no-build", profiles=["cpu"], timeout=300)
-
-    split = project.container("data-split")
-    assert split["State"] == "exited" and split["ExitCode"] == 0, split
-
-    seen: list[dict[str, Any] | None] = [None]
-
-    def finished() -> dict[str, Any] | None:
-        doc = seen[0] = admin(project, "status")
-        if doc and doc.get("error"):
-            raise AssertionError(f"the run failed: {doc['error']}")
-        return doc if doc and doc["state"] == "finished" else None
-
-    try:
-        status = wait_for("the federation to finish", finished, FEDERATION_TIMEOUT_S)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nlast status: {json.dumps(seen[0], indent=1)}") from None
-    assert status["round"] == status["rounds"], status
-    print(f"federation of 3 CPU nodes finished in {time.monotonic() - t0:.0f}s: {status}")
-
-    nodes = admin(project, "nodes")
-    assert nodes is not None
-    by_name = {n["name"]: n for n in nodes["nodes"]}
-    assert set(by_name) == {"node-cpu-1", "node-cpu-2", "node-cpu-3"}
-    for node in by_name.values():
-        assert node["gpu_decision"]["device"] == "cpu", node
-        assert node["rounds_completed"] >= 1, node
-
-    aggregator = project.container("aggregator")
-    assert aggregator["State"] == "running"
-    assert aggregator.get("Health") == "healthy", aggregator
 
 
 def test_gpu_policy_on_a_machine_without_gpu(compose_project) -> None:

@@ -1,9 +1,10 @@
-"""The job modes beyond training on a compose fleet (cpu profile, images as built), submitted
-from the host with `fedgpu job submit`: a one-round training job that keeps the model's head on
-each site (local_params; each node keeps it in its state volume), an evaluate job scoring its
-model (model_from_job) and a statistics job; the aggregator container records each job as an
-MLflow run in a file store on the host (compose/tracking.yaml), read back with MLflow's own
-client. Skips, saying why, without an engine.
+"""The cpu profile run to completion (three nodes, the aggregator healthy) and the job modes
+beyond training on a compose fleet (images as built), submitted from the host with `fedgpu job
+submit`: a one-round training job that keeps the model's head on each site (local_params; each
+node keeps it in its state volume), an evaluate job scoring its model (model_from_job) and a
+statistics job; the aggregator container records each job as an MLflow run in a file store on
+the host (compose/tracking.yaml), read back with MLflow's own client. Skips, saying why,
+without an engine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .admin import FEDERATION_TIMEOUT_S, job_cli, wait_for
+from .admin import FEDERATION_TIMEOUT_S, admin, job_cli, wait_for
 from .dockerutil import TRACKING_FILE, ComposeProject
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,17 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
                        FEDERATION_TIMEOUT_S)
     assert trained["state"] == "finished", trained
     print(f"training job ended: {time.monotonic() - t0:.0f}s")
+    # The cpu profile as a whole (this test is also its run to completion): the split ran
+    # once, every node decided on the CPU and trained, the aggregator is healthy.
+    split = project.container("data-split")
+    assert split["State"] == "exited" and split["ExitCode"] == 0, split
+    nodes = {n["name"]: n for n in admin(project, "nodes")["nodes"]}
+    assert set(nodes) == set(NODES), nodes
+    for node in nodes.values():
+        assert node["gpu_decision"]["device"] == "cpu", node
+        assert node["rounds_completed"] >= 1, node
+    aggregator = project.container("aggregator")
+    assert aggregator["State"] == "running" and aggregator.get("Health") == "healthy", aggregator
     for node in NODES:  # each site's own head, in its state volume
         kept = project.compose("exec", "-T", node, "sh", "-c",
                                "ls /var/lib/fedgpu/node/identity/named/*/local-params/").stdout
