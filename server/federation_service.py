@@ -28,6 +28,7 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.site_policy import SitePolicy
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
+from fedgpu.server.jobs import log_context
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.lifecycle import Lifecycle
 from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Retired
@@ -297,6 +298,7 @@ class FederationService(pb_grpc.FederationServicer):
         # One engine for the whole stream (the job whose round handed out this task), even
         # if the job ends while it uploads.
         orch = self.jobs.engine_for(header.node_id, header.task_id)
+        log_context.about(orch.job_id)  # this stream's log lines are that job's
         node = await self._update_node(orch, header, context)
 
         @contextlib.asynccontextmanager
@@ -377,6 +379,7 @@ class FederationService(pb_grpc.FederationServicer):
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
                           receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
         orch = self.jobs.engine_for(node_id, header.task_id)
+        log_context.about(orch.job_id)
         node = self.registry.get(node_id)
         if node is None:
             exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "

@@ -37,6 +37,7 @@ from fedgpu.server.jobs.bundles import BundleStore, offers_of
 from fedgpu.server.jobs.earlier import earlier_model
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.log_context import job_task
 from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Node, Registry
@@ -278,7 +279,8 @@ class JobManager:
             return
         # From here to `self.running` nothing awaits: a stop now finds the job running, and
         # cancels its engine (the row and the engine never disagree).
-        task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
+        # Its engine's log lines name it (`job logs`, several jobs at once).
+        task = job_task(row.job_id, orch.run(), name=f"job-{row.job_id}")
         active = self.running[row.job_id] = ActiveJob(row, job, orch, task)
         self._starting.discard(row.job_id)
         if not row.started_at:
