@@ -20,9 +20,3 @@ def advertised(slots: int) -> int:
         return DEFAULT_SLOTS
     return min(slots, MAX_SLOTS)
 
-
-def check(slots: int) -> int:
-    """A node's own --slots, or ValueError with the allowed range."""
-    if not DEFAULT_SLOTS <= slots <= MAX_SLOTS:
-        raise ValueError(f"--slots must be between {DEFAULT_SLOTS} and {MAX_SLOTS}, got {slots}")
-    return slots
