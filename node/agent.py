@@ -368,12 +368,14 @@ class Agent:
                     and header.secagg_setup and payload is not None):
                 # A secure round: the protocol (node/secagg.py) instead of the weights.
                 secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
-                              self.max_task_bytes, self.decision, header, outcome, payload,
+                              self.max_task_bytes, decision or self.decision, header,
+                              outcome, payload,
                               lambda: cancel.is_set() or self._stop.is_set(),
                               self.unmasked, self.cfg.secagg_min_threshold,
                               self.secagg_identity)
             else:
-                self._report(header, outcome, error)
+                # This task's own decision: another slot may have decided since.
+                self._report(header, outcome, error, decision)
         finally:
             self.liveness.done(header.task_id)
             self.gpus.release(header.task_id)
@@ -395,11 +397,12 @@ class Agent:
         except (OSError, AuditError) as exc:
             log.error("site audit log %s: %s", self.audit.path, exc)
 
-    def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
+    def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str,
+                decision: policy.Decision | None = None) -> None:
         assert self.node_id is not None
         ok = outcome is not None and outcome.ok
         update = messages.update_header(
-            task, self.node_id, self.decision, outcome.resources if outcome else None,
+            task, self.node_id, decision or self.decision, outcome.resources if outcome else None,
             outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
         if ok and task.kind == pb.TASK_KIND_STATISTICS:
             # Held back and noised here, in the site's own code, never in task code.
