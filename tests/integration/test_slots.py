@@ -64,7 +64,7 @@ def test_two_slots_run_two_jobs_on_one_site_at_once_and_a_stop_spares_the_other(
     fed = federation
     _federation(fed, tmp_path, digits_split[0], slots=2)
     long = _submit(fed, tmp_path, "onco", rounds=200)
-    short = _submit(fed, tmp_path, "cardio", rounds=3)
+    short = _submit(fed, tmp_path, "cardio", rounds=2)
     done = wait_job(fed, short, ("finished", "failed"), timeout=180)
     assert done["state"] == "finished", done
     (node,) = fed.query("ListNodes")["nodes"]
@@ -78,19 +78,19 @@ def test_two_slots_run_two_jobs_on_one_site_at_once_and_a_stop_spares_the_other(
     assert overlap > TRAIN_S / 2, (long_rounds, short_rounds)
     # Each job's updates came from the site, each job's rounds in one attempt.
     assert [(r["round"], r["attempt"], r["status"]) for r in short_rounds] == [
-        (1, 1, "finished"), (2, 1, "finished"), (3, 1, "finished")]
+        (1, 1, "finished"), (2, 1, "finished")]
     assert all(r["attempt"] == 1 for r in long_rounds), long_rounds
 
     # A third job (of the short job's study) takes the freed slot; stopping the long job
     # leaves its rounds untouched.
-    again = _submit(fed, tmp_path, "cardio", rounds=2)
+    again = _submit(fed, tmp_path, "cardio", rounds=1)
     wait_job(fed, again, ("running",), timeout=60)
     fed.query("StopJob", job_id=long)
     assert wait_job(fed, long, ("stopped",), timeout=60)["state"] == "stopped"
     done = wait_job(fed, again, ("finished", "failed"), timeout=180)
     assert done["state"] == "finished", done
     rounds = fed.query("ListRounds", job_id=again)["rounds"]
-    assert [(r["attempt"], r["status"]) for r in rounds] == [(1, "finished")] * 2, rounds
+    assert [(r["attempt"], r["status"]) for r in rounds] == [(1, "finished")], rounds
 
 
 def test_one_slot_makes_the_second_job_wait_and_name_the_busy_slot(
