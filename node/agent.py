@@ -33,6 +33,7 @@ from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
 from fedgpu.node.client import AggregatorClient, PayloadError, PayloadTooLarge, is_unreachable
+from fedgpu.node.gpu_admission import GpuAdmission
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.local_models import LocalModels
@@ -50,10 +51,10 @@ from fedgpu.node.rounds.process import (
 from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.site_rules import SiteRules
 from fedgpu.node.status import write_status
+from fedgpu.node.task_slots import TaskSlots
 from fedgpu.node.unacked import UnackedUpdates
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
-from fedgpu.node.worker_devices import decisions_for
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
@@ -95,7 +96,11 @@ class Agent:
         self._sampler = MemorySampler()
         self._factory = factory if cfg.prestart else None
         self._owns_factory = False
-        self._worker: Worker | None = None
+        # The round worker each slot's thread runs now (--slots: several at once).
+        self._workers: dict[int, Worker] = {}
+        self._registering = threading.Lock()
+        # GPU memory admitted to each running task, so that slots do not share it twice.
+        self.gpus = GpuAdmission(cfg.gpu)
         # Heartbeats: the task in hand and the GPUs' free memory out, "abandon it" back.
         self.liveness = Liveness(self.client, cfg.gpu)
         self.bundles = BundleKeeper(
@@ -189,8 +194,7 @@ class Agent:
     def shutdown(self) -> None:
         """Stop from another thread: a running round's worker is killed, a long poll ends."""
         self._stop.set()
-        worker = self._worker
-        if worker is not None:
+        for worker in list(self._workers.values()):
             worker.kill()
         self.client.close()
 
@@ -209,7 +213,10 @@ class Agent:
         self._owns_factory = True
 
     def _track(self, worker: Worker | None) -> None:
-        self._worker = worker
+        if worker is None:
+            self._workers.pop(threading.get_ident(), None)
+        else:
+            self._workers[threading.get_ident()] = worker
 
     def _lost(self, exc: BaseException, delay: float) -> None:
         if isinstance(exc, PayloadError):
@@ -224,12 +231,20 @@ class Agent:
 
     def _pull(self) -> tuple[pb.TaskHeader, bytearray | None]:
         assert self.node_id is not None
-        return self.client.pull(self.node_id, self.cfg.poll_s, self.max_task_bytes)
+        # The tasks the other slots work on are not handed to this one (node/task_slots.py).
+        return self.client.pull(self.node_id, self.cfg.poll_s, self.max_task_bytes,
+                                busy=self.liveness.running())
 
     def _loop(self) -> int:
+        return TaskSlots(self.cfg.slots, self._serve, self._stop, self.shutdown,
+                         self.cfg.name or "node").run()
+
+    def _serve(self, slot: int) -> int:
         while not self._stop.is_set():
             if self._reregister.is_set() or self.node_id is None:
-                self.register(deadline_s=None)
+                with self._registering:  # one slot registers again, the others wait
+                    if self._reregister.is_set() or self.node_id is None:
+                        self.register(deadline_s=None)
                 continue
             try:
                 # No deadline: a node waits for its aggregator as long as it runs. A stream
@@ -277,6 +292,10 @@ class Agent:
         if kind is None or kind not in KINDS:
             log.warning("ignoring task of unknown kind %d", header.kind)
             return
+        if header.task_id in self.liveness.running():
+            # Another slot runs it (an aggregator from before slots serves it again).
+            self._stop.wait(1.0)
+            return
         kept = self.unacked.take(header.task_id)
         if kept is not None:
             log.info("round %d: sending again the update kept for task %s (not training again)",
@@ -300,11 +319,10 @@ class Agent:
                 need, hparams_json = task_needs.for_site(
                     header.task_name, hparams_json, self.cfg.data_dir,
                     resources_from_wire(header), bundled=header.HasField("bundle"))
-                decision = policy.decide_for_job(snap, self.cfg.gpu, need)
                 # Data-parallel training ([resources] workers): a device for each, or refused;
-                # init and evaluate run in one process.
-                decisions = (decisions_for(snap, self.cfg.gpu, need, decision)
-                             if kind == "train" else (decision,))
+                # init and evaluate run in one process. Beside the other slots' tasks' memory.
+                decision, decisions = self.gpus.admit(header.task_id, need, kind == "train",
+                                                      snap)
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 error = f"ineligible: {exc}"
@@ -365,20 +383,23 @@ class Agent:
                     and header.secagg_setup and payload is not None):
                 # A secure round: the protocol (node/secagg.py) instead of the weights.
                 secagg.answer(self.client, self.node_id or "", self.cfg.poll_s,
-                              self.max_task_bytes, self.decision, header, outcome, payload,
+                              self.max_task_bytes, decision or self.decision, header,
+                              outcome, payload,
                               lambda: cancel.is_set() or self._stop.is_set(),
                               self.unmasked, self.cfg.secagg_min_threshold,
                               self.secagg_identity)
                 self.local_models.keep(header, None)  # its note: why none is kept
             else:
-                self._report(header, outcome, error)
+                # This task's own decision: another slot may have decided since.
+                self._report(header, outcome, error, decision)
         finally:
-            self.liveness.done()
+            self.liveness.done(header.task_id)
+            self.gpus.release(header.task_id)
             self._audit_task(header, kind, outcome, error)
             if outcome is not None:
                 self.rules.spent(header, outcome.resources)
                 outcome.cleanup()
-            self._set_state("idle")
+            self._set_state(self.state if self.liveness.running() else "idle")
 
     def _audit_task(self, header: pb.TaskHeader, kind: str, outcome: RoundOutcome | None,
                     error: str) -> None:
@@ -392,11 +413,12 @@ class Agent:
         except (OSError, AuditError) as exc:
             log.error("site audit log %s: %s", self.audit.path, exc)
 
-    def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str) -> None:
+    def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str,
+                decision: policy.Decision | None = None) -> None:
         assert self.node_id is not None
         ok = outcome is not None and outcome.ok
         update = messages.update_header(
-            task, self.node_id, self.decision, outcome.resources if outcome else None,
+            task, self.node_id, decision or self.decision, outcome.resources if outcome else None,
             outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
         if ok and task.kind == pb.TASK_KIND_STATISTICS:
             # Held back and noised here, in the site's own code, never in task code.

@@ -53,3 +53,5 @@ class AgentConfig:
     secagg_min_threshold: int = 0
     # The site's own policy (fedgpu/core/site_policy.py, `--policy FILE`); None: none.
     site_policy: SitePolicy | None = None
+    # Round tasks (of different jobs) run at once, advertised at registration (`--slots`).
+    slots: int = 1

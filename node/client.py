@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,9 +138,9 @@ class AggregatorClient:
     def heartbeat(self, request: pb.HeartbeatRequest, timeout: float = 10) -> pb.HeartbeatReply:
         return self._wait(self._wire.heartbeat(request, timeout))
 
-    def pull(self, node_id: str, wait_s: int, max_bytes: int
+    def pull(self, node_id: str, wait_s: int, max_bytes: int, busy: Sequence[str] = ()
              ) -> tuple[pb.TaskHeader, memoryview | None]:
-        pulled = self._wait(self._wire.pull(node_id, wait_s, max_bytes))
+        pulled = self._wait(self._wire.pull(node_id, wait_s, max_bytes, busy=busy))
         return pulled.header, pulled.payload
 
     def fetch_bundle(self, node_id: str, sha256: str, max_bytes: int, timeout: float = 120

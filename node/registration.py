@@ -55,6 +55,7 @@ def request(cfg: AgentConfig, identity: str, snapshot: nvml.NvmlSnapshot,
         capacity=capacity,
         task_approval=task_approval,
         site_policy_json=cfg.site_policy.to_json() if cfg.site_policy is not None else "",
+        slots=cfg.slots,
     )
 
 

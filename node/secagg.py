@@ -270,7 +270,10 @@ async def _wait(link: Link, task: pb.TaskHeader, stage: Stage) -> bytes:
         if link.cancelled():
             raise Interrupted("the aggregator closed the round (or the node stops)")
         try:
-            pulled = await link.wire.pull(link.node_id, link.poll_s, link.max_bytes)
+            # Only this round's next stage: a site with --slots may have other jobs' tasks
+            # waiting, which its other slots take.
+            pulled = await link.wire.pull(link.node_id, link.poll_s, link.max_bytes,
+                                          only=task.task_id)
         except PayloadError as exc:
             if exc.header is not None:
                 raise

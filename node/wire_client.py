@@ -14,7 +14,7 @@ import hashlib
 import logging
 import mmap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,11 +123,15 @@ class WireClient:
         return await self._stub.Heartbeat(request, metadata=self._metadata, timeout=timeout)
 
     async def pull(self, node_id: str, wait_s: int, max_bytes: int,
-                   receiver: Callable[[pb.TaskHeader], Receiver] | None = None) -> Pulled:
+                   receiver: Callable[[pb.TaskHeader], Receiver] | None = None,
+                   busy: Sequence[str] = (), only: str = "") -> Pulled:
         """The next task. PayloadTooLarge / PayloadError with the header: this task cannot be
-        used (report it); PayloadError without one, or grpc.RpcError: ask again."""
+        used (report it); PayloadError without one, or grpc.RpcError: ask again. `busy`: the
+        tasks this node's other slots work on (not served again); `only`: that task or none
+        (a secure round's next stage)."""
         make = receiver or (lambda h: default_receiver(h, max_bytes))
-        pulled = await self._pull(node_id, wait_s, max_bytes, self.bulk.usable, make)
+        asks = (tuple(busy), only)
+        pulled = await self._pull(node_id, wait_s, max_bytes, self.bulk.usable, make, asks)
         header = pulled.header
         if not header.HasField("bulk") or pulled.receiver is None:
             self._measured("down", header.payload_size - header.payload_offset,
@@ -141,7 +145,7 @@ class WireClient:
         except bulk.BulkUnreachable:
             _release(pulled.receiver)
             # The same task again, its payload over gRPC this time (already in the log).
-            return await self._pull(node_id, 0, max_bytes, False, make)
+            return await self._pull(node_id, 0, max_bytes, False, make, asks)
         except codec.CodecError as exc:
             _release(pulled.receiver)
             raise PayloadError(str(exc), header) from None
@@ -162,13 +166,14 @@ class WireClient:
                      transport, mbit(rate), way, mbit(getattr(self.link, way)))
 
     async def _pull(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
-                    make: Callable[[pb.TaskHeader], Receiver]) -> Pulled:
+                    make: Callable[[pb.TaskHeader], Receiver],
+                    asks: tuple[tuple[str, ...], str] = ((), "")) -> Pulled:
         """One task; a gRPC stream that breaks mid-payload is resumed from the bytes held."""
         held: _Broken | None = None
         for tries in range(GRPC_RESUMES + 1):
             try:
                 return await self._pull_once(node_id, wait_s if held is None else 0,
-                                             max_bytes, use_bulk, make, held)
+                                             max_bytes, use_bulk, make, held, asks)
             except _Broken as broken:
                 held = broken
                 if tries == GRPC_RESUMES:
@@ -179,12 +184,14 @@ class WireClient:
         raise AssertionError("unreachable")
 
     async def _pull_once(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
-                         make: Callable[[pb.TaskHeader], Receiver], held: _Broken | None
-                         ) -> Pulled:
+                         make: Callable[[pb.TaskHeader], Receiver], held: _Broken | None,
+                         asks: tuple[tuple[str, ...], str] = ((), "")) -> Pulled:
+        busy, only = asks
         request = pb.PullTaskRequest(node_id=node_id, wait_s=wait_s, bulk=use_bulk,
                                      bulk_error=self.bulk.error or "",
                                      down_bytes_per_s=self.link.down,
-                                     up_bytes_per_s=self.link.up)
+                                     up_bytes_per_s=self.link.up, busy_task_ids=busy,
+                                     only_task_id=only)
         if held is not None:
             request.bulk = False
             request.resume_task_id = held.header.task_id

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from fedgpu.core import site_policy
+from fedgpu.core import site_policy, slots
 from fedgpu.core.admission import SiteCapacity
 from fedgpu.core.admission_wire import capacity_from_wire
 from fedgpu.core.bulk import Direction
@@ -28,6 +28,7 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.site_policy import SitePolicy
 from fedgpu.proto import pb, pb_grpc
 from fedgpu.server.auth import Auth
+from fedgpu.server.jobs import log_context
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.lifecycle import Lifecycle
 from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Retired
@@ -147,6 +148,7 @@ class FederationService(pb_grpc.FederationServicer):
         node.stated_examples = max(request.num_examples, 0)
         node.capacity = capacity
         node.task_approval = request.task_approval
+        node.slots = slots.advertised(request.slots)
         node.site_policy = _site_policy(request, name)
         node.policy_refusal = None  # it may have restarted with another policy
         log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
@@ -190,6 +192,9 @@ class FederationService(pb_grpc.FederationServicer):
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
         abandon = bool(request.task_id) and not self.jobs.wants(node, request.task_id)
+        # Its other slots' tasks, each answered the same way (bounded: one per slot).
+        dropped = [t for t in request.more_task_ids[:slots.MAX_SLOTS]
+                   if not self.jobs.wants(node, t)]
         offers = self._offers_for(node)
         # Only answers about bundles still offered are kept: the map stays bounded.
         offered = {o.sha256 for o in offers}
@@ -197,7 +202,7 @@ class FederationService(pb_grpc.FederationServicer):
                               if b.sha256 in offered}
         return pb.HeartbeatReply(known=True, shutdown=bool(self.lifecycle.retire),
                                  abandon=abandon, offers=offers,
-                                 bulk_port=self.bulk_port)
+                                 bulk_port=self.bulk_port, abandon_task_ids=dropped)
 
     async def FetchBundle(self, request: pb.FetchBundleRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.BundleChunk]:
@@ -222,10 +227,12 @@ class FederationService(pb_grpc.FederationServicer):
             node.bulk_error = wire_limits.truncate(request.bulk_error, 512) or None
         self.registry.link(node.name).report(request.down_bytes_per_s, request.up_bytes_per_s)
         wait_s = min(max(request.wait_s, 0), MAX_POLL_S) * random.uniform(*POLL_JITTER)
+        # Tasks its other slots work on are not served again (bounded: one per slot).
+        busy, only = frozenset(request.busy_task_ids[:slots.MAX_SLOTS]), request.only_task_id
         node.polling += 1
         node.loop_seen = time.time()
         try:
-            task = None if self.lifecycle.retire else self.jobs.task_for(node)
+            task = None if self.lifecycle.retire else self.jobs.task_for(node, busy, only)
             if task is None and not self.jobs.exiting.is_set() and wait_s:
                 node.wakeup.clear()
                 try:
@@ -233,7 +240,7 @@ class FederationService(pb_grpc.FederationServicer):
                 except TimeoutError:
                     pass
                 self.registry.touch(node.node_id)
-                task = None if self.lifecycle.retire else self.jobs.task_for(node)
+                task = None if self.lifecycle.retire else self.jobs.task_for(node, busy, only)
         finally:
             node.polling -= 1
             node.loop_seen = time.time()
@@ -295,6 +302,7 @@ class FederationService(pb_grpc.FederationServicer):
         # One engine for the whole stream (the job whose round handed out this task), even
         # if the job ends while it uploads.
         orch = self.jobs.engine_for(header.node_id, header.task_id)
+        log_context.about(orch.job_id)  # this stream's log lines are that job's
         node = await self._update_node(orch, header, context)
 
         @contextlib.asynccontextmanager
@@ -363,8 +371,9 @@ class FederationService(pb_grpc.FederationServicer):
 
     def open_payload(self, node_id: str, task_id: str) -> ModelPayload | None:
         node = self.registry.get(node_id)
-        task = self.jobs.task_for(node) if node is not None else None
-        return task.payload if task is not None and task.task_id == task_id else None
+        # Its task `task_id` (a site with --slots may hold tasks of several jobs).
+        task = self.jobs.task_for(node, only=task_id) if node is not None else None
+        return task.payload if task is not None else None
 
     def downloaded(self, node_id: str) -> None:
         node = self.registry.get(node_id)
@@ -374,6 +383,7 @@ class FederationService(pb_grpc.FederationServicer):
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
                           receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
         orch = self.jobs.engine_for(node_id, header.task_id)
+        log_context.about(orch.job_id)
         node = self.registry.get(node_id)
         if node is None:
             exc = UpdateRejected(Reject.UNKNOWN_NODE, "the node this ticket was issued to is "

@@ -47,9 +47,13 @@ class Node:
     last_round: int | None = None
     last_resources: dict[str, Any] | None = None
     last_error: str | None = None
-    # The task assigned to this node and not yet answered; re-served on a re-pull so a
-    # dropped stream loses nothing.
-    pending: Any = None
+    # The tasks assigned to this node and not yet answered, by the id of the job whose round
+    # assigned each (several with --slots); re-served on a re-pull so a dropped stream loses
+    # nothing (server/jobs/queue.py task_for).
+    assigned: dict[str, Any] = field(default_factory=dict)
+    # Round tasks the site runs at once, as it advertised them (fedgpu/core/slots.py): that
+    # many running jobs may hold it (server/jobs/seats.py).
+    slots: int = 1
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     gone: bool = False
     # Ring mode: where peers reach this node's worker when it hosts the rendezvous (rank 0).
@@ -353,6 +357,7 @@ class Registry:
                 "ring_endpoint": f"{n.ring_host or n.peer}:{n.ring_port}" if n.ring_port else None,
                 "transport": n.transport,
                 "bulk_error": n.bulk_error,
+                "slots": n.slots,
             }
             for n in self.all()
         ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from fedgpu.server.jobs.log_context import CURRENT_JOB
+
 if TYPE_CHECKING:
     from fedgpu.server.jobs.queue import JobManager
 
@@ -27,10 +29,11 @@ class JobLogHandler(logging.Handler):
         running = self.jobs.running
         if not running or record.name.startswith(_OWN):
             return
-        # Several jobs at once: a line goes to the job it names (`extra={"job_id": ...}`);
-        # one that names none stays in the aggregator's log only.
-        job_id = getattr(record, "job_id", None) or (next(iter(running))
-                                                     if len(running) == 1 else None)
+        # Several jobs at once: a line goes to the job it names (`extra={"job_id": ...}`, or
+        # logged by that job's engine: server/jobs/log_context.py); one that names none
+        # stays in the aggregator's log only.
+        job_id = (getattr(record, "job_id", None) or CURRENT_JOB.get()
+                  or (next(iter(running)) if len(running) == 1 else None))
         if job_id not in running:
             return
         try:

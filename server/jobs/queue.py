@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from fedgpu.server.jobs.bundles import BundleStore, offers_of
 from fedgpu.server.jobs.earlier import earlier_model
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.log_context import job_task
 from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Node, Registry
@@ -157,13 +159,16 @@ class JobManager:
                                              chunk_size=self.chunk_size)
         return self._idle_engine
 
-    def task_for(self, node: Node) -> Any:
-        """The task a running job's open round has for `node` (at most one: one slot)."""
-        for held in list(self.running.values()):
-            task = held.orch.task_for(node)
-            if task is not None:
+    def task_for(self, node: Node, busy: Collection[str] = (), only: str = "") -> Any:
+        """The task a running job's open round has for `node`, oldest job first: one per job
+        (a site with --slots may hold several), none the node says it works on (`busy`: its
+        other slots'), and only task `only` when given (a secure round's next stage)."""
+        engines = [held.orch for held in list(self.running.values())] or [self.orch]
+        for orch in engines:
+            task = orch.task_for(node)
+            if task is not None and task.task_id not in busy and only in ("", task.task_id):
                 return task
-        return None if self.running else self.orch.task_for(node)
+        return None
 
     def engine_for(self, node_id: str, task_id: str) -> Orchestrator:
         """The engine an update (or a heartbeat about a task) belongs to: the running job
@@ -275,7 +280,8 @@ class JobManager:
             return
         # From here to `self.running` nothing awaits: a stop now finds the job running, and
         # cancels its engine (the row and the engine never disagree).
-        task = asyncio.create_task(orch.run(), name=f"job-{row.job_id}")
+        # Its engine's log lines name it (`job logs`, several jobs at once).
+        task = job_task(row.job_id, orch.run(), name=f"job-{row.job_id}")
         active = self.running[row.job_id] = ActiveJob(row, job, orch, task)
         self._starting.discard(row.job_id)
         if not row.started_at:
@@ -298,12 +304,11 @@ class JobManager:
             crash = exc
         self.running.pop(row.job_id, None)
         self.last = active
-        held = set(self.seats.release(row.job_id))
+        self.seats.release(row.job_id)
         for node in self.registry.all():
             # Nodes drop whatever the ended job had handed them (a stopped job's open round);
-            # alone, it may have handed any node a task, else only the sites it held.
-            if not self.running or node.name in held:
-                node.pending = None
+            # the other jobs' tasks stay theirs.
+            node.assigned.pop(row.job_id, None)
         state = {RunState.FINISHED: JobState.FINISHED, RunState.FAILED: JobState.FAILED}.get(
             orch.state, JobState.STOPPED)
         if active.stop_requested:

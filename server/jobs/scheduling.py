@@ -2,7 +2,8 @@
 
 Jobs start in submission order. A job starts when enough sites it may use (its study, its
 task, its bundle's approval, its [resources]) are free of the running jobs; one whose sites
-are busy stays queued with the reason ("needs 3 sites of study onco; 2 busy with job 4f2a"),
+are busy stays queued with the reason ("needs 3 sites of study onco; 2 busy with job 4f2a
+(site-a: 1 of 1 slot; site-b: 2 of 2 slots)": each busy site's slots, `node start --slots`),
 and a later job may start before it only on sites it does not want: a job is never starved by
 the ones queued behind it. A job that not even an idle federation has enough sites for starts
 as it always did: it waits, says why, and fails after its queue_timeout_s.
@@ -19,8 +20,11 @@ from fedgpu.core.errors import ConfigError
 from fedgpu.core.job import Job
 from fedgpu.server.jobs.seats import Seats
 from fedgpu.server.jobs.state import JobRow
-from fedgpu.server.registry import Registry
+from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rounds.eligibility import eligibility
+
+# A waiting job's reason names this many busy sites' slots, then counts the rest.
+MAX_SITES_NAMED = 3
 
 
 class Queue(Protocol):
@@ -50,12 +54,13 @@ def next_job(pending: list[JobRow], jobs: Queue, job_from_row: Callable[[JobRow]
         if len(free) >= need and not free & wanted:
             return row, blocked
         if len(usable) >= need or free & wanted:
-            busy = sorted({h for h in holders.values() if h is not None})
+            busy = sorted({j for h in holders.values() if h is not None
+                           for j in h.split(", ")})
             of = f" of study {job.study}" if job.study else ""
             why = f"needs {need} sites{of}"
             if busy:
                 why += (f"; {len(usable) - len(free)} busy with job "
-                        f"{', '.join(busy)}")
+                        f"{', '.join(busy)} ({_slots_held(usable, holders)})")
             if free & wanted:
                 why += "; waits behind an earlier job that needs the same sites"
             blocked[row.job_id] = why
@@ -63,3 +68,12 @@ def next_job(pending: list[JobRow], jobs: Queue, job_from_row: Callable[[JobRow]
             continue
         return row, blocked
     return None, blocked
+
+
+def _slots_held(usable: list[Node], holders: dict[str, str | None]) -> str:
+    """'site-a: 1 of 1 slot; site-b: 2 of 2 slots': the busy sites' slots (the first few)."""
+    busy = [n for n in usable if holders.get(n.name) is not None]
+    shown = [f"{n.name}: {n.slots} of {n.slots} slot{'s' if n.slots > 1 else ''}"
+             for n in busy[:MAX_SITES_NAMED]]
+    more = len(busy) - len(shown)
+    return "; ".join(shown) + (f"; {more} more" if more > 0 else "")

@@ -1,10 +1,11 @@
 """Which running job holds which site, when several jobs run at once
 (`fedgpu server start --max-concurrent-jobs N`).
 
-A site a job samples is held by that job until the job ends: its next rounds find it again,
-and another job does not sample it meanwhile (a site trains one job at a time: one slot). A
-site no running job holds can be sampled by any job that may use it (its study, its task, its
-GPUs). With one job at a time nothing else ever holds a site, so sampling is as it was.
+A site a job samples is held by that job until the job ends: its next rounds find it again.
+A site trains as many jobs at once as it has slots (`fedgpu node start --slots N`, advertised
+at registration; one by default): while its slots are all held, another job does not sample
+it. A site with a free slot can be sampled by any job that may use it (its study, its task,
+its GPUs). With one job at a time nothing else ever holds a site, so sampling is as it was.
 
 Each running job's engine sees the federation through a `JobRoster`: the studies' rule
 (server/studies.py) and then this one, as one `refusal` (server/rounds/eligibility.py asks it).
@@ -16,9 +17,6 @@ from typing import Any
 
 from fedgpu.server.registry import Node
 
-# Jobs a site trains at once. Per-site slots (a node option) would replace this constant.
-SLOTS_PER_SITE = 1
-
 
 class Seats:
     def __init__(self) -> None:
@@ -29,11 +27,12 @@ class Seats:
         return [j for j in self._held.get(site, ()) if j != besides]
 
     def busy_with(self, job_id: str, node: Node) -> str | None:
-        """The job that holds `node` so that `job_id` may not sample it; None when it may."""
+        """The job(s) holding `node`'s every slot, so that `job_id` may not sample it
+        ("4f2a", or "4f2a, 9c1e" for a site of two slots); None when it may."""
         others = self.holders(node.name, besides=job_id)
-        if len(others) < SLOTS_PER_SITE or job_id in self._held.get(node.name, ()):
+        if len(others) < node.slots or job_id in self._held.get(node.name, ()):
             return None
-        return others[0]
+        return ", ".join(others)
 
     def claim(self, job_id: str, nodes: list[Node]) -> None:
         for node in nodes:
@@ -67,7 +66,11 @@ class JobRoster:
             if outside is not None:
                 return outside
         holder = self.seats.busy_with(self.job_id, node)
-        return f"busy with job {holder}" if holder is not None else None
+        if holder is None:
+            return None
+        if node.slots == 1:
+            return f"busy with job {holder}"
+        return f"its {node.slots} slots are busy with jobs {holder}"
 
     def claim(self, nodes: list[Node]) -> None:
         self.seats.claim(self.job_id, nodes)

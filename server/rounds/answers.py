@@ -175,7 +175,7 @@ class Answers:
                 if claimed:
                     self.release(node, rnd)
             elif state == SlotState.ASSIGNED or (claimed and state == SlotState.UPLOADING):
-                node.pending = None
+                node.assigned.pop(self.run.job_id, None)
                 rnd.settle(node.node_id, SlotState.REJECTED, time.time())
         elif header is not None:
             # Not an answer to an open task (late, stale, forged): still listed under the round
@@ -192,7 +192,7 @@ class Answers:
             rnd.lost_ranks[node.node_id] = list(header.lost_ranks)
         node.rounds_failed += 1
         node.last_error = header.error
-        node.pending = None
+        node.assigned.pop(self.run.job_id, None)
         log.warning("round %d: %s failed: %s", rnd.number, node.name, header.error,
                     extra={"node": node.name, "job_id": self.run.job_id})
         rnd.settle(node.node_id, SlotState.FAILED, time.time())
@@ -207,7 +207,7 @@ class Answers:
             node.policy_refusal = (self.run.job, time.time() + REFUSAL_MEMORY_S, reason)
         else:
             node.refusal = (self.run.job.needs, reason)
-        node.pending = None
+        node.assigned.pop(self.run.job_id, None)
         log.info("round %d: %s cannot take this job now: %s", rnd.number, node.name, reason,
                  extra={"node": node.name, "job_id": self.run.job_id})
         rnd.settle(node.node_id, SlotState.INELIGIBLE, time.time())
@@ -253,7 +253,7 @@ class Answers:
         )
         self.run.current_plan.on_update(update, header)
         rnd.updates.append(update)
-        node.pending = None
+        node.assigned.pop(self.run.job_id, None)
         node.last_round = rnd.number
         node.last_resources = resources.to_dict()
         if header.kind == pb.TASK_KIND_TRAIN:

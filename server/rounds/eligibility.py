@@ -69,7 +69,7 @@ def task_loop_polls(job: Job, node: Node, bundle: BundleRef | None) -> str | Non
     """Its task loop asks for work (server/registry.py): heartbeats alone do not make a node
     that can train (its worker loop may be stuck, or busy with another task). A node working
     on a task of the open round is busy by design: `job status` must not call it stuck."""
-    if node.pending is not None:
+    if node.assigned:
         return None
     quiet = node.loop_quiet_s(time.time())
     if quiet > LOOP_GRACE_S:

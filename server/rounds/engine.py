@@ -328,7 +328,7 @@ class Orchestrator:
             )
             if payload is not None:
                 digests.stamp(header, payload.algorithm, payload.digest)
-            node.pending = Task(task_id, number, plan.kind, header, payload)
+            node.assigned[self.job_id] = Task(task_id, number, plan.kind, header, payload)
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
@@ -359,8 +359,9 @@ class Orchestrator:
             if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
                 rnd.slots[node_id] = SlotState.DROPPED
                 log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
-            if node is not None and node.pending is not None and node.pending.round == rnd.number:
-                node.pending = None
+            held = node.assigned.get(self.job_id) if node is not None else None
+            if node is not None and held is not None and held.round == rnd.number:
+                del node.assigned[self.job_id]
         self.current = None
 
     def _record(self, rnd: RoundState, status: RoundStatus) -> RoundRecord:
@@ -423,7 +424,7 @@ class Orchestrator:
         return self.history.doc(self.run_id)  # `fedgpu rounds --json`
 
     def task_for(self, node: Node) -> Task | None:
-        task = node.pending
+        task = node.assigned.get(self.job_id)
         rnd = self.current
         # The task must be this engine's own: a task left from a stopped job is never served.
         if task is None or rnd is None or rnd.task_ids.get(node.node_id) != task.task_id:

@@ -103,6 +103,8 @@ class SecAggRound:
         self.protocol_s = 0.0
         self.unmask_s = 0.0
         self.task: asyncio.Task[None] | None = None
+        # The job whose round this is: its stage tasks are filed under it (node.assigned).
+        self.job_id = ""
 
     # -- what the intake asks ------------------------------------------------------------
 
@@ -164,7 +166,7 @@ class SecAggRound:
             agg.receive_unmask(msg)
         self._answered.add(i)
         # The node's last task is answered: it waits for the next stage's relay.
-        node.pending = None
+        node.assigned.pop(self.job_id, None)
         self._progress.set()
 
     # -- the driver ----------------------------------------------------------------------
@@ -204,7 +206,8 @@ class SecAggRound:
                                    kind=KIND_OF[stage], payload_size=payload.size,
                                    secagg_stage_timeout_s=self.config.stage_timeout_s)
             digests.stamp(header, payload.algorithm, payload.digest)
-            node.pending = Task(header.task_id, rnd.number, header.kind, header, payload)
+            node.assigned[self.job_id] = Task(header.task_id, rnd.number, header.kind, header,
+                                              payload)
             node.wakeup.set()
 
     async def _drive(self, rnd: RoundState, registry: Registry, on_result: Any) -> None:

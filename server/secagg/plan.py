@@ -62,6 +62,8 @@ class SecAggPlan(StarPlan):
             self.round = SecAggRound(self.config, chosen, run.shared_weights,
                                      self.job.max_examples_per_node,
                                      min_inputs=self.required(chosen), noised=private)
+            # Its stage tasks are this job's (a site with --slots may hold another job's too).
+            self.round.job_id = str(getattr(run, "job_id", ""))
         except SecAggError as exc:
             # Settings that cannot work for this round (too few sites, a sum that overflows).
             raise RunFailed(f"round {number}: secure aggregation cannot start: {exc}") from None

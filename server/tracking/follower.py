@@ -1,5 +1,6 @@
-"""The aggregator's side of tracking: follows the running job as the metrics endpoint does
-(what the job manager holds), and hands what changed to MLflow off the event loop.
+"""The aggregator's side of tracking: follows every running job (several at once with
+--max-concurrent-jobs, each its own MLflow run) from what the job manager holds, and hands
+what changed to MLflow off the event loop.
 
 Tracking never stops a job: a store that fails or hangs costs its own calls (each bounded by
 a timeout, the error logged once per job), never a round.
@@ -41,7 +42,8 @@ class TrackingFollower:
         self._seen: dict[str, int] = {}
         self._failed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self._following: ActiveJob | None = None
+        # The running jobs seen at the last poll, by id.
+        self._following: dict[str, ActiveJob] = {}
         self._done: set[str] = set()
 
     async def start(self) -> None:
@@ -92,15 +94,16 @@ class TrackingFollower:
             await asyncio.sleep(POLL_S)
 
     async def _poll(self) -> None:
-        held = self.jobs.active
-        # The job followed until now, and the one the manager ran last (it may have run
+        held = dict(self.jobs.running)
+        # The jobs followed until now, and the one the manager ran last (it may have run
         # whole between two polls): each ended one is finished once.
-        for ended in (self._following, self.jobs.last):
-            if ended is not None and ended is not held and ended.row.job_id not in self._done:
+        for ended in (*self._following.values(), self.jobs.last):
+            if (ended is not None and ended.row.job_id not in held
+                    and ended.row.job_id not in self._done):
                 await self._finish(ended)
         self._following = held
-        if held is not None:
-            await self._update(held)
+        for active in held.values():
+            await self._update(active)
 
     async def _call(self, job_id: str, fn: Any, *args: Any) -> Any:
         try:

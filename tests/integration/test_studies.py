@@ -118,7 +118,8 @@ def test_two_studies_jobs_run_at_once_and_ending_one_leaves_the_other(
     assert failed["error"], failed
     queued = fed.query("GetJob", job_id=after)
     assert queued["state"] == "queued", queued
-    assert queued["reason"] == f"needs 1 sites of study onco; 1 busy with job {long}"
+    assert queued["reason"] == (f"needs 1 sites of study onco; 1 busy with job {long} "
+                                "(site-a: 1 of 1 slot)")
     listed = {j["job_id"]: j for j in fed.query("ListJobs")}
     assert listed[after]["reason"] == queued["reason"]
 

@@ -49,6 +49,32 @@ def test_a_site_is_held_by_one_job_until_it_ends() -> None:
     assert second.refusal(None, site) is None
 
 
+def test_a_site_with_two_slots_takes_two_jobs_and_names_its_slots_when_full(
+        tmp_path: Path) -> None:
+    jobs = _manager(tmp_path, "site-a")
+    site = jobs.registry.all()[0]
+    site.slots = 2  # as it advertised at registration (fedgpu node start --slots 2)
+    first, second, third = (_queue(jobs, None), _queue(jobs, None), _queue(jobs, None))
+    jobs.seats.claim(first, [site])
+    # One slot left: the second job may sample the site beside the first.
+    assert jobs.roster(second).refusal(None, site) is None
+    pending = [r for r in jobs.store.pending() if r.job_id != first]
+    row, blocked = scheduling.next_job(pending, jobs, job_from_row)
+    assert row is not None and row.job_id == second and blocked == {}
+    jobs.seats.claim(second, [site])
+    # Both slots held: the third waits, naming both jobs and the site's slots.
+    assert (jobs.roster(third).refusal(None, site)
+            == f"its 2 slots are busy with jobs {first}, {second}")
+    pending = [r for r in jobs.store.pending() if r.job_id not in (first, second)]
+    row, blocked = scheduling.next_job(pending, jobs, job_from_row)
+    assert row is None
+    both = ", ".join(sorted((first, second)))
+    assert blocked == {third: f"needs 1 sites; 1 busy with job {both} (site-a: 2 of 2 slots)"}
+    # A job ending frees its slot for the third.
+    jobs.seats.release(first)
+    assert jobs.roster(third).refusal(None, site) is None
+
+
 def test_a_job_whose_sites_are_busy_waits_and_says_which_job_holds_them(
         tmp_path: Path) -> None:
     jobs = _manager(tmp_path, "site-a", "site-b", "site-c")
@@ -64,7 +90,8 @@ def test_a_job_whose_sites_are_busy_waits_and_says_which_job_holds_them(
     row, blocked = scheduling.next_job(pending, jobs, job_from_row)
     # The second onco job waits, naming the job; the cardio job, on other sites, starts.
     assert row is not None and row.job_id == cardio
-    assert blocked == {onco_2: f"needs 2 sites of study onco; 2 busy with job {onco_1}"}
+    assert blocked == {onco_2: f"needs 2 sites of study onco; 2 busy with job {onco_1} "
+                               "(site-a: 1 of 1 slot; site-b: 1 of 1 slot)"}
 
 
 def test_a_later_job_does_not_take_the_sites_an_earlier_waiting_job_needs(
@@ -77,5 +104,5 @@ def test_a_later_job_does_not_take_the_sites_an_earlier_waiting_job_needs(
     row, blocked = scheduling.next_job(pending, jobs, job_from_row)
     # `small` could run on site-b, but `big` (before it) needs site-b too: nothing starts.
     assert row is None
-    assert blocked[big] == f"needs 2 sites; 1 busy with job {running}"
+    assert blocked[big] == f"needs 2 sites; 1 busy with job {running} (site-a: 1 of 1 slot)"
     assert "waits behind an earlier job" in blocked[small]

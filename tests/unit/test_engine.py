@@ -200,7 +200,7 @@ def test_the_deadline_drops_a_silent_node_and_closes_the_round(tmp_path: Path) -
     assert h.orch.state == RunState.FINISHED
     (rec,) = h.records()
     assert rec["status"] == "finished" and rec["dropped"] == [h.nodes["c"].node_id]
-    assert rec["nodes_reporting"] == 2 and h.nodes["c"].pending is None
+    assert rec["nodes_reporting"] == 2 and not h.nodes["c"].assigned
     # Its answer after the close is refused as late, and filed under the closed round.
     with pytest.raises(UpdateRejected) as late:
         asyncio.run(ingest(h.orch, h.nodes["c"], h.headers["c"], _receive(None),

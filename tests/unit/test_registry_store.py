@@ -119,8 +119,8 @@ def test_a_node_whose_task_loop_does_not_poll_is_not_sampled() -> None:
     node.polling = 1  # in a long poll now
     assert eligibility(job, node, True) is None
     node.polling = 0
-    node.pending = object()  # training a task of the open round: busy, not stuck
+    node.assigned["j1"] = object()  # training a task of the open round: busy, not stuck
     assert eligibility(job, node, True) is None
-    node.pending = None
+    node.assigned.clear()
     node.polling, node.loop_seen = 0, time.time()
     assert eligibility(job, node, True) is None

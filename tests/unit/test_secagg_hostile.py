@@ -152,7 +152,9 @@ class FakeAggregator:
             self.agg.receive_unmask(s.unmask(requests[i]))
         self._relay(Stage.UNMASK, requests[1])
 
-    async def pull(self, node_id: str, wait_s: int, max_bytes: int) -> _Pulled:
+    async def pull(self, node_id: str, wait_s: int, max_bytes: int, only: str = "") -> _Pulled:
+        # `only`: the site asks for its round's next stage only (a site with --slots).
+        assert only, "a secure round's stage is pulled by its task id"
         try:
             return await asyncio.wait_for(self.relays.get(), 0.2)
         except TimeoutError:

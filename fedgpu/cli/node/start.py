@@ -14,6 +14,7 @@ from fedgpu.cli.node.options import STATUS_HELP, StateDirOpt, TaskApprovalOpt
 from fedgpu.core import lifetime, logs
 from fedgpu.core.constants import DEFAULT_RING_PORT, NODE_STATUS_FILE, TaskApproval
 from fedgpu.core.errors import ConfigError, FedgpuError
+from fedgpu.core.slots import MAX_SLOTS
 
 
 def start(
@@ -91,6 +92,11 @@ def start(
         help="Secure aggregation: refuse a round whose threshold (shares needed to rebuild a "
              "secret) is below this count, on top of the strict majority of its shareholders "
              "every site demands. 0: the majority only.")] = 0,
+    slots: Annotated[int, typer.Option(
+        envvar="FEDGPU_NODE_SLOTS", min=1, max=MAX_SLOTS,
+        help="Round tasks of different jobs this site runs at once, each in its own worker "
+             "process and each admitted to a GPU on its own (both must fit its memory "
+             "policy); the aggregator lets that many running jobs use the site.")] = 1,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Start a training node: register with the aggregator and serve its tasks.
@@ -170,6 +176,7 @@ def start(
         state_dir=state_dir,
         secagg_min_threshold=secagg_min_threshold,
         site_policy=site_policy,
+        slots=slots,
     ))
 
     def on_signal(signum: int, _frame: object) -> None:

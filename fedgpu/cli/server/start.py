@@ -87,9 +87,9 @@ def start(
         "run.")] = 100,
     max_concurrent_jobs: Annotated[int, typer.Option(
         min=1, max=64, envvar="FEDGPU_MAX_CONCURRENT_JOBS",
-        help="Jobs that run at the same time, each on sites no other running job holds (a "
-        "site trains one job at a time); a job whose sites are busy stays queued and says "
-        "why. 1: one after the other.")] = 1,
+        help="Jobs that run at the same time, each on sites with a free slot (a site trains "
+        "as many jobs at once as its node's --slots, 1 by default); a job whose sites are "
+        "busy stays queued and says why. 1: one after the other.")] = 1,
     initial_weights_dir: Annotated[Path | None, typer.Option(
         envvar="FEDGPU_INITIAL_WEIGHTS_DIR",
         help="A directory of safetensors models a submitted job's initial_weights may name "

@@ -118,7 +118,7 @@ class GpuDecision(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., device: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_name: _Optional[str] = ..., memory_fraction: _Optional[float] = ..., reason: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "identity", "capacity", "site_policy_json")
+    __slots__ = ("node_name", "version", "devices", "decision", "labels", "tasks", "ring_host", "ring_port", "num_examples", "task_approval", "identity", "capacity", "site_policy_json", "slots")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class RegisterRequest(_message.Message):
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SITE_POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     version: str
     devices: DeviceInventory
@@ -152,7 +153,8 @@ class RegisterRequest(_message.Message):
     identity: str
     capacity: NodeCapacity
     site_policy_json: str
-    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., identity: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., site_policy_json: _Optional[str] = ...) -> None: ...
+    slots: int
+    def __init__(self, node_name: _Optional[str] = ..., version: _Optional[str] = ..., devices: _Optional[_Union[DeviceInventory, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tasks: _Optional[_Iterable[str]] = ..., ring_host: _Optional[str] = ..., ring_port: _Optional[int] = ..., num_examples: _Optional[int] = ..., task_approval: _Optional[str] = ..., identity: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., site_policy_json: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class NodeCapacity(_message.Message):
     __slots__ = ("gpu_mode", "gpu_min_free_mib", "nvml_available", "nvml_reason", "gpus")
@@ -187,7 +189,7 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., run_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., chunk_size: _Optional[int] = ..., bulk_port: _Optional[int] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
 
 class PullTaskRequest(_message.Message):
-    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error", "resume_task_id", "resume_offset", "down_bytes_per_s", "up_bytes_per_s")
+    __slots__ = ("node_id", "wait_s", "bulk", "bulk_error", "resume_task_id", "resume_offset", "down_bytes_per_s", "up_bytes_per_s", "busy_task_ids", "only_task_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     BULK_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,8 @@ class PullTaskRequest(_message.Message):
     RESUME_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DOWN_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     UP_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    ONLY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     wait_s: int
     bulk: bool
@@ -204,7 +208,9 @@ class PullTaskRequest(_message.Message):
     resume_offset: int
     down_bytes_per_s: float
     up_bytes_per_s: float
-    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ...) -> None: ...
+    busy_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    only_task_id: str
+    def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ..., busy_task_ids: _Optional[_Iterable[str]] = ..., only_task_id: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
     __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics", "local_model_of")
@@ -535,7 +541,7 @@ class PushReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "state", "decision", "task_id", "capacity", "bundles", "down_bytes_per_s", "up_bytes_per_s")
+    __slots__ = ("node_id", "state", "decision", "task_id", "capacity", "bundles", "down_bytes_per_s", "up_bytes_per_s", "more_task_ids")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
@@ -544,6 +550,7 @@ class HeartbeatRequest(_message.Message):
     BUNDLES_FIELD_NUMBER: _ClassVar[int]
     DOWN_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     UP_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MORE_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     state: str
     decision: GpuDecision
@@ -552,18 +559,21 @@ class HeartbeatRequest(_message.Message):
     bundles: _containers.RepeatedCompositeFieldContainer[BundleStatus]
     down_bytes_per_s: float
     up_bytes_per_s: float
-    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ...) -> None: ...
+    more_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., task_id: _Optional[str] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStatus, _Mapping]]] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ..., more_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "shutdown", "bulk_port", "abandon", "offers")
+    __slots__ = ("known", "shutdown", "bulk_port", "abandon", "offers", "abandon_task_ids")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     BULK_PORT_FIELD_NUMBER: _ClassVar[int]
     ABANDON_FIELD_NUMBER: _ClassVar[int]
     OFFERS_FIELD_NUMBER: _ClassVar[int]
+    ABANDON_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     shutdown: bool
     bulk_port: int
     abandon: bool
     offers: _containers.RepeatedCompositeFieldContainer[TaskBundle]
-    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., bulk_port: _Optional[int] = ..., abandon: _Optional[bool] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ...) -> None: ...
+    abandon_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, known: _Optional[bool] = ..., shutdown: _Optional[bool] = ..., bulk_port: _Optional[int] = ..., abandon: _Optional[bool] = ..., offers: _Optional[_Iterable[_Union[TaskBundle, _Mapping]]] = ..., abandon_task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
