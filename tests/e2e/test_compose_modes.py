@@ -1,10 +1,10 @@
 """The cpu profile run to completion (three nodes, the aggregator healthy) and the job modes
 beyond training on a compose fleet (images as built), submitted from the host with `fedgpu job
 submit`: a one-round training job that keeps the model's head on each site (local_params; each
-node keeps it in its state volume), an evaluate job scoring its model (model_from_job) and a
-statistics job; the aggregator container records each job as an MLflow run in a file store on
-the host (compose/tracking.yaml), read back with MLflow's own client. Skips, saying why,
-without an engine.
+node keeps it in its state volume), an evaluate job scoring its model (model_from_job), a
+statistics job and a cross-site job; the aggregator container records each job as an MLflow
+run in a file store on the host (compose/tracking.yaml), read back with MLflow's own client.
+Skips, saying why, without an engine.
 """
 
 from __future__ import annotations
@@ -77,9 +77,19 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
     stats = tmp_path / "statistics.toml"
     stats.write_text('task = "digits"\nmode = "statistics"\nmin_nodes = 3\nuse_gpu = false\n\n'
                      '[statistics]\nmin_count = 5\n')
-    ids = [job_cli(project, "submit", str(p))["job_id"] for p in (evaluate, stats)]
+    # Cross-site: the compose nodes run without a site policy, so each keeps its local model
+    # (the safe default) and says why; the global model is scored on every site.
+    cross = tmp_path / "cross-site.toml"
+    cross.write_text(f'task = "digits"\nmode = "cross-site"\nmodel_from_job = '
+                     f'"{trained["job_id"]}"\nmin_nodes = 3\nuse_gpu = false\n')
+    ids = [job_cli(project, "submit", str(p))["job_id"] for p in (evaluate, stats, cross)]
     done = [wait_for(f"job {i} to end", ended(i), FEDERATION_TIMEOUT_S) for i in ids]
-    assert [d["state"] for d in done] == ["finished", "finished"], done
+    assert [d["state"] for d in done] == ["finished"] * 3, done
+    matrix = done[2]["cross_site"]
+    rows = {r["model"]: r for r in matrix["rows"]}
+    assert sorted(rows["global"]["cells"]) == NODES, matrix
+    assert all(0 < c["accuracy"] <= 1 for c in rows["global"]["cells"].values()), matrix
+    assert all(rows[n]["why_not"] for n in NODES), matrix
     print(f"evaluate and statistics jobs ended: {time.monotonic() - t0:.0f}s")
 
     ev = done[0]["evaluation"]
@@ -103,9 +113,9 @@ def test_evaluate_and_statistics_jobs_and_mlflow_runs_through_compose(
         found = {r.data.tags.get("fedgpu.job_id"): r
                  for r in client.search_runs([exp.experiment_id])}
         ended_runs = [r for r in found.values() if r.info.status == "FINISHED"]
-        return found if len(ended_runs) == 3 else None
+        return found if len(ended_runs) == 4 else None
 
-    by_job = wait_for("three finished MLflow runs", runs, 90)
+    by_job = wait_for("four finished MLflow runs", runs, 90)
     print(f"runs read back: {time.monotonic() - t0:.0f}s")
     assert set(by_job) == {trained["job_id"], *ids}, by_job
     train_run = by_job[trained["job_id"]]
