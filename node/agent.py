@@ -262,13 +262,18 @@ class Agent:
         if kind is None or kind not in KINDS:
             log.warning("ignoring task of unknown kind %d", header.kind)
             return
-        kept = self.unacked.take(header.task_id)
+        kept = self.unacked.take(header)
         if kept is not None:
             log.info("round %d: sending again the update kept for task %s (not training again)",
                      header.round, header.task_id)
             if self._push(header, kept.header, kept.weights):
-                self.unacked.drop(header.task_id)
+                # Still kept: an aggregator restarted before the round closed asks again.
+                self.unacked.acknowledged(header.task_id)
             return
+        for task_id, old in self.unacked.moved_on(header):
+            log.info("the aggregator moved on (round %d, task %s): dropping the update kept for "
+                     "task %s of round %d, which it will not ask for again", header.round,
+                     header.task_id, task_id, old)
         self._set_state("training" if kind != "evaluate" else "evaluating")
         # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
@@ -398,8 +403,11 @@ class Agent:
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))
-        if not self._push(task, update, weights) and ok:
-            self.unacked.keep(update, weights)
+        acked = self._push(task, update, weights)
+        if ok and (not acked or task.kind == pb.TASK_KIND_TRAIN):
+            # Unacknowledged: sent again. Acknowledged training updates too: an aggregator
+            # killed before the round closed reopens it and asks for them (node/unacked.py).
+            self.unacked.keep(update, weights, task, acked=acked)
 
     def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None
               ) -> bool:

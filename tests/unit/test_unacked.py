@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedgpu.core import digests
 from fedgpu.node.unacked import MAX_KEPT, UnackedUpdates
 from fedgpu.proto import pb
 
@@ -44,3 +45,35 @@ def test_a_task_id_cannot_name_a_path_outside_the_folder(tmp_path: Path) -> None
     store.keep(pb.UpdateHeader(task_id="../../escape", round=1), None)
     assert not (tmp_path / "escape.header").exists()
     assert all(p.parent == tmp_path / "state" for p in (tmp_path / "state").iterdir())
+
+
+def _task(task_id: str, rnd: int, model: str, job: str = "job-1") -> pb.TaskHeader:
+    task = pb.TaskHeader(task_id=task_id, round=rnd, kind=pb.TASK_KIND_TRAIN)
+    task.job_terms.job_id = job
+    digests.stamp(task, digests.DigestAlgo.BLAKE3, model)
+    return task
+
+
+def test_an_acknowledged_update_stays_for_the_same_task_and_the_same_model(
+        tmp_path: Path) -> None:
+    # An aggregator killed before its round closed asks for it again (server/rounds/reopen.py).
+    store = UnackedUpdates(tmp_path / "state")
+    header, weights = _update(tmp_path, "t1")
+    store.keep(header, weights, _task("t1", 3, "aa" * 32), acked=True)
+    kept = store.take(_task("t1", 3, "aa" * 32))
+    assert kept is not None and kept.acked and kept.weights is not None
+    # The same task id with another model is no answer to it: dropped, the node trains.
+    assert store.take(_task("t1", 3, "bb" * 32)) is None
+    assert store.take("t1") is None
+
+
+def test_a_new_attempt_of_the_same_job_drops_what_was_kept_for_the_old_one(
+        tmp_path: Path) -> None:
+    store = UnackedUpdates(tmp_path / "state")
+    store.keep(*_update(tmp_path, "old"), _task("old", 3, "aa" * 32))
+    store.keep(*_update(tmp_path, "other-job"), _task("other-job", 3, "aa" * 32, job="job-2"))
+    store.keep(*_update(tmp_path, "later"), _task("later", 5, "aa" * 32))
+    dropped = store.moved_on(_task("new", 4, "cc" * 32))
+    assert dropped == [("old", 3)]
+    assert store.take("old") is None
+    assert store.take("other-job") is not None and store.take("later") is not None
