@@ -266,6 +266,8 @@ class Agent:
         if kept is not None:
             log.info("round %d: sending again the update kept for task %s (not training again)",
                      header.round, header.task_id)
+            # Under the id this node has now: an aggregator restart made it register again.
+            kept.header.node_id = self.node_id or kept.header.node_id
             if self._push(header, kept.header, kept.weights):
                 # Still kept: an aggregator restarted before the round closed asks again.
                 self.unacked.acknowledged(header.task_id)

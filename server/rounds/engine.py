@@ -192,20 +192,21 @@ class Orchestrator:
         error = ""
         attempt = spent = 0
         # An attempt a restart interrupted is reopened as it was (server/rounds/reopen.py).
-        reopened = self.reopener.take(self.run_id, number, plan, self.job, self.registry,
-                                      lambda: self._model_payload().digest)
-        if reopened is not None:
-            attempt = reopened[0].attempt - 1
+        saved = self.reopener.take(self.run_id, number, plan, self.job,
+                                   lambda: self._model_payload().digest)
+        if saved is not None:
+            attempt = saved.attempt - 1
             spent = min(attempt, plan.attempts() - 1)
         while spent < plan.attempts():
             attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size())
-            again = reopened is not None and attempt == reopened[0].attempt
-            chosen = reopened[1] if reopened and again else plan.choose(pool, number, attempt)
+            back = (self.reopener.sites(saved, pool, plan.required(pool))
+                    if saved is not None and attempt == saved.attempt else None)
+            chosen = back if back is not None else plan.choose(pool, number, attempt)
             if self.roster is not None:
                 self.roster.claim(chosen)  # no await since the pool was read: no other job
             rnd = self._open(number, attempt, chosen, plan,
-                             reopened[0].tasks if reopened and again else None)
+                             saved.tasks if saved is not None and back is not None else None)
             if plan.aggregates:
                 assert self.global_weights is not None
                 async with self._agg_lock:
@@ -313,7 +314,7 @@ class Orchestrator:
         payload = self._model_payload() if plan.sends_model else None
         per_node = plan.task_fields(number, attempt, chosen)
         for node, fields in zip(chosen, per_node, strict=True):
-            task_id = (task_ids or {}).get(node.node_id) or secrets.token_hex(8)
+            task_id = (task_ids or {}).get(node.name) or secrets.token_hex(8)
             header = pb.TaskHeader(
                 task_id=task_id,
                 round=number,
@@ -336,7 +337,7 @@ class Orchestrator:
             rnd.task_ids[node.node_id] = task_id
         plan.opened(rnd)
         if payload is not None:
-            self.reopener.opened(self.run_id, rnd, plan, self.job, payload.digest)
+            self.reopener.opened(self.run_id, rnd, chosen, plan, self.job, payload.digest)
         self.current, self.current_plan = rnd, plan
         log.info("%s", plan.describe(rnd, chosen))
         return rnd

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fedgpu.core.job import Job
-from fedgpu.server.registry import Node, Registry
+from fedgpu.server.registry import Node
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.plans import Plan, StarPlan
 
@@ -55,7 +55,8 @@ class SavedAttempt:
     model_digest: str
     deadline: float
     saved_at: float
-    # node id -> the task id it was handed
+    # site (node name) -> the task id it was handed; node ids do not outlive a restart (a
+    # site registers again), names do
     tasks: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -69,7 +70,7 @@ class SavedAttempt:
         tasks = doc.get("tasks")
         if not isinstance(tasks, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in tasks.items()):
-            raise ValueError("tasks must map node ids to task ids")
+            raise ValueError("tasks must map site names to task ids")
         return cls(run_id=str(doc["run_id"]), round=int(doc["round"]),
                    attempt=int(doc["attempt"]), kind=int(doc["kind"]),
                    model_digest=str(doc["model_digest"]), deadline=float(doc["deadline"]),
@@ -119,8 +120,7 @@ class AttemptFile:
 
 
 def why_not(saved: SavedAttempt, run_id: str, number: int, kind: int, model_digest: str,
-            deadline_s: float, known: set[str], required: int,
-            now: float | None = None) -> str | None:
+            deadline_s: float, now: float | None = None) -> str | None:
     """Why `saved` cannot be reopened as round `number` (None: it can)."""
     now = time.time() if now is None else now
     if saved.run_id != run_id or saved.round != number or saved.kind != kind:
@@ -129,8 +129,6 @@ def why_not(saved: SavedAttempt, run_id: str, number: int, kind: int, model_dige
         return "the global model is not the one it sent"
     if now > saved.deadline + deadline_s:
         return f"it is {now - saved.deadline:.0f}s past its deadline"
-    if len(known.intersection(saved.tasks)) < required:
-        return "too few of its sites are still registered"
     return None
 
 
@@ -151,30 +149,41 @@ class Reopener:
     def restored(self) -> None:
         self.saved = self.file.load()
 
-    def opened(self, run_id: str, rnd: RoundState, plan: Plan, job: Job,
+    def opened(self, run_id: str, rnd: RoundState, chosen: list[Node], plan: Plan, job: Job,
                model_digest: str) -> None:
         if self.file.path is None or not reopenable(plan, job):
             return
+        tasks = {n.name: rnd.task_ids[n.node_id] for n in chosen}
         self.file.save(SavedAttempt(run_id, rnd.number, rnd.attempt, rnd.kind, model_digest,
-                                    rnd.deadline, time.time(), dict(rnd.task_ids)))
+                                    rnd.deadline, time.time(), tasks))
 
-    def take(self, run_id: str, number: int, plan: Plan, job: Job, registry: Registry,
-             model_digest: Callable[[], str]) -> tuple[SavedAttempt, list[Node]] | None:
-        """The saved attempt of round `number` and its sites, if it can be reopened."""
+    def take(self, run_id: str, number: int, plan: Plan, job: Job,
+             model_digest: Callable[[], str]) -> SavedAttempt | None:
+        """The saved attempt of round `number`, if it can be reopened."""
         saved, self.saved = self.saved, None
         if saved is None or not reopenable(plan, job):
             return None
-        nodes = [n for nid in sorted(saved.tasks) if (n := registry.get(nid)) is not None]
-        why = why_not(saved, run_id, number, plan.kind, model_digest(), job.round_deadline_s,
-                      {n.node_id for n in nodes}, job.min_nodes)
+        why = why_not(saved, run_id, number, plan.kind, model_digest(), job.round_deadline_s)
         if why is not None:
             log.info("round %d: not reopening attempt %d saved before the restart (%s); a new "
                      "attempt starts", number, saved.attempt, why)
             return None
+        return saved
+
+    @staticmethod
+    def sites(saved: SavedAttempt, pool: list[Node], required: int) -> list[Node] | None:
+        """The saved attempt's sites among the connected ones (registered again after the
+        restart, under new node ids); None when too few came back to reopen it."""
+        nodes = [n for n in pool if n.name in saved.tasks]
+        if len(nodes) < required:
+            log.info("round %d: not reopening attempt %d saved before the restart (%d of its %d "
+                     "sites are back, %d needed); a new attempt starts", saved.round,
+                     saved.attempt, len(nodes), len(saved.tasks), required)
+            return None
         log.info("round %d: reopening attempt %d after the restart: the same model and the same "
-                 "tasks for its %d sites, which send again the updates they kept", number,
+                 "tasks for its %d sites, which send again the updates they kept", saved.round,
                  saved.attempt, len(nodes))
-        return saved, nodes
+        return nodes
 
     def finished(self) -> None:
         self.file.clear()

@@ -19,6 +19,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -52,6 +53,8 @@ class FaultProxy:
     # Bytes that crossed, each way, over all connections (read from the sending side).
     carried: dict[Way, int] = field(default_factory=lambda: {Way.UP: 0, Way.DOWN: 0})
     connections: int = 0
+    # Bytes per second each way may carry, per connection (absent or 0: as fast as it goes).
+    rates: dict[Way, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -72,6 +75,12 @@ class FaultProxy:
         with self._lock:
             self.cuts.append(c)
         return c
+
+    def slow(self, way: Way, bytes_per_s: float) -> None:
+        """Carry at most `bytes_per_s` going `way` on each connection from now on (a slow
+        link: the test can act while a transfer is half way)."""
+        with self._lock:
+            self.rates[way] = bytes_per_s
 
     def close(self) -> None:
         self._stop.set()
@@ -137,7 +146,9 @@ class _Connection:
         cut = self.proxy._armed(self.index, way)
         try:
             while not self.broken.is_set():
-                data = src.recv(READ)
+                rate = self.proxy.rates.get(way, 0)
+                # Slowed: small reads, each followed by the pause its size takes at the rate.
+                data = src.recv(max(512, min(READ, int(rate / 20))) if rate else READ)
                 if not data:
                     break
                 with self.proxy._lock:
@@ -149,6 +160,8 @@ class _Connection:
                     return
                 dst.sendall(data)
                 self.sent[way] += len(data)
+                if rate:
+                    time.sleep(len(data) / rate)
         except OSError:
             pass
         if not self.broken.is_set():

@@ -18,7 +18,7 @@ MODEL = "ab" * 32
 
 def _saved(**over: object) -> SavedAttempt:
     fields = dict(run_id="run1", round=3, attempt=2, kind=2, model_digest=MODEL,
-                  deadline=1000.0, saved_at=990.0, tasks={"site-a-1": "t1", "site-b-2": "t2"})
+                  deadline=1000.0, saved_at=990.0, tasks={"site-a": "t1", "site-b": "t2"})
     fields.update(over)
     return SavedAttempt(**fields)  # type: ignore[arg-type]
 
@@ -39,12 +39,10 @@ def test_a_damaged_or_oversized_file_is_ignored_not_trusted(tmp_path: Path) -> N
 
 
 def test_only_the_same_run_round_model_and_a_fresh_enough_attempt_is_reopened() -> None:
-    known = {"site-a-1", "site-b-2"}
     args = dict(run_id="run1", number=3, kind=2, model_digest=MODEL, deadline_s=60.0,
-                known=known, required=2, now=1010.0)
+                now=1010.0)
     assert why_not(_saved(), **args) is None  # type: ignore[arg-type]
     for change, what in [({"run_id": "run2"}, "run"), ({"number": 4}, "round"),
-                         ({"model_digest": "cd" * 32}, "model"), ({"now": 1061.0}, "deadline"),
-                         ({"known": {"site-a-1"}}, "registered")]:
+                         ({"model_digest": "cd" * 32}, "model"), ({"now": 1061.0}, "deadline")]:
         why = why_not(_saved(), **{**args, **change})  # type: ignore[arg-type]
         assert why is not None and what in why, (change, why)
