@@ -9,7 +9,9 @@ task the node kept an update for (same task id, same global model digest), the a
 kept update instead of training once more. A task of a later attempt or round of the same job
 means the aggregator moved on: the kept updates of that job's earlier tasks are dropped (and
 the log says so). At most MAX_KEPT updates are kept, the oldest dropped first, and none older
-than MAX_AGE_S.
+than MAX_AGE_S. An acknowledged update is kept only when it can be moved here (its work folder
+on the same file system as the node's state): a copy of every round's update would slow every
+round for the sake of a restart.
 
 Files per task: the UpdateHeader as protobuf bytes, the weights as the safetensors file the
 round wrote (moved here, not copied, when on the same file system), and a small JSON note of
@@ -84,6 +86,13 @@ class UnackedUpdates:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            if acked and weights is not None and \
+                    weights.stat().st_dev != self.folder.stat().st_dev:
+                # A copy of the whole update after every round is too dear for a copy only a
+                # killed aggregator would ask for: such a site trains again in that case.
+                log.debug("not keeping the acknowledged update of task %s: its weights are on "
+                          "another file system than %s", header.task_id, self.folder)
+                return
             now = time.time()
             olds = sorted(self.folder.glob("*.header"), key=lambda p: p.stat().st_mtime)
             for n, old in enumerate(olds):

@@ -3,6 +3,8 @@ instead of training again (node/unacked.py; the agent uses it in node/agent.py).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 from fedgpu.core import digests
@@ -77,3 +79,18 @@ def test_a_new_attempt_of_the_same_job_drops_what_was_kept_for_the_old_one(
     assert dropped == [("old", 3)]
     assert store.take("old") is None
     assert store.take("other-job") is not None and store.take("later") is not None
+
+
+def test_an_acknowledged_update_on_another_file_system_is_not_copied(tmp_path: Path) -> None:
+    # /dev/shm is a tmpfs: another device than the test's folder on most machines.
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        import pytest
+        pytest.skip("no second file system here")
+    weights = Path(tempfile.mkdtemp(dir=shm)) / "weights.safetensors"
+    weights.write_bytes(b"w")
+    store = UnackedUpdates(tmp_path / "state")
+    store.keep(pb.UpdateHeader(task_id="t1", round=1), weights, _task("t1", 1, "aa" * 32),
+               acked=True)
+    assert store.take("t1") is None and weights.exists()  # left where it was, not copied
+    shutil.rmtree(weights.parent)
