@@ -410,6 +410,10 @@ class Agent:
             # Unacknowledged: sent again. Acknowledged training updates too: an aggregator
             # killed before the round closed reopens it and asks for them (node/unacked.py).
             self.unacked.keep(update, weights, task, acked=acked)
+            if not acked:
+                log.info("round %d: the update is kept (task %s): sent again if the aggregator "
+                         "hands out this task again, dropped once it moves on", task.round,
+                         task.task_id)
 
     def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None
               ) -> bool:
