@@ -200,8 +200,12 @@ class Orchestrator:
         while spent < plan.attempts():
             attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size())
-            back = (self.reopener.sites(saved, pool, plan.required(pool))
-                    if saved is not None and attempt == saved.attempt else None)
+            back = None
+            if saved is not None and attempt == saved.attempt:
+                pool = await self.reopener.gather(saved, pool, lambda: eligible_nodes(
+                    self.job, self.registry.alive(), self.bundle, self.roster),
+                    self.job.round_deadline_s)
+                back = self.reopener.sites(saved, pool, plan.required(pool))
             chosen = back if back is not None else plan.choose(pool, number, attempt)
             if self.roster is not None:
                 self.roster.claim(chosen)  # no await since the pool was read: no other job

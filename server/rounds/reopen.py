@@ -25,6 +25,7 @@ The file is overwritten by the next attempt, and removed when the run finishes o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -44,6 +45,8 @@ ATTEMPT_FILE = "attempt.json"
 # A saved attempt is a few ids per site: a file past this is not ours.
 MAX_FILE_BYTES = 4 << 20
 VERSION = 1
+# How long a reopened attempt waits for the last of its sites to register again.
+GATHER_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,19 @@ class Reopener:
                      "attempt starts", number, saved.attempt, why)
             return None
         return saved
+
+    @staticmethod
+    async def gather(saved: SavedAttempt, pool: list[Node], connected: Callable[[], list[Node]],
+                     deadline_s: float) -> list[Node]:
+        """The connected sites once all of the saved attempt's sites are back, or GATHER_S
+        (at most half a round deadline) has passed: sites register again one by one after a
+        restart, and one left out would lose the update it sent before the kill."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + min(GATHER_S, deadline_s / 2)
+        while not set(saved.tasks) <= {n.name for n in pool} and loop.time() < end:
+            await asyncio.sleep(0.25)
+            pool = connected()
+        return pool
 
     @staticmethod
     def sites(saved: SavedAttempt, pool: list[Node], required: int) -> list[Node] | None:

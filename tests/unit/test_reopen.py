@@ -3,12 +3,16 @@ what it refuses to reopen (then a new attempt starts, as before)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from fedgpu.server.rounds.reopen import (
     ATTEMPT_FILE,
     MAX_FILE_BYTES,
     AttemptFile,
+    Reopener,
     SavedAttempt,
     why_not,
 )
@@ -46,3 +50,21 @@ def test_only_the_same_run_round_model_and_a_fresh_enough_attempt_is_reopened() 
                          ({"model_digest": "cd" * 32}, "model"), ({"now": 1061.0}, "deadline")]:
         why = why_not(_saved(), **{**args, **change})  # type: ignore[arg-type]
         assert why is not None and what in why, (change, why)
+
+
+def test_a_reopened_attempt_waits_a_bounded_time_for_its_sites_to_register_again() -> None:
+    a, b = SimpleNamespace(name="site-a"), SimpleNamespace(name="site-b")
+    calls = []
+
+    def connected() -> list:  # type: ignore[type-arg]
+        calls.append(1)
+        return [a, b] if len(calls) >= 2 else [a]
+
+    got = asyncio.run(Reopener.gather(_saved(), [a], connected, 60.0))  # type: ignore[list-item]
+    assert got == [a, b] and len(calls) == 2
+    # One that never comes back is waited for at most half a round deadline.
+    t0 = time.monotonic()
+    got = asyncio.run(Reopener.gather(_saved(), [a], lambda: [a], 1.0))  # type: ignore[list-item]
+    assert got == [a] and 0.4 < time.monotonic() - t0 < 3
+    assert Reopener.sites(_saved(), [a], 2) is None  # type: ignore[list-item]
+    assert Reopener.sites(_saved(), [a, b], 2) == [a, b]  # type: ignore[list-item]
