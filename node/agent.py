@@ -296,13 +296,20 @@ class Agent:
             # Another slot runs it (an aggregator from before slots serves it again).
             self._stop.wait(1.0)
             return
-        kept = self.unacked.take(header.task_id)
+        kept = self.unacked.take(header)
         if kept is not None:
             log.info("round %d: sending again the update kept for task %s (not training again)",
                      header.round, header.task_id)
+            # Under the id this node has now: an aggregator restart made it register again.
+            kept.header.node_id = self.node_id or kept.header.node_id
             if self._push(header, kept.header, kept.weights):
-                self.unacked.drop(header.task_id)
+                # Still kept: an aggregator restarted before the round closed asks again.
+                self.unacked.acknowledged(header.task_id)
             return
+        for task_id, old in self.unacked.moved_on(header):
+            log.info("the aggregator moved on (round %d, task %s): dropping the update kept for "
+                     "task %s of round %d, which it will not ask for again", header.round,
+                     header.task_id, task_id, old)
         self._set_state("training" if kind != "evaluate" else "evaluating")
         # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
@@ -438,8 +445,15 @@ class Agent:
             log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
                      KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
                      _fmt(update.train_metrics), _fmt(update.eval_metrics))
-        if not self._push(task, update, weights) and ok:
-            self.unacked.keep(update, weights)
+        acked = self._push(task, update, weights)
+        if ok and (not acked or task.kind == pb.TASK_KIND_TRAIN):
+            # Unacknowledged: sent again. Acknowledged training updates too: an aggregator
+            # killed before the round closed reopens it and asks for them (node/unacked.py).
+            self.unacked.keep(update, weights, task, acked=acked)
+            if not acked:
+                log.info("round %d: the update is kept (task %s): sent again if the aggregator "
+                         "hands out this task again, dropped once it moves on", task.round,
+                         task.task_id)
 
     def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None
               ) -> bool:

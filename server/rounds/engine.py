@@ -33,6 +33,7 @@ from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.link_admission import LinkAdmission
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
+from fedgpu.server.rounds.reopen import Reopener
 from fedgpu.server.rounds.states import SlotState
 from fedgpu.server.rounds.validation import first_non_finite
 from fedgpu.server.rounds.work import configure, task_hyperparameters
@@ -105,6 +106,8 @@ class Orchestrator:
         self.waiting_for_nodes = False
         # Why the run finished before its last round (a spent privacy budget); None: it did not.
         self.end_reason: str | None = None
+        # The open attempt on disk, reopened by a restart in its middle (server/rounds/reopen.py).
+        self.reopener = Reopener(checkpointer.directory if checkpointer is not None else None)
 
     @property
     def rejections(self) -> Counter[str]:
@@ -128,6 +131,7 @@ class Orchestrator:
         self._payload = None
         if self.checkpointer is not None:
             self._adopt(self.checkpointer.saved(state))
+        self.reopener.restored()
         log.info("resumed run %s after round %d of %d%s", self.run_id, self.global_round,
                  self.job.rounds, " (already complete)" if self.completed else "")
 
@@ -164,9 +168,11 @@ class Orchestrator:
                 # end serves the finished run instead of evaluating again.
                 await self.commit(self.global_weights, self.global_round)
             self.state = RunState.FINISHED
+            self.reopener.finished()
             log.info("run %s finished: %d rounds", self.run_id, self.job.rounds)
         except RunFailed as exc:
             self.state = RunState.FAILED
+            self.reopener.finished()
             self.error = str(exc)
             log.error("run failed: %s", exc)
         except asyncio.CancelledError:
@@ -191,13 +197,26 @@ class Orchestrator:
         is left out of the next attempt's pool until it reports its GPUs again."""
         error = ""
         attempt = spent = 0
+        # An attempt a restart interrupted is reopened as it was (server/rounds/reopen.py).
+        saved = self.reopener.take(self.run_id, number, plan, self.job,
+                                   lambda: self._model_payload().digest)
+        if saved is not None:
+            attempt = saved.attempt - 1
+            spent = min(attempt, plan.attempts() - 1)
         while spent < plan.attempts():
             attempt += 1
             pool = await self._wait_for_nodes(plan.pool_size(), plan)
-            chosen = plan.choose(pool, number, attempt)
+            back = None
+            if saved is not None and attempt == saved.attempt:
+                pool = await self.reopener.gather(saved, pool, lambda: eligible_nodes(
+                    self.job, self.registry.alive(), self.bundle, self.roster),
+                    self.job.round_deadline_s)
+                back = self.reopener.sites(saved, pool, plan.required(pool))
+            chosen = back if back is not None else plan.choose(pool, number, attempt)
             if self.roster is not None:
                 self.roster.claim(chosen)  # no await since the pool was read: no other job
-            rnd = self._open(number, attempt, chosen, plan)
+            rnd = self._open(number, attempt, chosen, plan,
+                             saved.tasks if saved is not None and back is not None else None)
             if plan.aggregates:
                 assert self.global_weights is not None
                 async with self._agg_lock:
@@ -302,7 +321,8 @@ class Orchestrator:
             self._payload = ModelPayload.from_encoded(enc)
         return self._payload
 
-    def _open(self, number: int, attempt: int, chosen: list[Node], plan: Plan) -> RoundState:
+    def _open(self, number: int, attempt: int, chosen: list[Node], plan: Plan,
+              task_ids: Mapping[str, str] | None = None) -> RoundState:
         now = time.time()
         rnd = RoundState(number=number, kind=plan.kind, attempt=attempt,
                          required=plan.required(chosen),
@@ -310,7 +330,7 @@ class Orchestrator:
         payload = self._model_payload() if plan.sends_model else None
         per_node = plan.task_fields(number, attempt, chosen)
         for node, fields in zip(chosen, per_node, strict=True):
-            task_id = secrets.token_hex(8)
+            task_id = (task_ids or {}).get(node.name) or secrets.token_hex(8)
             header = pb.TaskHeader(
                 task_id=task_id,
                 round=number,
@@ -333,6 +353,8 @@ class Orchestrator:
             rnd.slots[node.node_id] = SlotState.ASSIGNED
             rnd.task_ids[node.node_id] = task_id
         plan.opened(rnd)
+        if payload is not None:
+            self.reopener.opened(self.run_id, rnd, chosen, plan, self.job, payload.digest)
         self.current, self.current_plan = rnd, plan
         log.info("%s", plan.describe(rnd, chosen))
         return rnd

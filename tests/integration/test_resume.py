@@ -87,6 +87,10 @@ def _finished(wire: Wire, number: int) -> dict:  # type: ignore[type-arg]
     wait_for(lambda: any(r["round"] == number and r["status"] == "finished"
                          for r in wire.fed.query("ListRounds")["rounds"]),
              timeout=30, what=f"round {number} finished")
+    # The record is listed before the round's model is committed (the checkpoint follows it):
+    # a test that reads global.safetensors waits for the commit too.
+    wait_for(lambda: wire.fed.query("ListJobs")[0]["rounds_done"] >= number, timeout=30,
+             what=f"round {number} committed")
     return _round_of(wire, number)
 
 

@@ -13,7 +13,8 @@ connection is cut. What each side sees is the `how` of the cut:
   bytes sent twice without the kernel's buffers blurring the figure.
 
 A slow link: `rate` (bytes/s) limits each direction of each connection with a token bucket
-(a burst of BURST bytes, then `rate`), as `tc tbf` would on a real interface.
+(a burst of BURST bytes, then `rate`), as `tc tbf` would on a real interface; `slow(way, rate)`
+sets one direction's rate from then on, also mid-transfer.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class FaultProxy:
     connections: int = 0
     # Bytes/s each way of each connection (None: as fast as loopback).
     rate: float | None = None
+    # Bytes per second each way may carry, per connection (absent or 0: as fast as it goes).
+    rates: dict[Way, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -80,6 +83,12 @@ class FaultProxy:
         with self._lock:
             self.cuts.append(c)
         return c
+
+    def slow(self, way: Way, bytes_per_s: float) -> None:
+        """Carry at most `bytes_per_s` going `way` on each connection from now on (a slow
+        link: the test can act while a transfer is half way)."""
+        with self._lock:
+            self.rates[way] = bytes_per_s
 
     def close(self) -> None:
         self._stop.set()
@@ -158,13 +167,18 @@ class _Connection:
     def pump(self, way: Way) -> None:
         src, dst = (self.client, self.upstream) if way is Way.UP else (self.upstream, self.client)
         cut = self.proxy._armed(self.index, way)
-        bucket = _Bucket(self.proxy.rate) if self.proxy.rate else None
+        bucket: _Bucket | None = None
         try:
             while not self.broken.is_set():
-                data = src.recv(BURST if bucket is not None else READ)
+                # `slow()` may change the rate mid-transfer: the bucket follows it.
+                rate = self.proxy.rates.get(way) or self.proxy.rate or 0
+                if rate and (bucket is None or bucket.rate != rate):
+                    bucket = _Bucket(rate)
+                # Slowed: reads small enough that the pauses stay short at slow rates.
+                data = src.recv(min(BURST, max(512, int(rate / 20))) if rate else READ)
                 if not data:
                     break
-                if bucket is not None:
+                if rate and bucket is not None:
                     bucket.take(len(data))
                 with self.proxy._lock:
                     self.proxy.carried[way] += len(data)
