@@ -12,23 +12,19 @@ aggregator is back. It exits only when retired (`nodes forget`, `server stop --r
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from functools import partial
-from pathlib import Path
-from typing import Any
 
 import grpc
 
 from fedgpu.core.admission_wire import resources_from_wire
-from fedgpu.core.audit import AUDIT_FILE, AuditError, AuditLog
+from fedgpu.core.audit import AUDIT_FILE, AuditLog
 from fedgpu.core.bundles import MAX_BUNDLE_BYTES
 from fedgpu.core.constants import TaskApproval
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.site_policy import REFUSAL_PREFIX
-from fedgpu.node import identity, messages, nvml, policy, registration, ring, secagg, task_needs
+from fedgpu.node import identity, messages, nvml, policy, registration, secagg, task_needs
 from fedgpu.node.agent_config import AgentConfig
 from fedgpu.node.approvals import default_state_dir
 from fedgpu.node.bundle_keeper import BundleKeeper
@@ -37,30 +33,28 @@ from fedgpu.node.gpu_admission import GpuAdmission
 from fedgpu.node.gpu_sampler import MemorySampler
 from fedgpu.node.liveness import Liveness, cut_off
 from fedgpu.node.local_models import LocalModels
-from fedgpu.node.retry import GaveUp, Repeats, RetryPolicy, Stopped, retry
-from fedgpu.node.rounds import local_dp, local_state, workfiles
-from fedgpu.node.rounds.ddp_launch import run_workers
+from fedgpu.node.retry import Repeats, RetryPolicy, Stopped, retry
+from fedgpu.node.round_launch import launch
 from fedgpu.node.rounds.factory_client import FactoryClient
 from fedgpu.node.rounds.process import (
     SIMULATED_GPUS_ENV,
+    SIMULATED_GPUS_WARNING,
     RoundOutcome,
     Worker,
-    run_task,
     simulated_gpus,
 )
 from fedgpu.node.rounds.workfiles import KINDS
 from fedgpu.node.site_rules import SiteRules
 from fedgpu.node.status import write_status
 from fedgpu.node.task_slots import TaskSlots
-from fedgpu.node.unacked import UnackedUpdates
+from fedgpu.node.unacked import UnackedUpdates, answer_from_kept
 from fedgpu.node.unmask_ledger import FILE_NAME as UNMASK_LEDGER
 from fedgpu.node.unmask_ledger import UnmaskLedger
+from fedgpu.node.update_report import KIND_NAMES, build_update
+from fedgpu.node.update_sender import UpdateSender
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node")
-
-KIND_NAMES = {pb.TASK_KIND_INIT: "init", pb.TASK_KIND_TRAIN: "train",
-              pb.TASK_KIND_EVALUATE: "evaluate", pb.TASK_KIND_STATISTICS: "statistics"}
 
 
 class Agent:
@@ -109,23 +103,23 @@ class Agent:
         # Its last local model of each training job, for cross-site evaluation.
         self.local_models = LocalModels(self.identity.folder, cfg.max_payload_bytes,
                                         self.audit, f"aggregator {cfg.aggregator}")
+        # Answers go out with the retry rule; every task leaves a record in the site's audit.
+        self.sender = UpdateSender(self.client, lambda: self._policy(cfg.report_timeout_s),
+                                   self._stop, self.audit, cfg.aggregator)
         # The bundles the aggregator last offered; every heartbeat answers about them.
         self._offers: list[pb.TaskBundle] = []
 
     # ---- start-up ----------------------------------------------------------------------
 
     def start_decision(self) -> policy.Decision:
-        snap = nvml.snapshot()
+        self.snapshot = snap = nvml.snapshot()
         # Raises EnforceError (exit non-zero) when --gpu enforce finds no usable GPU.
         policy.check_startup(snap, self.cfg.gpu)
-        self.snapshot = snap
         # The job's use_gpu is known only with the first task; report what "yes" would mean.
         self.decision = policy.decide(snap, self.cfg.gpu, job_use_gpu=True)
         log.info("%s", policy.log_line(self.decision))
         if simulated_gpus():
-            log.warning("%s=1: GPU decisions and NVML accounting run against the NVML library "
-                        "as loaded, training runs on the CPU (for testing the GPU layer only)",
-                        SIMULATED_GPUS_ENV)
+            log.warning(SIMULATED_GPUS_WARNING, SIMULATED_GPUS_ENV)
         return self.decision
 
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
@@ -200,17 +194,8 @@ class Agent:
 
     def _start_factory(self) -> None:
         # Its torch import runs while the agent waits for its first task.
-        if self.cfg.worker_factory is not None:
-            self._factory = FactoryClient(self.cfg.worker_factory)
-            log.info("round workers come from the worker factory at %s", self.cfg.worker_factory)
-            return
-        try:
-            self._factory = FactoryClient.start_own()
-        except OSError as exc:
-            # Rounds still run, each in a freshly spawned worker.
-            log.warning("cannot start a worker factory: %s", exc)
-            return
-        self._owns_factory = True
+        self._factory = FactoryClient.for_node(self.cfg.worker_factory)
+        self._owns_factory = self._factory is not None and self.cfg.worker_factory is None
 
     def _track(self, worker: Worker | None) -> None:
         if worker is None:
@@ -284,7 +269,7 @@ class Agent:
 
     def _handle(self, header: pb.TaskHeader, payload: bytearray | None) -> None:
         if header.kind == pb.TASK_KIND_LOCAL_MODEL:  # cross-site: nothing runs, a file is sent
-            self._push(header, *self.local_models.answer(
+            self.sender.push(header, *self.local_models.answer(
                 header, self.node_id or "", self.rules.policy,
                 self.rules.refusals(header, "local_model")))
             return
@@ -296,20 +281,8 @@ class Agent:
             # Another slot runs it (an aggregator from before slots serves it again).
             self._stop.wait(1.0)
             return
-        kept = self.unacked.take(header)
-        if kept is not None:
-            log.info("round %d: sending again the update kept for task %s (not training again)",
-                     header.round, header.task_id)
-            # Under the id this node has now: an aggregator restart made it register again.
-            kept.header.node_id = self.node_id or kept.header.node_id
-            if self._push(header, kept.header, kept.weights):
-                # Still kept: an aggregator restarted before the round closed asks again.
-                self.unacked.acknowledged(header.task_id)
+        if answer_from_kept(self.unacked, header, self.node_id or "", self.sender.push):
             return
-        for task_id, old in self.unacked.moved_on(header):
-            log.info("the aggregator moved on (round %d, task %s): dropping the update kept for "
-                     "task %s of round %d, which it will not ask for again", header.round,
-                     header.task_id, task_id, old)
         self._set_state("training" if kind != "evaluate" else "evaluating")
         # The GPUs as they are now, not as they were at start: admission is decided per task.
         snap = nvml.snapshot()
@@ -333,59 +306,24 @@ class Agent:
             except policy.Ineligible as exc:
                 log.info("round %d %s: ineligible: %s", header.round, kind, exc)
                 error = f"ineligible: {exc}"
-                self._push(header, messages.ineligible(header, self.node_id or "", str(exc)), None)
+                self.sender.push(header, messages.ineligible(header, self.node_id or "",
+                                                             str(exc)), None)
                 return
             except (policy.EnforceError, ValueError) as exc:
                 decision = None
                 error = str(exc)
             if decision is not None:
                 self.decision = decision
-                log.info("round %d %s: %s", header.round, kind,
-                         policy.log_line(decision))
-                try:
-                    hparams = json.loads(hparams_json or "{}")
-                except json.JSONDecodeError:
-                    hparams = None
-                args = ring.task_args(header, self.cfg.name, self.cfg.work_root, decision)
-                section, error = (self.bundles.prepare(header.bundle)
-                                  if header.HasField("bundle") else ({}, ""))
-                if not isinstance(hparams, dict):
-                    error = "hyperparameters are not a JSON object"
-                elif section is not None:
-                    # A bundle's section rides in task.json beside the mode's (ring's) own, and
-                    # so does local DP's.
-                    args["extra"] = {**args.get("extra", {}), **section,
-                                     **local_dp.from_header(header),
-                                     # The site's own layers (local_params) live here.
-                                     local_state.TASK_KEY: str(self.identity.folder
-                                                               / "local-params")}
-                    # OSError starting the round is caught inside run_task (a failed outcome).
-                    # Only training is data-parallel: init and evaluate need one process.
-                    parallel = len(decisions) > 1 and kind == "train"
-                    start = partial(run_workers, decisions=decisions) if parallel else run_task
-                    outcome = start(
-                        kind=kind,
-                        task_name=header.task_name,
-                        hyperparameters=hparams,
-                        seed=header.seed,
-                        round_number=header.round,
-                        data_dir=self.cfg.data_dir,
-                        payload=payload,
-                        work_root=self.cfg.work_root,
-                        sampler=self._sampler,
-                        torch_threads=self.cfg.torch_threads,
-                        output=self.cfg.worker_output,
-                        **({"decision": decision, "factory": self._factory,
-                            "node_name": self.cfg.name} if not parallel else {}),
-                        track=self._track,
-                        cancel=cancel,
-                        **args,
-                    )
-                    error = outcome.error
-                    if outcome.abandoned:
-                        # Its answer would be refused: nothing is sent.
-                        log.warning("round %d %s abandoned: %s", header.round, kind, error)
-                        return
+                log.info("round %d %s: %s", header.round, kind, policy.log_line(decision))
+                outcome, error = launch(
+                    header, kind, payload, hparams_json, decision, decisions, cfg=self.cfg,
+                    bundles=self.bundles, layers_dir=self.identity.folder / "local-params",
+                    sampler=self._sampler, factory=self._factory, track=self._track,
+                    cancel=cancel)
+                if outcome is not None and outcome.abandoned:
+                    # Its answer would be refused: nothing is sent.
+                    log.warning("round %d %s abandoned: %s", header.round, kind, error)
+                    return
             if (outcome is not None and outcome.ok and header.kind == pb.TASK_KIND_TRAIN
                     and header.secagg_setup and payload is not None):
                 # A secure round: the protocol (node/secagg.py) instead of the weights.
@@ -402,50 +340,20 @@ class Agent:
         finally:
             self.liveness.done(header.task_id)
             self.gpus.release(header.task_id)
-            self._audit_task(header, kind, outcome, error)
+            self.sender.audit_task(header, kind, outcome, error)
             if outcome is not None:
                 self.rules.spent(header, outcome.resources)
                 outcome.cleanup()
             self._set_state(self.state if self.liveness.running() else "idle")
 
-    def _audit_task(self, header: pb.TaskHeader, kind: str, outcome: RoundOutcome | None,
-                    error: str) -> None:
-        """The site's record of what it ran for the aggregator, or refused and why."""
-        ran = "OK" if outcome is not None and outcome.ok else "FAILED" if outcome is not None \
-            else "REFUSED"
-        try:
-            self.audit.record(f"aggregator {self.cfg.aggregator}", f"task.{kind}",
-                              f"{header.task_name} round {header.round} ({header.task_id})",
-                              ran, error or None)
-        except (OSError, AuditError) as exc:
-            log.error("site audit log %s: %s", self.audit.path, exc)
-
     def _report(self, task: pb.TaskHeader, outcome: RoundOutcome | None, error: str,
                 decision: policy.Decision | None = None) -> None:
         assert self.node_id is not None
-        ok = outcome is not None and outcome.ok
-        update = messages.update_header(
-            task, self.node_id, decision or self.decision, outcome.resources if outcome else None,
-            outcome.result if ok else None, error or "unknown failure")  # type: ignore[union-attr]
-        if ok and task.kind == pb.TASK_KIND_STATISTICS:
-            # Held back and noised here, in the site's own code, never in task code.
-            from fedgpu.node.statistics_release import answer
-            ok = answer(task, update, outcome.result)  # type: ignore[union-attr]
-        weights = None
-        if not ok:
-            if outcome is not None:
-                # Ring mode: the ranks the worker lost, so the aggregator can name them.
-                update.lost_ranks.extend(workfiles.lost_ranks(outcome.workdir))
-            log.error("round %d failed: %s", task.round, update.error)
-        else:
-            assert outcome is not None
-            weights = outcome.weights if task.kind != pb.TASK_KIND_EVALUATE else None
-            if task.kind == pb.TASK_KIND_TRAIN:
-                self.local_models.keep(task, weights)
-            log.info("round %d %s done in %.1fs: train %s eval %s", task.round,
-                     KIND_NAMES[task.kind], outcome.resources.get("round_seconds", 0),
-                     _fmt(update.train_metrics), _fmt(update.eval_metrics))
-        acked = self._push(task, update, weights)
+        update, weights, ok = build_update(task, self.node_id, decision or self.decision,
+                                           outcome, error)
+        if ok and task.kind == pb.TASK_KIND_TRAIN:
+            self.local_models.keep(task, weights)
+        acked = self.sender.push(task, update, weights)
         if ok and (not acked or task.kind == pb.TASK_KIND_TRAIN):
             # Unacknowledged: sent again. Acknowledged training updates too: an aggregator
             # killed before the round closed reopens it and asks for them (node/unacked.py).
@@ -454,28 +362,6 @@ class Agent:
                 log.info("round %d: the update is kept (task %s): sent again if the aggregator "
                          "hands out this task again, dropped once it moves on", task.round,
                          task.task_id)
-
-    def _push(self, task: pb.TaskHeader, update: pb.UpdateHeader, weights: Path | None
-              ) -> bool:
-        """Send an update; whether the aggregator acknowledged it."""
-        def waiting(exc: BaseException, delay: float) -> None:
-            code = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
-            log.warning("could not send the update (%s); retrying in %.1fs", code, delay)
-
-        try:
-            reply = retry(lambda: self.client.push(update, weights), what="report",
-                          policy=self._policy(self.cfg.report_timeout_s),
-                          retryable=is_unreachable, stop=self._stop, on_retry=waiting)
-        except grpc.RpcError as exc:
-            log.warning("update for round %d not accepted: %s", task.round, exc.details())
-        except GaveUp as exc:
-            log.error("giving up on the update for round %d: %s", task.round, exc)
-        except Stopped:
-            log.warning("stopping: the update for round %d was not sent", task.round)
-        else:
-            log.info("aggregator: %s", reply.message)
-            return True
-        return False
 
     # ---- liveness ----------------------------------------------------------------------
 
@@ -512,6 +398,3 @@ class Agent:
             "gpu_decision": self.decision.to_dict() if self.decision else None,
         })
 
-
-def _fmt(m: Any) -> str:
-    return " ".join(f"{k}={v:.4f}" for k, v in sorted(dict(m).items())) or "-"

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from fedgpu.core import codec, lifetime
 from fedgpu.node import gossip, weights
-from fedgpu.node.rounds import runner
+from fedgpu.node.rounds import round_device, runner
 from fedgpu.node.rounds.runner import BadInputError, DivergedError, RoundResult, RoundSpec
 from fedgpu.node.rounds.worker import _fail
 from fedgpu.node.rounds.workfiles import (
@@ -94,9 +94,9 @@ class RingSpec:
 
 
 def run_block(spec: RoundSpec, ring: RingSpec, workdir: Path) -> dict[str, Any]:
-    device = runner._prepare_device(spec)
+    device = round_device.prepare_device(spec)
     # Per rank, so dropout and any other randomness differ between the copies.
-    runner._seed_everything(spec.seed * 1009 + ring.rank)
+    round_device.seed_everything(spec.seed * 1009 + ring.rank)
     task = runner.task_for(spec, workdir)
     if not isinstance(task, RingTask):
         raise BadInputError(f"task {spec.task_name!r} cannot run in ring mode: it needs "
@@ -105,7 +105,7 @@ def run_block(spec: RoundSpec, ring: RingSpec, workdir: Path) -> dict[str, Any]:
     if spec.data_dir is None:
         raise BadInputError("task.json: 'data_dir' is required for a ring block")
     hp = spec.hyperparameters
-    result = RoundResult(device_name=runner._device_name(device))
+    result = RoundResult(device_name=round_device.device_name(device))
     with torch.device(device):
         model = task.build_model(hp)
     averaged = weights.read_arrays(workdir / WEIGHTS_IN)
@@ -142,9 +142,10 @@ def run_block(spec: RoundSpec, ring: RingSpec, workdir: Path) -> dict[str, Any]:
         **stats,
     }
     if device.type == "cuda":
-        result.torch_peak_allocated_mib = runner._ceil_mib(torch.cuda.max_memory_allocated(device))
-        result.torch_peak_reserved_mib = runner._ceil_mib(torch.cuda.max_memory_reserved(device))
-    result.rss_peak_mib = runner.rss_peak_mib()
+        mib = round_device.ceil_mib
+        result.torch_peak_allocated_mib = mib(torch.cuda.max_memory_allocated(device))
+        result.torch_peak_reserved_mib = mib(torch.cuda.max_memory_reserved(device))
+    result.rss_peak_mib = round_device.rss_peak_mib()
     return {**result.to_dict(), "iteration_loss": losses}
 
 

@@ -24,6 +24,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -162,3 +163,25 @@ class UnackedUpdates:
     def drop(self, task_id: str) -> None:
         for path in self._paths(task_id):
             path.unlink(missing_ok=True)
+
+
+def answer_from_kept(unacked: UnackedUpdates, header: pb.TaskHeader, node_id: str,
+                     push: Callable[[pb.TaskHeader, pb.UpdateHeader, Path | None], bool]
+                     ) -> bool:
+    """Answer `header` with the update this site kept for it, if any (True: answered, nothing
+    trains); first drop the updates of attempts the aggregator has moved on from."""
+    kept = unacked.take(header)
+    if kept is not None:
+        log.info("round %d: sending again the update kept for task %s (not training again)",
+                 header.round, header.task_id)
+        # Under the id this node has now: an aggregator restart made it register again.
+        kept.header.node_id = node_id or kept.header.node_id
+        if push(header, kept.header, kept.weights):
+            # Still kept: an aggregator restarted before the round closed asks again.
+            unacked.acknowledged(header.task_id)
+        return True
+    for task_id, old in unacked.moved_on(header):
+        log.info("the aggregator moved on (round %d, task %s): dropping the update kept for "
+                 "task %s of round %d, which it will not ask for again", header.round,
+                 header.task_id, task_id, old)
+    return False

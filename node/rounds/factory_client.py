@@ -182,6 +182,19 @@ class FactoryClient:
         own.start()
         return cls(own.path, own)
 
+    @classmethod
+    def for_node(cls, address: Path | None) -> FactoryClient | None:
+        """The factory at `address` (another process's), else one of its own; None: none
+        could start (rounds then run each in a freshly spawned worker)."""
+        if address is not None:
+            log.info("round workers come from the worker factory at %s", address)
+            return cls(address)
+        try:
+            return cls.start_own()
+        except OSError as exc:
+            log.warning("cannot start a worker factory: %s", exc)
+            return None
+
     @property
     def shared(self) -> bool:
         return self._own is None

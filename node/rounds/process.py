@@ -37,6 +37,9 @@ log = logging.getLogger("fedgpu.node.rounds.process")
 # every NVML figure is real code against simulated hardware, but there is no CUDA device to
 # train on: this switch keeps the whole GPU path and trains on the CPU. Never for production.
 SIMULATED_GPUS_ENV = "FEDGPU_SIMULATED_GPUS"
+SIMULATED_GPUS_WARNING = ("%s=1: GPU decisions and NVML accounting run against the NVML "
+                          "library as loaded, training runs on the CPU (for testing the GPU "
+                          "layer only)")
 WORKER_MODULE = "fedgpu.node.rounds.worker"
 # A round's process: spawned by the agent, or forked by the worker factory.
 Worker = subprocess.Popen[bytes] | FactoryWorker

@@ -11,11 +11,6 @@ Either way it applies the GPU switches of node/rounds/switches.py; task code nev
 from __future__ import annotations
 
 import logging
-import math
-import platform
-import random
-import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +26,13 @@ from fedgpu.node import weights
 from fedgpu.node.data import DataDirError, check_data_dir
 from fedgpu.node.rounds import compress, ddp, dp_sgd, local_dp, local_state, site_statistics
 from fedgpu.node.rounds.loop import Loop, autocast
+from fedgpu.node.rounds.round_device import (
+    ceil_mib,
+    device_name,
+    prepare_device,
+    rss_peak_mib,
+    seed_everything,
+)
 from fedgpu.node.rounds.spec import (  # noqa: F401 - parse_spec: named here for its callers
     BadInputError,
     RoundSpec,
@@ -55,7 +57,6 @@ from fedgpu.node.tasks import (
 from fedgpu.node.tasks.bundled import load_bundle_task
 
 log = logging.getLogger("fedgpu.worker")
-_MIB = 1 << 20
 
 
 class DivergedError(RuntimeError):
@@ -103,7 +104,7 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
     """Do the round's work; reads WEIGHTS_IN and writes WEIGHTS_OUT inside `workdir`."""
     workdir = Path(workdir)
     started = time.perf_counter()
-    device = _prepare_device(spec)
+    device = prepare_device(spec)
     if spec.ddp is None:
         return _run_round(spec, workdir, device, started)
     if dp_sgd.split_dp(spec.task_name, spec.hyperparameters)[0] is not None:
@@ -117,7 +118,7 @@ def run_round(spec: RoundSpec, workdir: Path) -> RoundResult:
 
 def _run_round(spec: RoundSpec, workdir: Path, device: torch.device,
                started: float) -> RoundResult:
-    _seed_everything(spec.seed)
+    seed_everything(spec.seed)
     task = task_for(spec, workdir)
     if spec.kind == "statistics":
         return _statistics_round(spec, task, device)
@@ -141,7 +142,7 @@ def _run_round(spec: RoundSpec, workdir: Path, device: torch.device,
             raise BadInputError("task.json: 'data_dir' is required for train and evaluate")
         # Only that it exists: which files it must hold is the task's business.
         check_data_dir(spec.data_dir, required=())
-    result = RoundResult(device_name=_device_name(device))
+    result = RoundResult(device_name=device_name(device))
 
     with torch.device(device):
         model = task.build_model(task_hp)
@@ -206,8 +207,8 @@ def _run_round(spec: RoundSpec, workdir: Path, device: torch.device,
             weights.write_weights(workdir / WEIGHTS_OUT, out, meta)
 
     if device.type == "cuda":
-        result.torch_peak_allocated_mib = _ceil_mib(torch.cuda.max_memory_allocated(device))
-        result.torch_peak_reserved_mib = _ceil_mib(torch.cuda.max_memory_reserved(device))
+        result.torch_peak_allocated_mib = ceil_mib(torch.cuda.max_memory_allocated(device))
+        result.torch_peak_reserved_mib = ceil_mib(torch.cuda.max_memory_reserved(device))
     result.rss_peak_mib = rss_peak_mib()
     return result
 
@@ -225,7 +226,7 @@ def _statistics_round(spec: RoundSpec, task: Task | DatasetTask,
                                                               spec.data_dir, task_hp)
     except site_statistics.NoStatisticsError as exc:
         raise BadInputError(str(exc)) from None
-    result = RoundResult(device_name=_device_name(device), num_examples=records,
+    result = RoundResult(device_name=device_name(device), num_examples=records,
                          train_seconds=round(seconds, 4), statistics=columns)
     result.rss_peak_mib = rss_peak_mib()
     return result
@@ -345,70 +346,6 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, TaskLoadError | DivergedError):
         return Failure("exception", _one_line(exc))
     return Failure("exception", f"{type(exc).__name__}: {_one_line(exc)}")
-
-
-def rss_peak_mib() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return math.ceil(peak / (_MIB if sys.platform == "darwin" else 1024))
-
-
-def _prepare_device(spec: RoundSpec) -> torch.device:
-    if spec.torch_threads is not None:
-        torch.set_num_threads(spec.torch_threads)
-    device = torch.device(spec.device)
-    if device.type != "cuda":
-        return device
-    if not torch.cuda.is_available():
-        raise BadInputError(
-            f"task.json asks for {spec.device} but this torch build sees no CUDA device "
-            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
-        )
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index >= torch.cuda.device_count():
-        raise BadInputError(
-            f"task.json asks for {spec.device} but only {torch.cuda.device_count()} CUDA "
-            f"device(s) are visible (CUDA_VISIBLE_DEVICES decides the numbering)"
-        )
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
-    if spec.memory_fraction is not None:
-        # Several nodes may share one card: the caching allocator refuses to grow past this
-        # share and raises OutOfMemoryError instead of starving the neighbours.
-        torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, index)
-    torch.cuda.reset_peak_memory_stats(device)
-    return device
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # seeds every CUDA device too
-    # cuDNN's autotuner picks kernels by timing, which changes results from run to run.
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({_cpu_model()})"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def _ceil_mib(nbytes: int) -> int:
-    # Rounded up: a small model's few hundred KiB must not read as "0 MiB, the GPU was idle".
-    return math.ceil(nbytes / _MIB)
 
 
 def _one_line(exc: BaseException) -> str:
