@@ -89,7 +89,7 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 rnd.transport[node.node_id] = transport
                 spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(decode_payload, orch.job, header.kind,
-                                                  got.payload, spec)
+                                                  got.payload, spec, got.spooled)
             try:
                 await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             except UpdateRejected as exc:
