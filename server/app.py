@@ -308,6 +308,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if probe_server is not None:
         await probe_server.stop(grace=1)
     await server.stop(grace=3)
+    uploads.close()
     people.close()
     studies.close()
     if stop.is_set():

@@ -205,6 +205,11 @@ class Uploads:
         assert self._budget is not None
         self._budget.release(parked.reserved)
 
+    def close(self) -> None:
+        """At shutdown: what parked uploads kept is let go (a spilled one's file too)."""
+        for key in list(self._parked):
+            self._drop(key)
+
     def _received(self, up: _Upload, asm: codec.Assembler | SpoolFile) -> Received:
         """The checked payload; the upload is no longer listed as in flight (what follows,
         decode and aggregation, is not receiving)."""
