@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import MIB, emit, free_port, spawn, start_aggregator, stop, write_job
-from fedgpu.cli.report import load_state_dir
+from fedgpu.cli.report.plots import load_state_dir
 
 
 def _certs(tmp: Path) -> tuple[list[str], list[str], object]:
