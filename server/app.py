@@ -166,6 +166,9 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                       max_concurrent=cfg.max_concurrent_jobs)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
                                      cfg.upload_idle_s)
+    # A parked upload whose round closed (or whose job stopped) is let go at once.
+    uploads.wanted = lambda node_id, task_id: (
+        (node := registry.get(node_id)) is not None and jobs.wants(node, task_id))
     if cfg.upload_spool_bytes > 0:
         uploads.spool = Spool(state_dir / SPOOL_DIR, cfg.upload_spool_bytes,
                               cfg.upload_memory_bytes)

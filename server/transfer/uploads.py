@@ -44,6 +44,8 @@ DEFAULT_IDLE_S = 60.0
 DEFAULT_BUDGET_BYTES = 4 << 30
 # An upload in flight that received nothing for this long shows as stalled in `status`.
 STALLED_AFTER_S = 5.0
+# How often a parked upload's round is asked whether it still wants the upload.
+WATCH_S = 2.0
 
 
 @dataclass
@@ -88,6 +90,9 @@ class _Parked:
     asm: codec.Assembler | SpoolFile
     reserved: int
     expiry: asyncio.TimerHandle | None = None
+    # The task it answers, asked about every WATCH_S while parked (Uploads.wanted).
+    node_id: str = ""
+    task_id: str = ""
 
 
 # Runs a blocking call (a socket read) on the bulk path's own threads.
@@ -113,6 +118,9 @@ class Uploads:
     expired: int = 0
     # Where updates larger than the whole budget go (None: held in memory past the budget).
     spool: Spool | None = None
+    # Whether a node's task is still wanted by its open round (node_id, task_id), as the
+    # heartbeat asks (server/jobs/queue.py wants); None: parked uploads wait out their TTL.
+    wanted: Callable[[str, str], bool] | None = None
 
     def __post_init__(self) -> None:
         self._budget = ByteBudget(self.budget_bytes)
@@ -174,7 +182,8 @@ class Uploads:
                 breaks = park_on_cancel or not isinstance(exc, asyncio.CancelledError)
             if (breaks and resume_key is not None and reserved[0]
                     and 0 < asm.received < asm.size):
-                self._park(resume_key, _Parked(up, asm, reserved[0]))
+                self._park(resume_key, _Parked(up, asm, reserved[0], node_id=header.node_id,
+                                               task_id=header.task_id))
                 kept[0] = True
             raise
         finally:
@@ -189,6 +198,18 @@ class Uploads:
         parked.expiry = asyncio.get_running_loop().call_later(
             self.resume_ttl_s, self._expire, key, parked)
         self._parked[key] = parked
+        self._watch(key, parked, time.monotonic() + self.resume_ttl_s)
+
+    def _watch(self, key: str, parked: _Parked, until: float) -> None:
+        """Let `parked` go as soon as its round no longer wants its task (closed, aborted,
+        its job stopped): a resume would be refused anyway, and a spilled one's file goes."""
+        if self._parked.get(key) is not parked or time.monotonic() >= until:
+            return
+        if self.wanted is not None and not self.wanted(parked.node_id, parked.task_id):
+            self.expired += 1
+            self._drop(key)
+            return
+        asyncio.get_running_loop().call_later(WATCH_S, self._watch, key, parked, until)
 
     def _expire(self, key: str, parked: _Parked) -> None:
         """A parked upload nobody resumed in time: its memory goes back to the budget."""
