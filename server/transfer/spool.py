@@ -16,7 +16,8 @@ an update larger than all of it, or than the disk's free space, is refused as to
 not, go on. One that fits the budget but not what is left of it now waits for room, like an
 upload waiting for memory, until its round's deadline. Space is claimed at the first byte (a
 header alone costs nothing) and given back when the update was folded or refused, when its
-connection broke and its resume time ran out, and at start-up (leftovers of a crash). What a
+connection broke and its resume time ran out or its round ended, at shutdown, and at start-up
+(leftovers of a crash). What a
 node can still do: hold its share of the spool for a round's deadline, as it can hold memory.
 """
 

@@ -10,6 +10,7 @@ too_large with the reason, and the uploads already in flight, and the round, go 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,12 @@ def updates() -> list[dict[str, np.ndarray]]:
             for _ in range(3)]
 
 
-def start(fed: Federation, tmp: Path, *flags: str, min_nodes: int = 3) -> Path:
+def start(fed: Federation, tmp: Path, *flags: str, min_nodes: int = 3,
+          deadline_s: int = 120) -> Path:
     init = tmp / "init.safetensors"
     init.write_bytes(codec.encode(GLOBAL).to_bytes())
     job = write_job(tmp / "job.toml", rounds=1, min_nodes=min_nodes, min_available_nodes=3,
-                    round_deadline_s=120, evaluate=False, round_retries=0,
+                    round_deadline_s=deadline_s, evaluate=False, round_retries=0,
                     initial_weights=str(init))
     state = tmp / "state"
     fed.start_server(job, "--state-dir", str(state), "--heartbeat-s", "30", *flags)
@@ -169,6 +171,44 @@ def test_a_spill_past_the_spool_budget_is_refused_and_loses_nothing_else(
         assert uploads["spool_refused"] == 1 and uploads["spilled"] == 2, uploads
         # Never more on disk than the spool's budget: the third waited for the first.
         assert during == uploads["spool_peak_bytes"] < 5 * MIB, (during, uploads)
+        assert uploads["spool_used_bytes"] == 0
+        assert list((state / "spool").iterdir()) == []
+    finally:
+        fed.stop()
+
+
+def test_a_broken_spill_kept_for_its_resume_goes_when_its_round_ends(tmp_path: Path) -> None:
+    fed = Federation(tmp_path)
+    try:
+        state = start(fed, tmp_path, "--upload-memory-mib", "1", min_nodes=2, deadline_s=8)
+
+        async def run() -> tuple[Any, dict[str, Any]]:
+            async with grpc.aio.insecure_channel(fed.address) as ch:
+                broken, *others = await register(fed, ch, 3)
+                ups = updates()
+                # Half its bytes, then the stream ends: refused as truncated, kept on disk.
+                task = await broken.task()
+                enc, chunks = update(ups[0], chunk=256 << 10)
+                cut = await broken.push(broken.header(task, enc, num_examples=5),
+                                        chunks[:len(chunks) // 2])
+                kept = (await asyncio.to_thread(fed.query, "GetStatus"))["uploads"]
+                for site, up in zip(others, ups[1:], strict=True):
+                    got = await push_grpc(site, up, 7)
+                    assert isinstance(got, pb.PushReply) and got.accepted, got
+                return cut, kept
+
+        cut, kept = asyncio.run(run())
+        assert isinstance(cut, grpc.aio.AioRpcError) and "truncated" in cut.details()
+        assert kept["parked_for_resume"] == 1 and kept["spool_used_bytes"] > 0, kept
+        assert len(list((state / "spool").iterdir())) == 1
+        fed.wait_state(("finished",), timeout=60)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            uploads = fed.query("GetStatus")["uploads"]
+            if not uploads["parked_for_resume"]:
+                break
+            time.sleep(0.5)
+        assert uploads["parked_for_resume"] == 0 and uploads["expired_unresumed"] == 1
         assert uploads["spool_used_bytes"] == 0
         assert list((state / "spool").iterdir()) == []
     finally:
