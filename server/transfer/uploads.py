@@ -15,7 +15,8 @@ A bulk upload whose connection breaks is parked, not dropped: its buffer (the by
 already folded into the running digest) and its memory reservation are kept under its ticket
 for RESUME_TTL_S, so the node's resume continues from there. Parked bytes count against the
 upload memory budget like any upload in flight, and are let go when the ticket's resume time
-runs out or the round no longer wants the update (closed, aborted, its job stopped). The resumed payload is checked against the header's digest like any other.
+runs out or the round no longer wants the update (closed, aborted, its job stopped). The
+resumed payload is checked against the header's digest like any other.
 
 An update larger than the whole memory budget goes to disk (server/transfer/spool.py) instead
 of being held in memory past the budget: only its two write buffers count against the budget,
