@@ -20,8 +20,10 @@ round accepted them). Files are deleted afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import mmap
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -101,6 +103,19 @@ def reference_match(update: Path, model: Path, examples: list[int]) -> str | Non
                     for k in mean):
                 return label
             del mean, total
+        # None matched: where the in-order fold differs, for the record.
+        import sys
+
+        total = WeightedSum(x)
+        for n in examples:
+            total.add(x, float(n))
+        mean = total.mean()
+        for k in sorted(mean):
+            bad = np.flatnonzero(mean[k].reshape(-1) != result[k].reshape(-1))
+            if bad.size:
+                print(k, mean[k].size, bad.size, bad[:8], bad[-4:],
+                      float(np.abs(mean[k].reshape(-1)[bad] - result[k].reshape(-1)[bad]).max()),
+                      file=sys.stderr)
         return None
 
 
@@ -155,6 +170,10 @@ def main() -> None:
                     break
                 time.sleep(0.3)
             spool_left = sorted(p.name for p in (tmp / "state" / "spool").glob("*"))
+            # The model once the aggregator has exited by itself (--exit-when-done): its last
+            # checkpoint is written by then, not maybe still the one before.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agg.wait(timeout=300)
             for found in (tmp / "state").rglob("global.safetensors"):
                 shutil.copyfile(found, model)
         finally:
