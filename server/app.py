@@ -39,6 +39,7 @@ from fedgpu.server.registry import DEFAULT_MAX_NODES, Registry
 from fedgpu.server.registry_store import RegistryStore
 from fedgpu.server.studies import Studies
 from fedgpu.server.transfer.bulk_server import BulkServer
+from fedgpu.server.transfer.spool import DEFAULT_SPOOL_BYTES, SPOOL_DIR, Spool
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import DEFAULT_BUDGET_BYTES, DEFAULT_IDLE_S, Uploads
 from fedgpu.server.views import documents as docs
@@ -68,6 +69,9 @@ class ServerConfig:
     # this much memory (see server/transfer/uploads.py).
     upload_idle_s: float = DEFAULT_IDLE_S
     upload_memory_bytes: int = DEFAULT_BUDGET_BYTES
+    # Disk under STATE_DIR/spool that updates larger than the memory budget may hold together
+    # (server/transfer/spool.py); 0: no spool, such an update is held in memory.
+    upload_spool_bytes: int = DEFAULT_SPOOL_BYTES
     # Nodes the registry holds; when full, the node lost the longest ago makes room.
     max_nodes: int = DEFAULT_MAX_NODES
     heartbeat_interval_s: int = 5
@@ -162,6 +166,12 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
                       max_concurrent=cfg.max_concurrent_jobs)
     uploads = jobs.uploads = Uploads(cfg.max_update_bytes, cfg.upload_memory_bytes,
                                      cfg.upload_idle_s)
+    # A parked upload whose round closed (or whose job stopped) is let go at once.
+    uploads.wanted = lambda node_id, task_id: (
+        (node := registry.get(node_id)) is not None and jobs.wants(node, task_id))
+    if cfg.upload_spool_bytes > 0:
+        uploads.spool = Spool(state_dir / SPOOL_DIR, cfg.upload_spool_bytes,
+                              cfg.upload_memory_bytes)
     events = JobLogHandler(jobs)
     logging.getLogger("fedgpu.server").addHandler(events)
     jobs.intake.adopt_legacy(cfg.job_file)
@@ -301,6 +311,7 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     if probe_server is not None:
         await probe_server.stop(grace=1)
     await server.stop(grace=3)
+    uploads.close()
     people.close()
     studies.close()
     if stop.is_set():

@@ -31,6 +31,7 @@ from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.work import Spec, decode_payload
+from fedgpu.server.transfer.spool import SpoolFile
 
 log = logging.getLogger("fedgpu.server.rounds.link_admission")
 
@@ -106,14 +107,15 @@ class LinkAdmission:
         return out
 
     def decode(self, node_id: str, kind: int, payload: bytes | bytearray | memoryview,
-               spec: Spec | None, base: Callable[[], Mapping[str, np.ndarray]]
-               ) -> Mapping[str, Any]:
+               spec: Spec | None, base: Callable[[], Mapping[str, np.ndarray]],
+               spooled: SpoolFile | None = None) -> Mapping[str, Any]:
         """An update's tensors. A site asked to compress (and only one) sends a compressed
-        delta; in a job whose other sites send whole weights it becomes base + delta."""
+        delta; in a job whose other sites send whole weights it becomes base + delta.
+        `spooled`: as for decode_payload (an update spilled to disk)."""
         ask = self.asks.get(node_id)
         if (ask is None or kind != pb.TASK_KIND_TRAIN or spec is None
                 or self.job.hetero.update_codec is not UpdateCodec.NONE):
-            return decode_payload(self.job, kind, payload, spec)
+            return decode_payload(self.job, kind, payload, spec, spooled)
         try:
             tensors, meta = codec.decode(payload)
             decoded = decode_update(tensors, meta, spec)

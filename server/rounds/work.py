@@ -16,9 +16,11 @@ from fedgpu.core.job.strategies import UpdateNeed
 from fedgpu.core.update_codecs import UpdateCodec, UpdateCodecError, decode_update
 from fedgpu.proto import pb
 from fedgpu.server.rejections import Reject, UpdateRejected
+from fedgpu.server.rounds.paged import decode_paged
 from fedgpu.server.rounds.validation import decode_and_check
 from fedgpu.server.strategies.base import Strategy
 from fedgpu.server.strategies.update import UpdateIn
+from fedgpu.server.transfer.spool import SpoolFile
 
 Spec = Mapping[str, tuple[str, tuple[int, ...]]]
 
@@ -48,11 +50,14 @@ def configure(strategy: Strategy, job: Job) -> None:
 
 
 def decode_payload(job: Job, kind: int, payload: bytes | bytearray | memoryview,
-                   spec: Spec | None) -> Mapping[str, Any]:
+                   spec: Spec | None, spooled: SpoolFile | None = None) -> Mapping[str, Any]:
     """An update's tensors: compressed training updates as block sources (the digest and the
-    size limit were checked on the compressed bytes as they arrived), anything else dense."""
+    size limit were checked on the compressed bytes as they arrived), anything else dense;
+    `spooled`: the payload is that file's mapping, read one tensor at a time."""
     if (job.hetero.update_codec is UpdateCodec.NONE or kind != pb.TASK_KIND_TRAIN
             or spec is None):
+        if spooled is not None:
+            return decode_paged(memoryview(payload), spec, spooled.drop)
         return decode_and_check(payload, spec)
     try:
         tensors, meta = codec.decode(payload)

@@ -25,7 +25,11 @@ Axpy = Callable[..., np.ndarray]
 
 
 _limit_lock = threading.Lock()
-_limited = False
+# Per thread: OpenBLAS's thread count, as threadpoolctl sets it, held only for the thread that
+# set it here (measured: a fold on another worker thread of the aggregator still split its
+# axpy in two, and the scalar tails of the two halves round without FMA, so the same update
+# folded on two threads differed in a few last bits; benchmarks/spill.py found it).
+_limited = threading.local()
 
 
 def _one_thread_each() -> None:
@@ -53,14 +57,14 @@ def blas_on_one_thread() -> None:
     threads (receive, digest, decode) and other processes on the same cores, its spinning
     workers made one 11M-value update 2-10x slower than one thread (measured on 2 shared
     vCPUs), and one thread already reads memory at the speed of a plain numpy add. Nothing
-    else the aggregator runs needs BLAS threads. Set once and kept: OpenBLAS's count is
-    process-wide, and raising it back from a thread other than the one that lowered it did
-    not take effect (measured, OpenBLAS 0.3.30), so a per-sum restore from the aggregator's
-    worker threads would not be reliable anyway. torch's threads (OpenMP) are not BLAS's."""
-    global _limited
-    if not _limited:
+    else the aggregator runs needs BLAS threads. Set once in each thread that sums, and
+    kept: the count held only for the thread that set it (a fold on another worker thread
+    split its axpy in two), and raising it back from another thread did not take effect
+    (measured, OpenBLAS 0.3.30), so a per-sum restore would not be reliable anyway.
+    torch's threads (OpenMP) are not BLAS's."""
+    if not getattr(_limited, "done", False):
         _one_thread_each()
-        _limited = True
+        _limited.done = True
 
 
 def axpy(src: np.ndarray, c: float, out: np.ndarray, tmp: np.ndarray) -> None:

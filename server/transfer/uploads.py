@@ -15,7 +15,12 @@ A bulk upload whose connection breaks is parked, not dropped: its buffer (the by
 already folded into the running digest) and its memory reservation are kept under its ticket
 for RESUME_TTL_S, so the node's resume continues from there. Parked bytes count against the
 upload memory budget like any upload in flight, and are let go when the ticket's resume time
-runs out. The resumed payload is checked against the header's digest like any other.
+runs out or the round no longer wants the update (closed, aborted, its job stopped). The
+resumed payload is checked against the header's digest like any other.
+
+An update larger than the whole memory budget goes to disk (server/transfer/spool.py) instead
+of being held in memory past the budget: only its two write buffers count against the budget,
+and it is folded from its file tensor by tensor. Nothing within the budget ever spills.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,56 +38,15 @@ from fedgpu.core.buffers import BufferPool
 from fedgpu.core.bulk import RESUME_TTL_S
 from fedgpu.proto import pb
 from fedgpu.server.rejections import Reject, UpdateRejected
+from fedgpu.server.transfer.budget import ByteBudget
+from fedgpu.server.transfer.spool import Spool, SpoolFile
 
 DEFAULT_IDLE_S = 60.0
 DEFAULT_BUDGET_BYTES = 4 << 30
 # An upload in flight that received nothing for this long shows as stalled in `status`.
 STALLED_AFTER_S = 5.0
-
-
-class ByteBudget:
-    """A first-come, first-served reservation of bytes. One reservation larger than the whole
-    budget is still granted when nothing else holds any, so no model is too big to upload."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.used = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    def _fits(self, size: int) -> bool:
-        return self.used == 0 or self.used + size <= self.total
-
-    async def acquire(self, size: int, timeout: float) -> None:
-        """Reserve `size` bytes; TimeoutError if they did not free up within `timeout`."""
-        if not self._waiters and self._fits(size):
-            self.used += size
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (size, fut)
-        self._waiters.append(entry)
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=max(timeout, 0.0))
-        except BaseException:
-            if entry in self._waiters:
-                self._waiters.remove(entry)
-            elif fut.done() and not fut.cancelled():
-                self.release(size)  # granted just as we gave up
-            self._wake()
-            raise
-
-    def release(self, size: int) -> None:
-        self.used -= size
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self._fits(self._waiters[0][0]):
-            size, fut = self._waiters.popleft()
-            self.used += size
-            fut.set_result(None)
+# How often a parked upload's round is asked whether it still wants the upload.
+WATCH_S = 2.0
 
 
 @dataclass
@@ -118,6 +81,8 @@ class _Upload:
 class Received:
     payload: memoryview
     seconds: float
+    # The payload's file when it was spilled to disk (its pages let go tensor by tensor).
+    spooled: SpoolFile | None = None
 
 
 @dataclass
@@ -125,9 +90,12 @@ class _Parked:
     """A broken bulk upload's bytes, kept for its ticket's resume."""
 
     up: _Upload
-    asm: codec.Assembler
+    asm: codec.Assembler | SpoolFile
     reserved: int
     expiry: asyncio.TimerHandle | None = None
+    # The task it answers, asked about every WATCH_S while parked (Uploads.wanted).
+    node_id: str = ""
+    task_id: str = ""
 
 
 # Runs a blocking call (a socket read) on the bulk path's own threads.
@@ -151,6 +119,11 @@ class Uploads:
     _parked: dict[str, _Parked] = field(default_factory=dict)
     resumed: int = 0
     expired: int = 0
+    # Where updates larger than the whole budget go (None: held in memory past the budget).
+    spool: Spool | None = None
+    # Whether a node's task is still wanted by its open round (node_id, task_id), as the
+    # heartbeat asks (server/jobs/queue.py wants); None: parked uploads wait out their TTL.
+    wanted: Callable[[str, str], bool] | None = None
 
     def __post_init__(self) -> None:
         self._budget = ByteBudget(self.budget_bytes)
@@ -179,7 +152,8 @@ class Uploads:
     @contextlib.asynccontextmanager
     async def _upload(self, node: str, header: pb.UpdateHeader, resume_key: str | None = None,
                       park_on_cancel: bool = False
-                      ) -> AsyncIterator[tuple[_Upload, codec.Assembler, list[int]]]:
+                      ) -> AsyncIterator[tuple[_Upload, codec.Assembler | SpoolFile,
+                                               list[int]]]:
         """One upload's bookkeeping on either path: listed in `stats` while it runs, its
         buffer back to the pool and its reserved memory (the list's one entry, set by the
         path once reserved) released when the caller's block is over, unless the block
@@ -193,7 +167,7 @@ class Uploads:
             up, asm, reserved = parked.up, parked.asm, [parked.reserved]
             up.last_byte = time.time()
         else:
-            asm = self.assembler(header)
+            asm = self._sink(header)
             now = time.time()
             up = _Upload(node, now, now, size=header.payload_size)
             reserved = [0]
@@ -211,7 +185,8 @@ class Uploads:
                 breaks = park_on_cancel or not isinstance(exc, asyncio.CancelledError)
             if (breaks and resume_key is not None and reserved[0]
                     and 0 < asm.received < asm.size):
-                self._park(resume_key, _Parked(up, asm, reserved[0]))
+                self._park(resume_key, _Parked(up, asm, reserved[0], node_id=header.node_id,
+                                               task_id=header.task_id))
                 kept[0] = True
             raise
         finally:
@@ -226,6 +201,18 @@ class Uploads:
         parked.expiry = asyncio.get_running_loop().call_later(
             self.resume_ttl_s, self._expire, key, parked)
         self._parked[key] = parked
+        self._watch(key, parked, time.monotonic() + self.resume_ttl_s)
+
+    def _watch(self, key: str, parked: _Parked, until: float) -> None:
+        """Let `parked` go as soon as its round no longer wants its task (closed, aborted,
+        its job stopped): a resume would be refused anyway, and a spilled one's file goes."""
+        if self._parked.get(key) is not parked or time.monotonic() >= until:
+            return
+        if self.wanted is not None and not self.wanted(parked.node_id, parked.task_id):
+            self.expired += 1
+            self._drop(key)
+            return
+        asyncio.get_running_loop().call_later(WATCH_S, self._watch, key, parked, until)
 
     def _expire(self, key: str, parked: _Parked) -> None:
         """A parked upload nobody resumed in time: its memory goes back to the budget."""
@@ -242,7 +229,12 @@ class Uploads:
         assert self._budget is not None
         self._budget.release(parked.reserved)
 
-    def _received(self, up: _Upload, asm: codec.Assembler) -> Received:
+    def close(self) -> None:
+        """At shutdown: what parked uploads kept is let go (a spilled one's file too)."""
+        for key in list(self._parked):
+            self._drop(key)
+
+    def _received(self, up: _Upload, asm: codec.Assembler | SpoolFile) -> Received:
         """The checked payload; the upload is no longer listed as in flight (what follows,
         decode and aggregation, is not receiving)."""
         try:
@@ -251,7 +243,7 @@ class Uploads:
             # The codec says which defect it was (too_large, digest, truncated, malformed).
             raise UpdateRejected(Reject(exc.reason), str(exc)) from None
         self._active.pop(id(up), None)
-        return Received(payload, up.seconds)
+        return Received(payload, up.seconds, asm if isinstance(asm, SpoolFile) else None)
 
     def quiet_for(self, node: str) -> float:
         """Seconds since `node`'s upload in flight last received a byte; 0 when it has none
@@ -298,7 +290,7 @@ class Uploads:
                         raise UpdateRejected(Reject.MALFORMED,
                                              "a second header inside the stream")
                     if not reserved[0] and msg.data:
-                        reserved[0] = await self._reserve(up, asm.size, deadline)
+                        reserved[0] = await self._reserve(up, asm, deadline)
                     asm.add(msg.data)
                     up.got(len(msg.data))
             except codec.CodecError as exc:
@@ -317,7 +309,7 @@ class Uploads:
         async with self._upload(node, header, resume_key) as (up, asm, reserved):
             try:
                 if not reserved[0]:
-                    reserved[0] = await self._reserve(up, asm.size, deadline)
+                    reserved[0] = await self._reserve(up, asm, deadline)
                 await blocking(bulk.write_status, sock, bulk.Status(True, offset=asm.received))
                 await blocking(bulk.recv_payload, sock, asm, self.idle_s, deadline, up.got,
                                bulk.MIN_RATE_BPS)
@@ -350,18 +342,33 @@ class Uploads:
         except codec.CodecError as exc:
             raise UpdateRejected(Reject(exc.reason), str(exc)) from None
 
-    async def _reserve(self, up: _Upload, size: int, deadline: float) -> int:
-        # Memory is claimed once bytes arrive: announcing a size costs nothing.
+    def _sink(self, header: pb.UpdateHeader) -> codec.Assembler | SpoolFile:
+        """Where the payload `header` announces lands: memory, or the spool when it is larger
+        than the whole memory budget."""
+        asm = self.assembler(header)
+        if self.spool is None or not self.spool.wants(asm.size, self.budget_bytes):
+            return asm
+        return self.spool.file(asm.size, asm.expected, asm.algorithm)
+
+    async def _reserve(self, up: _Upload, asm: codec.Assembler | SpoolFile,
+                       deadline: float) -> int:
+        # Memory is claimed once bytes arrive: announcing a size costs nothing. A spilled
+        # upload holds its room on the disk (given back by asm.release()) and its write
+        # buffers in memory.
         assert self._budget is not None
+        size = asm.memory if isinstance(asm, SpoolFile) else asm.size
         up.waiting_for_memory = True
         t0 = time.perf_counter()
         try:
+            if isinstance(asm, SpoolFile):
+                await asm.claim(deadline - time.time())
             await self._budget.acquire(size, deadline - time.time())
         except TimeoutError:
             self.timed_out += 1
             raise UpdateRejected(
-                Reject.TIMEOUT, "the aggregator's upload memory was in use until the round's "
-                "deadline (--upload-memory-mib)") from None
+                Reject.TIMEOUT, "the aggregator's upload memory (or its spool for updates "
+                "larger than that) was in use until the round's deadline "
+                "(--upload-memory-mib, --upload-spool-mib)") from None
         finally:
             up.waiting_for_memory = False
             up.waited += time.perf_counter() - t0
@@ -382,8 +389,10 @@ class Uploads:
             "timed_out": self.timed_out,
             "memory_reserved_bytes": self._budget.used,
             "memory_budget_bytes": self._budget.total,
+            "memory_peak_bytes": self._budget.peak,
             "idle_timeout_s": self.idle_s,
             "parked_for_resume": len(self._parked),
             "resumed": self.resumed,
             "expired_unresumed": self.expired,
+            **(self.spool.stats() if self.spool is not None else {}),
         }

@@ -53,7 +53,12 @@ def start(
     upload_memory_mib: Annotated[int, typer.Option(
         min=1, envvar="FEDGPU_UPLOAD_MEMORY_MIB",
         help="Memory all update uploads in flight may hold together, in MiB (one larger "
-        "update is still received on its own).")] = 4096,
+        "update goes to the spool on disk, --upload-spool-mib).")] = 4096,
+    upload_spool_mib: Annotated[int, typer.Option(
+        min=0, envvar="FEDGPU_UPLOAD_SPOOL_MIB",
+        help="Disk under STATE_DIR/spool that updates larger than --upload-memory-mib may "
+        "hold together while they are received and folded, in MiB; one that would pass it "
+        "is refused. 0: no spool, such an update is held in memory.")] = 16384,
     max_nodes: Annotated[int, typer.Option(
         min=1, envvar="FEDGPU_MAX_NODES",
         help="Most nodes registered at once; when full, the node lost the longest ago makes "
@@ -126,6 +131,7 @@ def start(
         max_update_bytes=max_update_mib << 20,
         upload_idle_s=upload_idle_s,
         upload_memory_bytes=upload_memory_mib << 20,
+        upload_spool_bytes=upload_spool_mib << 20,
         max_nodes=max_nodes,
         heartbeat_interval_s=heartbeat_s,
         exit_when_done=exit_when_done,
