@@ -137,9 +137,11 @@ def test_jobs_queue_run_in_order_survive_sigkill_and_download(
     assert [r["round"] for r in rounds["rounds"] if r["status"] == "finished"] == [1, 2, 3]
 
 
-def test_a_bad_job_file_is_refused_and_nothing_is_queued(stays_up: Federation,
+def test_a_bad_job_file_is_refused_and_nothing_is_queued(federation: Federation,
                                                          tmp_path: Path) -> None:
-    fed = stays_up
+    # Refused at submission: the aggregator alone decides (nodes would only add start-up time).
+    fed = federation
+    fed.start_server(None, "--state-dir", str(tmp_path / "state"))
     bad = write_job(tmp_path / "bad.toml", roundz=3)
     r = cli("job", "submit", str(bad), "--address", fed.address)
     assert r.returncode != 0 and "roundz" in r.stderr, r.stderr

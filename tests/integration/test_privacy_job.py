@@ -133,7 +133,10 @@ def test_distributed_dp_job_under_secure_aggregation_spends_its_budget(
 
 
 def test_distributed_dp_without_secure_aggregation_is_refused_at_submit(
-        site: Federation, tmp_path: Path) -> None:
+        federation: Federation, tmp_path: Path) -> None:
+    # Refused at submission: the aggregator alone decides (nodes would only add start-up time).
+    site = federation
+    site.start_server(None, "--state-dir", str(tmp_path / "state"))
     job = write_job(tmp_path / "ddp.toml", privacy={"mode": "distributed", "clip_norm": 1.0,
                                                     "noise_multiplier": 1.0})
     r = cli("job", "submit", str(job), "--address", site.address, "--json",

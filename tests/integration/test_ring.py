@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures.federation import Federation, job_dir, write_job
 
-# Real gloo rings and star runs trained to the end: minutes each.
+# Real gloo rings trained to the end: a minute each.
 pytestmark = pytest.mark.slow
 
 log = logging.getLogger("test.ring")
@@ -40,9 +40,10 @@ def final_accuracy(rounds: dict[str, Any]) -> float:
     return float(rounds["rounds"][-1]["eval"]["accuracy"])
 
 
-def test_ring_converges_and_matches_star(split4: list[Path], tmp_path: Path) -> None:
-    # Same data, same budget: 48 gradient steps of batch 32 per node (4 epochs of its ~360
-    # examples), as 2 ring blocks of 24 iterations or 2 FedAvg rounds of 2 local epochs.
+def test_ring_converges(split4: list[Path], tmp_path: Path) -> None:
+    # 48 gradient steps of batch 32 per node (4 epochs of its ~360 examples) as 2 ring blocks
+    # of 24 iterations. (A star FedAvg run of the same budget, run here once for its accuracy,
+    # asserted nothing and doubled the time; benchmarks/ring_vs_star.py compares the two.)
     ring_job = write_job(tmp_path / "ring.toml", mode="ring", rounds=2, iterations=48,
                          local_steps=1, min_nodes=4, ring_timeout_s=30, hyperparameters=HP)
     ring = Federation(tmp_path / "ring")
@@ -70,23 +71,10 @@ def test_ring_converges_and_matches_star(split4: list[Path], tmp_path: Path) -> 
     assert all(n["ring_endpoint"].startswith("127.0.0.1:") for n in nodes)
     ring_acc = final_accuracy(rounds)
 
-    star_job = write_job(tmp_path / "star.toml", rounds=2, min_nodes=4,
-                         hyperparameters={**HP, "local_epochs": 2})
-    star = Federation(tmp_path / "star")
-    (tmp_path / "star").mkdir()
-    try:
-        start(star, star_job, split4, tmp_path / "star-state")
-        status = star.wait_state(("finished", "failed"), timeout=300)
-        assert status["state"] == "finished", status["error"]
-        star_acc = final_accuracy(star.query("ListRounds"))
-    finally:
-        star.stop()
     log.warning("digits, 4 nodes, 48 steps of batch 32 per node: ring D-PSGD accuracy %.4f "
                 "(consensus distance per block %s, mean loss of the first/last iteration "
-                "%.3f/%.3f) vs star FedAvg accuracy %.4f", ring_acc,
-                ", ".join(f"{d:.4g}" for d in distances), losses[0][0], losses[-1][-1], star_acc)
-    print(f"\nring D-PSGD accuracy {ring_acc:.4f} (consensus distance {distances}) vs star "
-          f"FedAvg accuracy {star_acc:.4f}, same data, 48 steps per node")
+                "%.3f/%.3f)", ring_acc, ", ".join(f"{d:.4g}" for d in distances),
+                losses[0][0], losses[-1][-1])
     # The copies drift apart while gradients differ least at the start; gossip pulls them in.
     assert distances[-1] < distances[0]
     assert ring_acc >= 0.90
