@@ -72,11 +72,30 @@ LAN = Profile()
 
 @dataclass
 class Cut:
+    """A cut (reset) or, with `hold`, a stall: the bytes past `after` wait until release()."""
     port: str        # the relay's label ("grpc", "bulk")
     way: Way
     after: int       # bytes of this direction of one connection before the cut
+    hold: bool = False
     done: bool = False
     at: float = 0.0  # time.time() of the cut
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@dataclass
+class Carried:
+    """One connection through the link: when, how many bytes each way, whether it was cut."""
+    port: str
+    opened: float
+    closed: float = 0.0
+    bytes: dict[Way, int] = field(default_factory=lambda: {w: 0 for w in Way})
+    # What reached the other end; less than `bytes` by what was in flight at a cut.
+    delivered: dict[Way, int] = field(default_factory=lambda: {w: 0 for w in Way})
+    cut: bool = False
 
 
 class Bucket:
@@ -116,6 +135,7 @@ class Link:
     connections: dict[str, int] = field(default_factory=collections.Counter)
     refused: int = 0
     losses: int = 0  # chunks stalled by an emulated loss
+    history: list[Carried] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -137,6 +157,18 @@ class Link:
         with self.lock:
             self.cuts.append(c)
         return c
+
+    def hold(self, port: str, way: Way, after: int) -> Cut:
+        """Stall the next connection on `port` whose `way` reaches `after` bytes there, until
+        the returned Cut's release() (a transfer kept mid-way while the test acts)."""
+        c = Cut(port, way, after, hold=True)
+        with self.lock:
+            self.cuts.append(c)
+        return c
+
+    def transfers(self, port: str) -> list[Carried]:
+        with self.lock:
+            return [c for c in self.history if c.port == port]
 
     def partition(self, seconds: float) -> None:
         """The site drops off the network: open connections reset, new ones refused."""
@@ -234,10 +266,12 @@ class _Connection:
         self.queued = {w: 0 for w in Way}
         self.ended = {w: False for w in Way}
         self.finished = 0
+        self.record = Carried(relay.label, time.time())
 
     def start(self) -> None:
         with self.link.lock:
             self.link.live.add(self)
+            self.link.history.append(self.record)
         for way in Way:
             for fn in (self._read, self._write):
                 threading.Thread(target=fn, args=(way,), daemon=True).start()
@@ -246,6 +280,7 @@ class _Connection:
         if self.broken.is_set():
             return
         self.broken.set()
+        self.record.closed = time.time()
         _reset(self.client)
         _reset(self.upstream)
         with self.cond:
@@ -277,6 +312,7 @@ class _Connection:
                     last_due = link._delay(len(part), last_due)
                     with link.lock:
                         link.carried[(self.relay.label, way)] += len(part)
+                        self.record.bytes[way] += len(part)
                     with self.cond:
                         self.queues[way].append((last_due, part))
                         self.queued[way] += len(part)
@@ -316,12 +352,25 @@ class _Connection:
                             cut = None
                         else:
                             cut.done, cut.at = True, time.time()
-                    if cut is not None:
+                    if cut is not None and cut.hold:
+                        head = max(0, cut.after - sent)
+                        dst.sendall(part[:head])
+                        sent += head
+                        self.record.delivered[way] += head
+                        part = part[head:]
+                        cut.reached.set()
+                        while not cut.released.wait(0.2) and not self.broken.is_set():
+                            pass
+                        cut = None
+                    elif cut is not None:
                         dst.sendall(part[: max(0, cut.after - sent)])
+                        self.record.delivered[way] += max(0, cut.after - sent)
+                        self.record.cut = True
                         self.reset()
                         return
                 dst.sendall(part)
                 sent += len(part)
+                self.record.delivered[way] += len(part)
         except OSError:
             self.reset()
             return
@@ -331,6 +380,7 @@ class _Connection:
             self.finished += 1
             last = self.finished == len(Way)
         if last:  # both directions ended in order: close, as the ends did
+            self.record.closed = time.time()
             with self.link.lock:
                 self.link.live.discard(self)
             self.client.close()
