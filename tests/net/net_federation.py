@@ -18,6 +18,9 @@ from tests.fixtures.federation import FEDGPU, ROOT, Federation, Proc, base_env, 
 from tests.net.netns import End, Topology
 from tests.net.wan_link import Link, Profile
 
+# Heartbeats every second: a site is lost after 3 missed ones + 2 s (server/registry.py).
+HEARTBEAT_S = 1
+LOST_AFTER_S = 3 * HEARTBEAT_S + 2
 # A node's line for a round it trained: "round 4 train done in 1.2s: ..." (node/agent.py).
 TRAINED = re.compile(r"round (\d+) train done in")
 
@@ -30,6 +33,9 @@ class NetFederation(Federation):
         self.port = free_port()
         self.bulk_port = free_port()
         self._server_args: list[str] = []
+        # Rounds a site may train more often than the records list attempts of it, and how
+        # often (the aggregator restart's: see test_the_aggregator_killed_mid_upload).
+        self.retrain_allowed: dict[int, int] = {}
 
     def spawn_in(self, end: End, name: str, args: list[str]) -> Proc:
         log = self.tmp / f"{name}.log"
@@ -80,12 +86,20 @@ class NetFederation(Federation):
             str(data), "--name", name, "--torch-threads", "1",
             "--status-file", str(self.tmp / f"{name}.status"), *extra])
 
+    def log(self, index: int) -> str:
+        path = self.tmp / f"site-{index + 1}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def trained(self, index: int) -> list[int]:
         """The rounds site `index` trained, one entry per training, from its own log."""
-        log = self.tmp / f"site-{index + 1}.log"
-        return [int(m) for m in TRAINED.findall(log.read_text(errors="replace"))]
+        return [int(m) for m in TRAINED.findall(self.log(index))]
 
     def stop(self) -> None:
-        super().stop()
+        # All at once (SIGTERM, then SIGKILL after 10 s): one by one, each waits its turn.
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            p.stop()
         for link in self.links:
             link.close()
