@@ -5,7 +5,7 @@ port, node/wire_client.py's WireClient on gRPC) take to move a model through a 5
 without a cut at half the payload.
 
     python -m benchmarks.goodput --mib 64            # ~2-3 min: both paths, both ways, cuts
-    python -m benchmarks.goodput --mib 1024 --downloads-only --no-grpc-cut   # ~10 min
+    python -m benchmarks.goodput --mib 1024 --downloads-only --no-grpc-cut --no-raw  # ~10 min
 
 Each round of the benchmark's job gives one task: the model is downloaded (one case) and an
 update of the same size uploaded (one case), which closes the round for the next. Loopback, no
@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,41 @@ class Bench:
         return asyncio.run(push())
 
 
+def raw_baseline(size: int) -> dict[str, Any]:
+    """The same bytes through the same emulated link between two plain sockets: the rate the
+    emulator itself reaches on this machine now (its pacing is Python threads: on a loaded
+    machine it can fall short of the nominal rate)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    got: list[int] = []
+
+    def sink() -> None:
+        conn, _ = server.accept()
+        n = 0
+        with conn:
+            while data := conn.recv(1 << 20):
+                n += len(data)
+            got.append(n)
+            conn.sendall(b"k")
+
+    threading.Thread(target=sink, daemon=True).start()
+    link = Link(WAN, seed=1)
+    try:
+        relay = link.relay("raw", ("127.0.0.1", 0), server.getsockname())
+        block = memoryview(bytes(1 << 20))
+        started = time.perf_counter()
+        with socket.create_connection(relay.address, timeout=60) as s:
+            for offset in range(0, size, len(block)):
+                s.sendall(block[: min(len(block), size - offset)])
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(1) == b"k"
+        took = time.perf_counter() - started
+    finally:
+        link.close()
+        server.close()
+    assert got == [size]
+    return _case("raw_socket", size, took, 0, size, size, False)
+
+
 def _case(name: str, size: int, took: float, resumed: int, sent: int, delivered: int,
           cut: bool) -> dict[str, Any]:
     """One transfer's figures. Sent twice: bytes that entered the link beyond the payload
@@ -133,7 +170,7 @@ def _case(name: str, size: int, took: float, resumed: int, sent: int, delivered:
             "delivered_twice_share": round(max(0, delivered - size) / size, 4)}
 
 
-def run(mib: int, downloads_only: bool, grpc_cut: bool, tmp: Path) -> None:
+def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, tmp: Path) -> None:
     rng = np.random.default_rng(0)
     model = {"w": rng.standard_normal(mib * MIB // 4, dtype=np.float32)}
     enc = codec.encode(model)
@@ -148,6 +185,8 @@ def run(mib: int, downloads_only: bool, grpc_cut: bool, tmp: Path) -> None:
     proc, address = start_aggregator(job, tmp / "aggregator.log", "--bulk-port",
                                      str(bulk_port), "--upload-idle-s", "120",
                                      "--max-update-mib", str(2 * mib + 64))
+    if raw:
+        emit({"way": "up", **raw_baseline(enc.size)})
     link = Link(WAN, seed=mib)
     try:
         bench = Bench(address, bulk_port, link)
@@ -201,13 +240,15 @@ def main() -> None:
                     help="measure downloads only (the 1 GB run: ~170 s per transfer)")
     ap.add_argument("--no-grpc-cut", dest="grpc_cut", action="store_false",
                     help="skip the gRPC case with a cut")
+    ap.add_argument("--no-raw", dest="raw", action="store_false",
+                    help="skip the plain-socket baseline through the same link")
     args = ap.parse_args()
     emit({"machine": os.uname().nodename, "cpus": os.cpu_count(),
           "load_1m": round(os.getloadavg()[0], 2), "mib": args.mib,
           "link": {"delay_s": WAN.delay_s, "jitter_s": WAN.jitter_s, "loss": WAN.loss,
                    "rate_bps": WAN.rate_bps}})
     with tempfile.TemporaryDirectory(prefix="fedgpu-goodput-") as tmp:
-        run(args.mib, args.downloads_only, args.grpc_cut, Path(tmp))
+        run(args.mib, args.downloads_only, args.grpc_cut, args.raw, Path(tmp))
     emit({"load_1m_after": round(os.getloadavg()[0], 2)})
 
 
