@@ -97,13 +97,18 @@ class Bench:
         async def pull() -> tuple[float, int, pb.TaskHeader]:
             client = WireClient(f"127.0.0.1:{self.grpc_relay.address[1]}", TOKEN)
             try:
-                started = time.perf_counter()
-                pulled = await client.pull(self.node_id, 5, 1 << 34)
-                took = time.perf_counter() - started
-                assert pulled.transport == "grpc" and pulled.payload is not None
-                if pulled.receiver is not None:
-                    pulled.receiver.release()  # type: ignore[union-attr]
-                return took, client.resumed, pulled.header
+                for _ in range(60):
+                    started = time.perf_counter()
+                    pulled = await client.pull(self.node_id, 5, 1 << 34)
+                    took = time.perf_counter() - started
+                    if pulled.receiver is not None:
+                        pulled.receiver.release()  # type: ignore[union-attr]
+                    # No task yet (the last round's 1 GB update is still being folded): the
+                    # long poll came back empty; ask again.
+                    if pulled.payload is not None:
+                        assert pulled.transport == "grpc"
+                        return took, client.resumed, pulled.header
+                raise RuntimeError("no task with a payload offered")
             finally:
                 await client.close()
         return asyncio.run(pull())
@@ -170,7 +175,8 @@ def _case(name: str, size: int, took: float, resumed: int, sent: int, delivered:
             "delivered_twice_share": round(max(0, delivered - size) / size, 4)}
 
 
-def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, tmp: Path) -> None:
+def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, only: list[str],
+        tmp: Path) -> None:
     rng = np.random.default_rng(0)
     model = {"w": rng.standard_normal(mib * MIB // 4, dtype=np.float32)}
     enc = codec.encode(model)
@@ -190,9 +196,8 @@ def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, tmp: Path) ->
     link = Link(WAN, seed=mib)
     try:
         bench = Bench(address, bulk_port, link)
-        cases = [("bulk", False), ("bulk", True), ("grpc", False)]
-        if grpc_cut:
-            cases.append(("grpc", True))
+        cases = [c for c in [("bulk", False), ("bulk", True), ("grpc", False), ("grpc", True)]
+                 if c[0] in only and (grpc_cut or c != ("grpc", True))]
         for transport, cut in cases:
             for way in (Way.DOWN,) if downloads_only else (Way.DOWN, Way.UP):
                 label = transport
@@ -242,13 +247,15 @@ def main() -> None:
                     help="skip the gRPC case with a cut")
     ap.add_argument("--no-raw", dest="raw", action="store_false",
                     help="skip the plain-socket baseline through the same link")
+    ap.add_argument("--only", nargs="+", default=["bulk", "grpc"], choices=["bulk", "grpc"],
+                    help="the paths to measure")
     args = ap.parse_args()
     emit({"machine": os.uname().nodename, "cpus": os.cpu_count(),
           "load_1m": round(os.getloadavg()[0], 2), "mib": args.mib,
           "link": {"delay_s": WAN.delay_s, "jitter_s": WAN.jitter_s, "loss": WAN.loss,
                    "rate_bps": WAN.rate_bps}})
     with tempfile.TemporaryDirectory(prefix="fedgpu-goodput-") as tmp:
-        run(args.mib, args.downloads_only, args.grpc_cut, args.raw, Path(tmp))
+        run(args.mib, args.downloads_only, args.grpc_cut, args.raw, args.only, Path(tmp))
     emit({"load_1m_after": round(os.getloadavg()[0], 2)})
 
 
