@@ -2,7 +2,7 @@
 aggregator and the node's real transfer clients (node/bulk_client.py's BulkPath on the bulk
 port, node/wire_client.py's WireClient on gRPC) take to move a model through a 50 Mbit/s,
 100 ms one-way, 1%-loss link (tests/net/wan_link.py), against the link's rate; with and
-without a cut at half the payload.
+without a cut at half the payload (figures: benchmarks/GOODPUT.md).
 
     python -m benchmarks.goodput --mib 64            # ~2-3 min: both paths, both ways, cuts
     python -m benchmarks.goodput --mib 1024 --downloads-only --no-grpc-cut --no-raw  # ~10 min
