@@ -40,10 +40,25 @@ def attempt_at(fed: NetFederation, when: float, timeout: float = 90) -> tuple[in
     """(round, attempt) that was running at time.time() `when`, once it has closed (the
     aggregator lists an attempt when it closes)."""
     def covering() -> list[dict[str, Any]]:
+        # No slack at the end: a transfer of the next round can start within milliseconds
+        # of the last one's close, and must not be taken for it.
         return [r for r in rounds(fed)
-                if r["started_at"] <= when <= r["started_at"] + r["duration_s"] + 0.5]
+                if r["started_at"] <= when <= r["started_at"] + r["duration_s"]]
     recs = wait_for(covering, timeout, f"the round running at {when}")
-    return int(recs[0]["round"]), int(recs[0]["attempt"])
+    last = max(recs, key=lambda r: r["started_at"])
+    return int(last["round"]), int(last["attempt"])
+
+
+def all_sites_in_a_round(fed: NetFederation, timeout: float = 90) -> dict[str, Any]:
+    """A round that started from now on with every site's update: the federation is whole
+    again (after a restart, sites register anew on their own backoff, up to ~12 s)."""
+    since = time.time()
+    names = {f"site-{i + 1}" for i in range(len(fed.links))}
+    def whole() -> dict[str, Any] | None:
+        return next((r for r in rounds(fed) if r["status"] == "finished"
+                     and r["started_at"] > since
+                     and {u["node"] for u in r["updates"]} == names), None)
+    return wait_for(whole, timeout, "a round with every site")  # type: ignore[no-any-return]
 
 
 def node_of(node_id: str) -> str:
@@ -69,7 +84,8 @@ def resent(link_history: list[Carried], way: Way, whole: int) -> tuple[int, int]
     this whole small payload), which any protocol sends again."""
     index = max(i for i, c in enumerate(link_history) if c.cut)  # the latest cut
     resume = next((c for c in link_history[index + 1:] if c.bytes[way] > 0), None)
-    assert resume is not None, "the broken transfer was never resumed"
+    assert resume is not None, ("the broken transfer was never resumed",
+                                link_history[max(0, index - 3):])
     cut = link_history[index]
     return (cut.delivered[way] + resume.delivered[way] - whole,
             cut.bytes[way] + resume.bytes[way] - whole)
