@@ -48,8 +48,8 @@ def render(r: dict[str, Any]) -> str:
 # Measured by scripts of their own (each file names its command, machine and load), and
 # copied in here so BENCHMARKS.md holds every result: `python -m benchmarks.lm --write`,
 # `benchmarks.dp_utility`, `benchmarks.secagg_overhead`, `benchmarks.hetero`,
-# `benchmarks.ring_vs_star`.
-APART = ("LM.md", "DP.md", "SECAGG.md", "HETERO.md", "RING.md")
+# `benchmarks.ring_vs_star`, `benchmarks.goodput` (GOODPUT.md, written by hand from its output).
+APART = ("LM.md", "DP.md", "SECAGG.md", "HETERO.md", "RING.md", "GOODPUT.md")
 
 
 HERE = Path(__file__).resolve().parent
