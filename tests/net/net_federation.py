@@ -33,9 +33,6 @@ class NetFederation(Federation):
         self.port = free_port()
         self.bulk_port = free_port()
         self._server_args: list[str] = []
-        # Rounds a site may train more often than the records list attempts of it, and how
-        # often (the aggregator restart's: see test_the_aggregator_killed_mid_upload).
-        self.retrain_allowed: dict[int, int] = {}
 
     def spawn_in(self, end: End, name: str, args: list[str]) -> Proc:
         log = self.tmp / f"{name}.log"
