@@ -96,7 +96,10 @@ def test_stalled_uploads_do_not_hold_back_a_valid_one(federation: Federation,
     # More silent streams than the 4 upload slots the aggregator used to have, each from a
     # node selected for the round; one more node sends a good update meanwhile.
     stalled_n = 7
-    start(federation, tmp_path, "--upload-idle-s", "8", "--max-update-mib", "64",
+    # Long enough that `fedgpu status` (a CLI process: seconds to start on a loaded machine)
+    # still sees the stalled streams before they time out.
+    idle = 15
+    start(federation, tmp_path, "--upload-idle-s", str(idle), "--max-update-mib", "64",
           min_available_nodes=stalled_n + 1)
     size, sha = fake_payload(32 << 20)
 
@@ -127,12 +130,12 @@ def test_stalled_uploads_do_not_hold_back_a_valid_one(federation: Federation,
 
     reply, took, ended, doc, shown = asyncio.run(attack())
     assert isinstance(reply, pb.PushReply) and reply.accepted, reply
-    assert took < 8, took  # not held back until the silent streams time out
+    assert took < idle, took  # not held back until the silent streams time out
     assert f"uploads: {stalled_n} in flight ({stalled_n} stalled" in shown
     for r in ended:
         assert isinstance(r, grpc.aio.AioRpcError)
         assert r.code() == grpc.StatusCode.DEADLINE_EXCEEDED, r.details()
-        assert "update rejected (timeout): no data for 8s" in r.details()
+        assert f"update rejected (timeout): no data for {idle}s" in r.details()
     assert doc["uploads"]["timed_out"] == stalled_n and doc["uploads"]["in_flight"] == 0
     assert doc["rejections"] == {"timeout": stalled_n}
     federation.wait_state(("finished",), timeout=60)
