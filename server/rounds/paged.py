@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from fedgpu.core import codec
-from fedgpu.server.rejections import Reject, UpdateRejected
-from fedgpu.server.rounds.validation import check_finite, check_spec
+from fedgpu.server.rounds.validation import check_finite, decode_checked
 from fedgpu.server.strategies.aggregate import Normed
 
 # Lets go of the pages of payload bytes [begin, end) (SpoolFile.drop).
@@ -55,13 +53,7 @@ def decode_paged(payload: memoryview, expected: Mapping[str, tuple[str, tuple[in
                  drop: Drop) -> PagedTensors:
     """validation.decode_and_check for a spilled payload: the same checks and norms, one
     tensor's pages in memory at a time."""
-    try:
-        tensors, _ = codec.decode(payload)
-    except codec.CodecError as exc:
-        raise UpdateRejected(Reject.MALFORMED,
-                             f"payload is not a valid tensor set: {exc}") from None
-    if expected is not None:
-        check_spec(tensors, expected)
+    tensors = decode_checked(payload, expected)
     base = _address(np.frombuffer(payload, np.uint8, count=1))
     spans = {}
     for name, arr in tensors.items():

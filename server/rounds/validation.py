@@ -17,6 +17,14 @@ def decode_and_check(
     expected: Mapping[str, tuple[str, tuple[int, ...]]] | None,
 ) -> Normed:
     """Decode and validate; `expected=None` accepts any names (the initial model defines them)."""
+    return check_finite(decode_checked(payload, expected))
+
+
+def decode_checked(payload: bytes | bytearray | memoryview,
+                   expected: Mapping[str, tuple[str, tuple[int, ...]]] | None
+                   ) -> dict[str, np.ndarray]:
+    """The payload's tensors, refused when it is not a tensor set or (with `expected`) its
+    names, dtypes or shapes are not the model's; not yet checked for finite values."""
     try:
         tensors, _ = codec.decode(payload)
     except codec.CodecError as exc:
@@ -24,7 +32,7 @@ def decode_and_check(
                              f"payload is not a valid tensor set: {exc}") from None
     if expected is not None:
         check_spec(tensors, expected)
-    return check_finite(tensors)
+    return tensors
 
 
 def check_spec(
