@@ -6,17 +6,13 @@ in its row, as text."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedgpu.server.views.dashboard import DashboardServer, DashboardSources
-from fedgpu.server.views.dashboard_auth import token_check
-from tests.fixtures.browser import new_driver, wait_for
+from tests.fixtures.browser import fixed_dashboard, new_driver, wait_for
 
 TOKEN = "operator-secret"
 STATUS = {"run_id": "r1", "job_id": None, "state": "running", "error": None, "task": "digits",
@@ -66,22 +62,8 @@ ROUNDS = {"run_id": "r1", "initial_eval": None, "rounds": [
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = DashboardServer(DashboardSources(
-        status=lambda: STATUS, nodes=lambda: NODES, rounds=lambda: ROUNDS,
-        is_operator=token_check(TOKEN), jobs=None))
-    asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0), loop).result(10)
-    host, port = server.runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}/"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
+    with fixed_dashboard(STATUS, NODES, ROUNDS, TOKEN) as address:
+        yield address
 
 def test_rounds_show_secure_aggregation_and_work_per_site(url: str, tmp_path: Path) -> None:
     driver = new_driver(tmp_path)
