@@ -243,13 +243,7 @@ class DigestSink:
         self.received += len(chunk)
 
     def finish(self) -> None:
-        if self.received != self.size:
-            raise codec.Truncated(f"stream truncated: got {self.received} of {self.size} bytes")
-        actual = self._digest.hexdigest()
-        if isinstance(self._digest, PipelinedDigest):
-            self._digest.close()
-        if actual != self.expected:
-            raise codec.DigestMismatch(f"{self.algorithm} mismatch")
+        codec.check_whole(self.received, self.size, self._digest, self.expected, self.algorithm)
 
 
 def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s: float,

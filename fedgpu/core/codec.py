@@ -109,6 +109,20 @@ def digest_file(path: str | os.PathLike[str], algo: DigestAlgo) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+def check_whole(received: int, size: int, digest: Hasher, expected: str,
+                algorithm: str) -> None:
+    """A received payload's last check, on every path that receives one: every byte announced
+    came, and they hash to the digest its header named (a pipelined digest is closed)."""
+    if received != size:
+        raise Truncated(f"stream truncated: got {received} of {size} bytes")
+    actual = digest.hexdigest()
+    if isinstance(digest, PipelinedDigest):
+        digest.close()
+    if actual != expected:
+        raise DigestMismatch(f"{algorithm} mismatch: payload hashes to {actual}, "
+                             f"header says {expected or '(none)'}")
+
+
 def dtype_name(dtype: np.dtype) -> str:
     dt = np.dtype(dtype)
     if dt.byteorder == ">":
@@ -359,15 +373,10 @@ class Assembler:
 
     def finish(self) -> memoryview:
         """The whole payload, writable (decode() then returns writable arrays)."""
-        if self._pos != self.size:
-            raise Truncated(f"stream truncated: got {self._pos} of {self.size} bytes")
-        self._hash_received()
-        actual = (self._pipe or self._digest).hexdigest()
-        if self._pipe is not None:
-            self._pipe.close()
-        if actual != self.expected:
-            raise DigestMismatch(f"{self.algorithm} mismatch: payload hashes to {actual}, "
-                                 f"header says {self.expected or '(none)'}")
+        if self._pos == self.size:
+            self._hash_received()
+        check_whole(self._pos, self.size, self._pipe or self._digest, self.expected,
+                    self.algorithm)
         return memoryview(self._buffer())
 
     def release(self) -> None:

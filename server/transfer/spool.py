@@ -173,14 +173,7 @@ class SpoolFile:
 
     def finish(self) -> memoryview:
         """The whole payload, mapped read-only from its file once its digest checks out."""
-        if self.received != self.size:
-            raise codec.Truncated(f"stream truncated: got {self.received} of {self.size} bytes")
-        actual = self._digest.hexdigest()
-        if isinstance(self._digest, PipelinedDigest):
-            self._digest.close()
-        if actual != self.expected:
-            raise codec.DigestMismatch(f"{self.algorithm} mismatch: payload hashes to "
-                                       f"{actual}, header says {self.expected or '(none)'}")
+        codec.check_whole(self.received, self.size, self._digest, self.expected, self.algorithm)
         assert self._fd is not None
         self._bufs = None  # the buffers' memory goes before the fold maps the file
         self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ)
