@@ -62,10 +62,11 @@ def write_update(path: Path, params: int, tensors: int) -> int:
 
 
 class RssSampler:
-    """The aggregator's resident memory every 0.2 s, while `active` is set."""
+    """The aggregator's resident memory every `interval_s`, while `active` is set."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
         self.pid = pid
+        self.interval_s = interval_s
         self.active = threading.Event()
         self.peak_mib = 0.0
         self._stop = threading.Event()
@@ -73,7 +74,7 @@ class RssSampler:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(self.interval_s):
             if self.active.is_set():
                 try:
                     self.peak_mib = max(self.peak_mib, proc_rss_mib(self.pid)[0])

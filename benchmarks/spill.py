@@ -25,13 +25,12 @@ import mmap
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.big_round import write_update
+from benchmarks.big_round import RssSampler, write_update
 from benchmarks.common import (
     emit,
     free_port,
@@ -44,30 +43,6 @@ from benchmarks.common import (
 from benchmarks.common import stop as stop_proc
 
 MIB = 1 << 20
-
-
-class Sampler:
-    """The aggregator's VmRSS every 0.1 s while `active` is set."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.active = threading.Event()
-        self.peak_mib = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            if self.active.is_set():
-                try:
-                    self.peak_mib = max(self.peak_mib, proc_rss_mib(self.pid)[0])
-                except (OSError, ValueError):
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def reference_match(update: Path, model: Path, examples: list[int]) -> str | None:
@@ -143,7 +118,7 @@ def main() -> None:
             job, tmp / "agg.log", "--exit-when-done", "--state-dir", str(tmp / "state"),
             "--upload-memory-mib", str(a.budget_mib), "--upload-spool-mib", str(spool_mib),
             "--max-update-mib", str(spool_mib), *bulk)
-        sampler = Sampler(agg.pid)
+        sampler = RssSampler(agg.pid, interval_s=0.1)
         # What the aggregator holds before any weights arrive (Python, gRPC, numpy).
         base_mib = proc_rss_mib(agg.pid)[0]
         sim = spawn(["sim", "--aggregator", address, "--nodes", str(a.nodes), "--poll-s", "2",
