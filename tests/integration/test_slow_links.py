@@ -16,8 +16,10 @@ only taken from a site that was asked for one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -112,6 +114,22 @@ def _submit(fed: Federation, job: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@contextlib.asynccontextmanager
+async def _two_sites(fed: Federation, job: Path, proxy_port: int
+                     ) -> AsyncIterator[tuple[WireClient, str, WireClient, str]]:
+    """A fast site straight to the aggregator and a slow one through the proxy; the job is
+    submitted and its round 1 served (the slow site's first contact measures its link)."""
+    fast, fast_id = await _site(fed, "fast", fed.address)
+    slow, slow_id = await _site(fed, "slow", f"127.0.0.1:{proxy_port}")
+    try:
+        await asyncio.to_thread(_submit, fed, job)
+        await asyncio.gather(_fast_round(fast, fast_id, 1.0), _first_contact(slow, slow_id))
+        yield fast, fast_id, slow, slow_id
+    finally:
+        await fast.close()
+        await slow.close()
+
+
 def test_a_slow_site_is_measured_then_skipped_with_its_rate_and_the_deadline(
         tmp_path: Path, federation: Federation) -> None:
     fed = federation
@@ -119,12 +137,7 @@ def test_a_slow_site_is_measured_then_skipped_with_its_rate_and_the_deadline(
     with FaultProxy(("127.0.0.1", int(fed.address.rsplit(":", 1)[1])), rate=RATE) as proxy:
 
         async def scenario() -> str:
-            fast, fast_id = await _site(fed, "fast", fed.address)
-            slow, slow_id = await _site(fed, "slow", f"127.0.0.1:{proxy.port}")
-            try:
-                await asyncio.to_thread(_submit, fed, job)
-                await asyncio.gather(_fast_round(fast, fast_id, 1.0),
-                                     _first_contact(slow, slow_id))
+            async with _two_sites(fed, job, proxy.port) as (fast, fast_id, slow, slow_id):
                 # Round 2 is open without it: its next empty poll says why.
                 told = ""
                 for _ in range(20):
@@ -136,9 +149,6 @@ def test_a_slow_site_is_measured_then_skipped_with_its_rate_and_the_deadline(
                 await _fast_round(fast, fast_id, 1.0)
                 await _fast_round(fast, fast_id, 1.0)
                 return told
-            finally:
-                await fast.close()
-                await slow.close()
 
         told = asyncio.run(scenario())
     second = _round(fed, 2)
@@ -182,18 +192,10 @@ def test_with_compress_the_slow_site_sends_an_int8_update_that_makes_the_deadlin
             return slow.link.up
 
         async def scenario() -> float:
-            fast, fast_id = await _site(fed, "fast", fed.address)
-            slow, slow_id = await _site(fed, "slow", f"127.0.0.1:{proxy.port}")
-            try:
-                await asyncio.to_thread(_submit, fed, job)
-                await asyncio.gather(_fast_round(fast, fast_id, 1.0),
-                                     _first_contact(slow, slow_id))
+            async with _two_sites(fed, job, proxy.port) as (fast, fast_id, slow, slow_id):
                 _, up = await asyncio.gather(_fast_round(fast, fast_id, 3.0),
                                              slow_round_two(slow, slow_id))
                 return up
-            finally:
-                await fast.close()
-                await slow.close()
 
         up = asyncio.run(scenario())
     second = _round(fed, 2)
