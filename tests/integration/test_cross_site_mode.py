@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, free_port, write_job
+from tests.fixtures.federation import (
+    OPERATOR_TOKEN,
+    Federation,
+    cli,
+    free_port,
+    write_job,
+    write_mode_job,
+)
 from tests.integration.test_jobs import job_cli, wait_job
 
 ENDED = ("finished", "failed", "stopped")
@@ -39,10 +46,7 @@ def sites(federation: Federation, tmp_path: Path, digits_split: list[Path]) -> F
 
 
 def cross_job(path: Path, **keys: object) -> Path:
-    lines = ['task = "digits"', 'mode = "cross-site"', "min_nodes = 2", "use_gpu = false",
-             "round_deadline_s = 120", *(f"{k} = {json.dumps(v)}" for k, v in keys.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_mode_job(path, "cross-site", **keys)
 
 
 def test_cross_site_scores_every_model_on_every_site_and_a_site_may_refuse(

@@ -7,12 +7,11 @@ held-out splits), upload no update, and show the result in `job status` (and --j
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, write_job
+from tests.fixtures.federation import OPERATOR_TOKEN, Federation, cli, write_job, write_mode_job
 from tests.integration.test_jobs import job_cli, wait_job
 
 ENDED = ("finished", "failed", "stopped")
@@ -27,11 +26,7 @@ def sites(federation: Federation, tmp_path: Path, digits_split: list[Path]) -> F
 
 
 def eval_job(path: Path, **keys: object) -> Path:
-    # write_job's training defaults (rounds, fraction, hyperparameters) left out.
-    lines = ['task = "digits"', 'mode = "evaluate"', "min_nodes = 2", "use_gpu = false",
-             "round_deadline_s = 120", *(f"{k} = {json.dumps(v)}" for k, v in keys.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_mode_job(path, "evaluate", **keys)
 
 
 def per_site(ev: dict) -> dict[str, float]:
