@@ -25,8 +25,7 @@ def open_round(orch: Orchestrator, uploads: Any) -> dict[str, Any] | None:
     flying: dict[str, tuple[int, int, float]] = (
         uploads.progress() if uploads is not None else {})
     names = {n.node_id: n.name for n in orch.registry.all()}
-    payload = orch._payload  # the model being sent (None: none is)
-    model_bytes = payload.size if payload is not None else 0
+    model_bytes = orch.payload_size
     sites = []
     for node_id, state in sorted(rnd.slots.items()):
         name = names.get(node_id, node_id)
