@@ -25,6 +25,8 @@ from types import FrameType
 PARENT_ENV = "FEDGPU_PARENT_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _WATCH_S = 0.5
+# A process told to stop is gone within this long, cleanly or not (exit_within).
+STOP_LIMIT_S = 8.0
 
 Handler = Callable[[int, FrameType | None], object]
 
@@ -98,6 +100,26 @@ def _start_watch(gone: Callable[[], bool], sig: int) -> None:
 
     stop = threading.Event()
     threading.Thread(target=watch, name="fedgpu-parent-watch", daemon=True).start()
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """Stopping: end the process with `code` after `seconds` whatever still holds it.
+
+    A clean stop can hang past any grace: a thread blocked in a transfer that retries until its
+    resume window closes, or the interpreter's exit hook that joins such threads. The parent
+    that is gone (or the operator who asked) expects us gone in seconds, not when they return.
+    """
+    def cut() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
 
 
 def handle_signals(handler: Handler,

@@ -157,7 +157,8 @@ class LocalFactory:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=5)
+                # Short: the whole node is gone within lifetime.STOP_LIMIT_S.
+                proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

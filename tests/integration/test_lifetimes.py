@@ -169,6 +169,32 @@ def test_a_child_whose_parent_died_before_it_could_bind_ends_at_once(tmp_path: P
         kill_all(pids.values())
 
 
+def test_a_stopped_process_ends_even_when_a_thread_holds_its_exit() -> None:
+    # A thread stuck in a blocking call (a transfer retrying until its resume window closes)
+    # keeps the interpreter's exit waiting; exit_within ends the process anyway, with its code.
+    code = ("import signal, sys, threading, time; from fedgpu.core import lifetime\n"
+            "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+            "def stop(signum, frame):\n"
+            "    lifetime.exit_within(float(sys.argv[1]), 3)\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('ready', flush=True); time.sleep(600)")
+    for limit, ends in ((1.0, True), (60.0, False)):
+        p = subprocess.Popen([sys.executable, "-c", code, str(limit)], stdout=subprocess.PIPE,
+                             text=True, env=base_env(), cwd=ROOT)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            p.send_signal(signal.SIGTERM)
+            try:
+                got = p.wait(timeout=6)
+            except subprocess.TimeoutExpired:
+                got = None
+            # Without the cut the non-daemon thread holds the exit: the control case.
+            assert (got == 3) if ends else got is None, (limit, got)
+        finally:
+            p.kill()
+            p.wait()
+
+
 def test_child_env_names_this_process() -> None:
     from fedgpu.core import lifetime
 

@@ -180,6 +180,8 @@ def start(
     ))
 
     def on_signal(signum: int, _frame: object) -> None:
+        lifetime.exit_within(lifetime.STOP_LIMIT_S,
+                             0 if signum == signal.SIGTERM else lifetime.exit_code(signum))
         agent.stop()
         # Raised where the main thread is (waiting on a training child or a long poll): the
         # round code kills the child on the way out, so no orphan keeps the GPU.

@@ -137,6 +137,8 @@ def start_many(
     stopped_by: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
+        if not stopped_by:
+            lifetime.exit_within(lifetime.STOP_LIMIT_S, _stop_code(signum))
         stopped_by.append(signum)
         stop.set()
 
@@ -149,9 +151,13 @@ def start_many(
         logging.getLogger("fedgpu.node").info(
             "%s: stopped %d nodes (any training child killed)",
             signal.Signals(stopped_by[0]).name, count)
-        # SIGTERM is how `fedgpu run` stops its nodes: a clean exit.
-        code = 0 if stopped_by[0] == signal.SIGTERM else lifetime.exit_code(stopped_by[0])
+        code = _stop_code(stopped_by[0])
     raise typer.Exit(code)
+
+
+def _stop_code(signum: int) -> int:
+    # SIGTERM is how `fedgpu run` stops its nodes: a clean exit.
+    return 0 if signum == signal.SIGTERM else lifetime.exit_code(signum)
 
 
 def _ports(raw: str, count: int) -> list[int]:
