@@ -137,13 +137,13 @@ class BulkPath:
         raise ConnectionError(f"bulk transfer broke off {RESUMES + 1} times: {last}")
 
     def download(self, ticket: str, port: int, asm: codec.Assembler | bulk.DigestSink,
-                 idle_s: float = 60.0) -> None:
-        """Fill `asm` from the bulk port. BulkUnreachable: fall back (already recorded);
-        bulk.RefusedError / OSError / TimeoutError: ask for the task again; codec errors:
-        the payload is damaged."""
+                 idle_s: float = 60.0, on_bytes: Callable[[int], None] | None = None) -> None:
+        """Fill `asm` from the bulk port (`on_bytes(n)` as bytes land: the node's progress
+        lines). BulkUnreachable: fall back (already recorded); bulk.RefusedError / OSError /
+        TimeoutError: ask for the task again; codec errors: the payload is damaged."""
         try:
             self._resuming(lambda: knock(lambda: bulk.download(
-                self.host, port or self.port, self.tls, ticket, asm, idle_s)),
+                self.host, port or self.port, self.tls, ticket, asm, idle_s, on_bytes)),
                 lambda: asm.received > 0)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
@@ -154,14 +154,16 @@ class BulkPath:
         self._broken = 0
 
     def upload(self, ticket: str, port: int, payload: Path | Sequence[memoryview],
-               idle_s: float = 60.0) -> str:
-        """Send an update's payload; the aggregator's message. BulkRpcError: its refusal, or
-        UNAVAILABLE when the connection broke (send again); BulkUnreachable: fall back."""
+               idle_s: float = 60.0, on_bytes: Callable[[int], None] | None = None) -> str:
+        """Send an update's payload (`on_bytes(n)` as it is handed to the socket); the
+        aggregator's message. BulkRpcError: its refusal, or UNAVAILABLE when the connection
+        broke (send again); BulkUnreachable: fall back."""
         try:
             # Whether the aggregator kept any of it is its to say (the go-ahead's offset):
             # every break is worth one more knock on the same ticket.
             status = self._resuming(lambda: knock(lambda: bulk.upload(
-                self.host, port or self.port, self.tls, ticket, payload, idle_s)),
+                self.host, port or self.port, self.tls, ticket, payload, idle_s,
+                on_bytes=on_bytes)),
                 lambda: True)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))

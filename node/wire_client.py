@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import mmap
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
 from fedgpu.node.bulk_client import BulkPath
+from fedgpu.node.transfer_log import TransferLog
+from fedgpu.node.update_chunks import payload_chunks
 from fedgpu.proto import pb, pb_grpc
 
 log = logging.getLogger("fedgpu.node.link")
@@ -138,9 +139,10 @@ class WireClient:
                            pulled.seconds, pulled.transport)
             return pulled
         started = time.perf_counter()
+        progress = TransferLog("download over bulk", header.payload_size)
         try:
             await asyncio.to_thread(self.bulk.download, header.bulk.ticket, header.bulk.port,
-                                    pulled.receiver)
+                                    pulled.receiver, 60.0, progress.add)
             payload = pulled.receiver.finish()
         except bulk.BulkUnreachable:
             _release(pulled.receiver)
@@ -153,6 +155,8 @@ class WireClient:
             _release(pulled.receiver)
             # Broken off, or the ticket went stale: ask again (the agent retries this).
             raise PayloadError(f"bulk download failed: {exc}") from None
+        finally:
+            progress.end()
         seconds = time.perf_counter() - started
         self._measured("down", header.payload_size, seconds, "bulk")
         return Pulled(header, payload or None, pulled.receiver, "bulk", seconds)
@@ -203,11 +207,14 @@ class WireClient:
         header: pb.TaskHeader | None = None
         asm: Receiver | None = None
         first_byte = 0.0
+        progress: TransferLog | None = None
         try:
             async for msg in call:
                 if msg.HasField("header"):
                     header = msg.header
                     first_byte = time.perf_counter()
+                    progress = TransferLog("download over grpc", header.payload_size,
+                                           header.payload_offset)
                     if held is not None:
                         asm, held = self._resumed(header, held), None
                         if asm is not None:
@@ -223,6 +230,8 @@ class WireClient:
                         asm = make(header)
                 elif asm is not None and not header.HasField("bulk"):
                     asm.add(msg.data)
+                    if progress is not None:
+                        progress.add(len(msg.data))
                 else:
                     raise PayloadError("weight chunk before the task header")
             if header is None:
@@ -247,6 +256,9 @@ class WireClient:
             _release(asm)
             _release(held.asm if held is not None else None)
             raise
+        finally:
+            if progress is not None:
+                progress.end()
 
     @staticmethod
     def _resumed(header: pb.TaskHeader, held: _Broken) -> Receiver | None:
@@ -324,14 +336,17 @@ class WireClient:
                     # An earlier try got through; only its acknowledgement was lost.
                     return pb.PushReply(accepted=True, message=ticket.message), "bulk", None
                 data = source if isinstance(source, Path) else source.segments
+                progress = TransferLog("upload over bulk", header.payload_size)
                 try:
                     started = time.perf_counter()
                     message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,
-                                                      ticket.port, data)
+                                                      ticket.port, data, 60.0, progress.add)
                     return (pb.PushReply(accepted=True, message=message), "bulk",
                             time.perf_counter() - started)
                 except bulk.BulkUnreachable:
                     pass  # over gRPC below, from now on (the log says so once)
+                finally:
+                    progress.end()
         started = time.perf_counter()
         reply = await self._push_grpc(header, source)
         return reply, "grpc", time.perf_counter() - started
@@ -360,25 +375,13 @@ class WireClient:
     async def _chunks(self, header: pb.UpdateHeader, source: Source | None
                       ) -> AsyncIterator[pb.UpdateChunk]:
         yield pb.UpdateChunk(header=header)
-        offset = header.payload_offset
-        if isinstance(source, codec.Encoded):
-            if not offset:
-                for chunk in codec.iter_chunks(source, self.chunk_size):
-                    yield pb.UpdateChunk(data=chunk)
-                return
-            for seg in source.segments:
-                if offset >= seg.nbytes:
-                    offset -= seg.nbytes
-                    continue
-                for pos in range(offset, seg.nbytes, self.chunk_size):
-                    yield pb.UpdateChunk(data=seg[pos : pos + self.chunk_size].tobytes())
-                offset = 0
-        elif source is not None and source.stat().st_size:
-            # Mapped, not read: the node never holds a second copy of the model.
-            with open(source, "rb") as fh, mmap.mmap(fh.fileno(), 0,
-                                                     access=mmap.ACCESS_READ) as mm:
-                for pos in range(offset, len(mm), self.chunk_size):
-                    yield pb.UpdateChunk(data=mm[pos : pos + self.chunk_size])
+        progress = TransferLog("upload over grpc", header.payload_size, header.payload_offset)
+        try:
+            for data in payload_chunks(source, header.payload_offset, self.chunk_size):
+                yield pb.UpdateChunk(data=data)
+                progress.add(len(data))
+        finally:
+            progress.end()
 
 
 def _release(receiver: Receiver | None) -> None:

@@ -214,7 +214,8 @@ async def _serve(cfg: ServerConfig, mutual: bool, credentials: grpc.ServerCreden
     wanted_bulk = cfg.bulk_port if cfg.bulk_port is not None else bound + 1
     if tickets is not None and wanted_bulk <= 65535:
         bulk = BulkServer(federation, federation.uploads, tickets, cfg.host, wanted_bulk,
-                          ssl_server_context(cfg.tls) if cfg.tls is not None else None, mutual)
+                          ssl_server_context(cfg.tls) if cfg.tls is not None else None, mutual,
+                          downloads=jobs.downloads)
         try:
             federation.bulk_port = await bulk.start()
         except OSError as exc:

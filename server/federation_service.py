@@ -281,8 +281,10 @@ class FederationService(pb_grpc.FederationServicer):
             yield pb.TaskChunk(header=task.header)
         if task.payload is not None:
             node.transport = Transport.GRPC
-            for chunk in task.payload.chunks(self.jobs.chunk_size, offset):
-                yield pb.TaskChunk(data=chunk)
+            with self.jobs.downloads.track(node.name, task.payload.size, offset) as sent:
+                for chunk in task.payload.chunks(self.jobs.chunk_size, offset):
+                    yield pb.TaskChunk(data=chunk)
+                    sent.add(len(chunk))
 
     async def PushUpdate(self, request_iterator: AsyncIterator[pb.UpdateChunk],
                          context: grpc.aio.ServicerContext) -> pb.PushReply:

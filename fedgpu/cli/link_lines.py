@@ -31,12 +31,24 @@ def lines(doc: dict[str, Any]) -> list[str]:
     if progress is not None:
         out.append(f"round {progress['round']} open, deadline in {progress['deadline_in_s']:g} s")
         for site in progress.get("sites", []):
-            parts = [f"  {site['node']}", site.get("phase") or site["state"]]
-            if "bytes" in site:
-                parts.append(f"{site['bytes'] / 1e6:.1f}/{site['size'] / 1e6:.1f} MB")
-            if site.get("rate_bytes_per_s"):
-                parts.append(f"at {_mbit(site['rate_bytes_per_s'])}")
-            if site.get("time_left_s") is not None:
-                parts.append(f"~{site['time_left_s']:.0f} s left")
-            out.append(" ".join(parts))
+            out.append(_site_line(site))
     return out
+
+
+def _site_line(site: dict[str, Any]) -> str:
+    """One site of the open round: its phase, and a transfer's direction, bytes done of its
+    size, rate and time left, or the rate its finished download was sent at."""
+    parts = [f"  {site['node']}", site.get("phase") or site["state"]]
+    if site.get("direction"):
+        parts.append(site["direction"])
+    if "bytes" in site:
+        parts.append(f"{site['bytes'] / 1e6:.1f}/{site['size'] / 1e6:.1f} MB")
+    if site.get("rate_bytes_per_s"):
+        parts.append(f"at {_mbit(site['rate_bytes_per_s'])}")
+    if site.get("time_left_s") is not None:
+        parts.append(f"~{site['time_left_s']:.0f} s left")
+    last = site.get("last")
+    if last:
+        parts.append(f"({last['direction']} {last['bytes'] / 1e6:.1f} MB in "
+                     f"{last['seconds']:.1f} s at {_mbit(last.get('rate_bytes_per_s'))})")
+    return " ".join(parts)

@@ -30,6 +30,7 @@ error. Integers are big-endian.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import struct
@@ -308,19 +309,35 @@ def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s:
 
 
 def send_payload(sock: socket.socket, source: Path | Sequence[memoryview],
-                 offset: int = 0) -> None:
+                 offset: int = 0, on_bytes: Callable[[int], None] | None = None) -> None:
     """Send a file (sendfile on a plain socket: no copy through this process) or segments,
-    from byte `offset` on (a resumed transfer)."""
+    from byte `offset` on (a resumed transfer); `on_bytes(n)` after every PROGRESS_BYTES or
+    so handed to the socket (a transfer's progress in the sender's log)."""
     if isinstance(source, Path):
         with open(source, "rb") as fh:
             # socket.sendfile uses os.sendfile where it can and falls back to send on TLS.
-            sock.sendfile(fh, offset)
+            if on_bytes is None:
+                sock.sendfile(fh, offset)
+                return
+            size = os.fstat(fh.fileno()).st_size
+            while offset < size:
+                n = sock.sendfile(fh, offset, min(PROGRESS_BYTES, size - offset))
+                if n <= 0:
+                    break
+                offset += n
+                on_bytes(n)
         return
     for seg in source:
         if offset >= len(seg):
             offset -= len(seg)
             continue
-        sock.sendall(seg[offset:] if offset else seg)
+        if on_bytes is None:
+            sock.sendall(seg[offset:] if offset else seg)
+        else:
+            for pos in range(offset, len(seg), PROGRESS_BYTES):
+                block = seg[pos : pos + PROGRESS_BYTES]
+                sock.sendall(block)
+                on_bytes(len(block))
         offset = 0
 
 
@@ -334,7 +351,8 @@ def first_status(sock: socket.socket, ticket: str, offset: int = 0) -> Status:
 
 
 def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
-             asm: codec.Assembler | DigestSink, idle_s: float = 60.0) -> None:
+             asm: codec.Assembler | DigestSink, idle_s: float = 60.0,
+             on_bytes: Callable[[int], None] | None = None) -> None:
     """Fetch a task's payload into `asm` (the rest of it, when `asm` holds a part already);
     BulkUnreachable (fall back to gRPC), RefusedError (the aggregator said no), TimeoutError,
     OSError or codec errors otherwise."""
@@ -343,13 +361,15 @@ def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
         status = first_status(sock, ticket, asm.received)
         if not status.ok:
             raise RefusedError(status)
-        recv_payload(sock, asm, idle_s)
+        recv_payload(sock, asm, idle_s, on_bytes=on_bytes)
 
 
 def upload(host: str, port: int, tls: TlsFiles | None, ticket: str,
            source: Path | Sequence[memoryview], idle_s: float = 60.0,
-           verdict_timeout_s: float = VERDICT_TIMEOUT_S) -> Status:
-    """Send an update's payload; the aggregator's verdict (ok or why it was refused)."""
+           verdict_timeout_s: float = VERDICT_TIMEOUT_S,
+           on_bytes: Callable[[int], None] | None = None) -> Status:
+    """Send an update's payload; the aggregator's verdict (ok or why it was refused).
+    `on_bytes(n)` as the payload is handed to the socket (send_payload)."""
     with connect(host, port, tls) as sock:
         # The go-ahead may wait for the aggregator's upload memory (until the round's end).
         sock.settimeout(verdict_timeout_s)
@@ -357,7 +377,7 @@ def upload(host: str, port: int, tls: TlsFiles | None, ticket: str,
         if not status.ok:
             return status
         sock.settimeout(idle_s)
-        send_payload(sock, source, status.offset)
+        send_payload(sock, source, status.offset, on_bytes)
         sock.settimeout(verdict_timeout_s)
         return read_status(sock)
 

@@ -49,6 +49,7 @@ from fedgpu.server.rounds.scoring import ScorePlan
 from fedgpu.server.rounds.statistics import StatsPlan
 from fedgpu.server.secagg.plan import SecAggPlan
 from fedgpu.server.studies import Studies
+from fedgpu.server.transfer.downloads import Downloads
 from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.jobs.queue")
@@ -123,6 +124,8 @@ class JobManager:
         self._idle_engine: Orchestrator | None = None
         # The upload receiver (server/transfer/uploads.py): its figures are part of the status.
         self.uploads: Any = None
+        # Model downloads being sent, counted per chunk (`fedgpu rounds`' progress).
+        self.downloads = Downloads()
         self.bundles = BundleStore(state_dir)
         self._offers: list[pb.TaskBundle] | None = None
         self.intake = Intake(store, registry, state_dir, self.bundles,

@@ -33,6 +33,7 @@ from fedgpu.core.bulk import Direction, Status
 from fedgpu.proto import pb
 from fedgpu.server.rejections import STATUS_OF, UpdateRejected
 from fedgpu.server.transfer.bulk_gate import PreTicketGate, Watchdog
+from fedgpu.server.transfer.downloads import Downloads
 from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
 from fedgpu.server.transfer.uploads import Received, Uploads
@@ -92,8 +93,11 @@ class BulkServer:
     def __init__(self, desk: UpdateDesk, uploads: Uploads, tickets: TicketBook, host: str,
                  port: int, tls: ssl.SSLContext | None = None, mutual: bool = False,
                  max_connections: int = MAX_CONNECTIONS,
-                 gate: PreTicketGate | None = None) -> None:
+                 gate: PreTicketGate | None = None,
+                 downloads: Downloads | None = None) -> None:
         self.desk = desk
+        # Bytes sent of each download, counted per block (`fedgpu rounds`' progress).
+        self.counted = downloads or Downloads()
         self.upload_limits = uploads
         self.tickets = tickets
         self.host, self.port = host, port
@@ -316,7 +320,8 @@ class BulkServer:
         # A reader slower than the minimum rate is cut off: it would hold a slot for hours.
         dog = Watchdog(shadow, bulk.RATE_GRACE_S + payload.size / bulk.MIN_RATE_BPS)
         try:
-            await self._blocking(payload.send, sock, offset)
+            with self.counted.track(ticket.node_name, payload.size, offset) as sent:
+                await self._blocking(payload.send, sock, offset, sent.add)
         except OSError:
             if dog.expired:
                 raise OSError(f"the download fell below {bulk.MIN_RATE_BPS} bytes/s") \

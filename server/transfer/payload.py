@@ -15,7 +15,7 @@ import os
 import socket
 import ssl
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,22 +103,33 @@ class ModelPayload:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             yield chunk
 
-    def send(self, sock: socket.socket, offset: int = 0) -> None:
+    def send(self, sock: socket.socket, offset: int = 0,
+             sent: Callable[[int], None] | None = None) -> None:
         """Write the payload from byte `offset` on (a resumed download) to a connected
-        (blocking, timed) socket."""
+        (blocking, timed) socket; `sent(n)` after each block of at most SEND_BLOCK bytes
+        (a download's progress, server/transfer/downloads.py)."""
+        tell = sent or (lambda n: None)
         if self._fd is None:
             for seg in self._segments:
                 if offset >= len(seg):
                     offset -= len(seg)
                     continue
-                sock.sendall(seg[offset:] if offset else seg)
+                for pos in range(offset, len(seg), SEND_BLOCK):
+                    block = seg[pos : pos + SEND_BLOCK]
+                    sock.sendall(block)
+                    tell(len(block))
                 offset = 0
             return
         if not isinstance(sock, ssl.SSLSocket):
-            # socket.sendfile: os.sendfile with the socket's timeout honoured.
-            sent = sock.sendfile(_Descriptor(self._fd), offset, self.size - offset)
-            if sent != self.size - offset:
-                raise OSError(f"model file shorter than its {self.size} bytes")
+            # socket.sendfile: os.sendfile with the socket's timeout honoured; in blocks, so
+            # that progress is counted as it goes (a syscall per 4 MiB costs nothing).
+            while offset < self.size:
+                n = sock.sendfile(_Descriptor(self._fd), offset,
+                                  min(SEND_BLOCK, self.size - offset))
+                if n <= 0:
+                    raise OSError(f"model file shorter than its {self.size} bytes")
+                offset += n
+                tell(n)
             return
         buf = bytearray(min(SEND_BLOCK, max(self.size - offset, 1)))
         view = memoryview(buf)
@@ -128,6 +139,7 @@ class ModelPayload:
                 raise OSError(f"model file shorter than its {self.size} bytes")
             sock.sendall(view[:n])
             offset += n
+            tell(n)
 
 
 class _Descriptor:

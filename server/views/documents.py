@@ -162,7 +162,7 @@ def rounds_of(jobs: JobManager, job_id: str = "") -> dict[str, Any]:
     doc = _rounds_of(jobs, job_id)
     doc["device_seconds"] = device_time.summary(doc.get("rounds") or ())
     engine = _engine(jobs, doc.get("job_id") or "") if doc.get("job_id") else None
-    progress = open_round(engine, jobs.uploads) if engine is not None else None
+    progress = open_round(engine, jobs.uploads, jobs.downloads) if engine is not None else None
     if progress is not None:
         doc["open"] = progress
     return doc

@@ -1,10 +1,10 @@
 """The open round's transfers, site by site (issue 37.4): what `fedgpu rounds` and the
-dashboard's round view show while a round runs — each site's state, its measured link, and
-for an upload in flight the bytes received, the rate and the time left.
+dashboard's round view show while a round runs — each site's state, its measured link, and for a
+transfer in flight its direction, the bytes done of its size, the rate and the time left.
 
-Uploads are measured where the aggregator sees them (server/transfer/uploads.py, bytes as they
-land, either path). A download is the node's: while a site holds its task the time left is
-estimated from the model's size and the link rates the node reports (fedgpu/core/link_rates.py).
+Both directions are counted where the aggregator moves the bytes, on either path: a download as
+it is sent (server/transfer/downloads.py), an upload as it lands (server/transfer/uploads.py).
+A site whose download ended in this round shows the rate it was sent at (`last`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.states import SlotState
+from fedgpu.server.transfer.downloads import Downloads
 
 
-def open_round(orch: Orchestrator, uploads: Any) -> dict[str, Any] | None:
+def open_round(orch: Orchestrator, uploads: Any, downloads: Downloads | None = None
+               ) -> dict[str, Any] | None:
     """The `open` object of `fedgpu rounds --json`; None when no round is open."""
     rnd = orch.current
     if rnd is None or rnd.closed:
@@ -24,8 +26,9 @@ def open_round(orch: Orchestrator, uploads: Any) -> dict[str, Any] | None:
     now = time.time()
     flying: dict[str, tuple[int, int, float]] = (
         uploads.progress() if uploads is not None else {})
+    downloads = downloads or Downloads()
+    sending = downloads.in_flight()
     names = {n.node_id: n.name for n in orch.registry.all()}
-    model_bytes = orch.payload_size
     sites = []
     for node_id, state in sorted(rnd.slots.items()):
         name = names.get(node_id, node_id)
@@ -36,15 +39,27 @@ def open_round(orch: Orchestrator, uploads: Any) -> dict[str, Any] | None:
             entry["up_bytes_per_s"] = round(link.up, 1) or None
         if name in flying:
             got, size, seconds = flying[name]
-            rate = got / seconds if seconds > 0 else 0.0
-            entry.update(phase="uploading", bytes=got, size=size,
-                         rate_bytes_per_s=round(rate, 1) or None,
-                         time_left_s=round((size - got) / rate, 1) if rate > 0 else None)
-        elif state == SlotState.ASSIGNED and model_bytes and link is not None and link.down:
-            left = model_bytes / link.down - (now - rnd.started)
-            entry.update(phase="downloading" if left > 0 else "training", size=model_bytes,
-                         time_left_s=round(max(left, 0.0), 1))
+            entry.update(phase="uploading", **_moving("up", got, size, got, seconds))
+        elif (d := sending.get(name)) is not None:
+            entry.update(phase="downloading", **_moving("down", d.done, d.size, d.sent,
+                                                        d.seconds))
+        elif (d := downloads.last(name)) is not None \
+                and d.ended_at >= rnd.started:
+            if state == SlotState.ASSIGNED:
+                entry["phase"] = "training"
+            entry["last"] = {"direction": "down", "bytes": d.size,
+                             "seconds": round(d.seconds, 3),
+                             "rate_bytes_per_s": round(d.rate, 1) or None}
         sites.append(entry)
     return {"round": rnd.number, "attempt": rnd.attempt,
             "deadline_in_s": round(max(rnd.deadline - now, 0.0), 1), "sites": sites}
 
+
+def _moving(direction: str, done: int, size: int, moved: int, seconds: float
+            ) -> dict[str, Any]:
+    """A transfer in flight: `done` of `size` bytes, `moved` of them in `seconds` (a resumed
+    transfer's rate counts only what this connection moved)."""
+    rate = moved / seconds if seconds > 0 else 0.0
+    return {"direction": direction, "bytes": done, "size": size,
+            "rate_bytes_per_s": round(rate, 1) or None,
+            "time_left_s": round((size - done) / rate, 1) if rate > 0 else None}

@@ -40,8 +40,12 @@ ROUNDS = {"run_id": "r2", "initial_eval": None,
                                      "compressed": [{"node": "slow-b",
                                                      "reason": "int8 to make the deadline"}]})],
           "open": {"round": 2, "deadline_in_s": 12.4, "sites": [
-              {"node": "slow-b", "state": "working", "phase": "uploading", "bytes": 2_000_000,
-               "size": 8_000_000, "rate_bytes_per_s": 262_500, "time_left_s": 22.9}]}}
+              {"node": "slow-b", "state": "working", "phase": "uploading", "direction": "up",
+               "bytes": 2_000_000, "size": 8_000_000, "rate_bytes_per_s": 262_500,
+               "time_left_s": 22.9},
+              {"node": "fast-a", "state": "assigned", "phase": "training",
+               "last": {"direction": "down", "bytes": 8_000_000, "seconds": 0.5,
+                        "rate_bytes_per_s": 16_000_000}}]}}
 
 
 @pytest.fixture
@@ -74,10 +78,12 @@ def test_cross_site_matrix_and_slow_links_show_in_the_page(url: str, tmp_path: P
         assert matrix["why"] == ["no answer", KEPT]
         lines = wait_for(lambda: driver.execute_script("""
           const items = [...document.querySelectorAll('#round-links li')];
-          return items.length >= 4 && items.map((li) => li.textContent);
+          return items.length >= 5 && items.map((li) => li.textContent);
         """), 30, "the slow-link lines")
         assert lines[0] == "round 2: deadline in 12 s", lines
-        assert lines[1] == "slow-b uploading 2.0/8.0 MB at 2.1 Mbit/s ~23 s left", lines
+        assert lines[1] == "slow-b uploading up 2.0/8.0 MB at 2.1 Mbit/s ~23 s left", lines
+        # A download that ended this round: the rate it was sent at.
+        assert lines[2] == "fast-a training (down 8.0 MB in 0.5 s at 128.0 Mbit/s)", lines
         assert f"skipped slow-c: {SLOW}" in lines, lines
         assert "compressed slow-b: int8 to make the deadline" in lines, lines
         assert driver.execute_script("return window.fedgpuDash.error") is None
