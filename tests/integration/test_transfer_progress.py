@@ -1,0 +1,135 @@
+"""Transfer progress during a round, counted (issue 37.4): a real aggregator and one site on the
+node's own client of the wire (node/wire_client.py) behind a rate-limited link (the fault proxy's
+token bucket, tests/net/fault_proxy.py), weights over gRPC.
+
+While the site downloads the model and then uploads its update, `fedgpu rounds --json`'s `open`
+(read through ListRounds, the same document) shows the transfer's direction and its bytes done
+growing below the size, as the aggregator sends or receives them; after the download, the rate
+it was sent at. The site's own log shows progress lines during each transfer.
+
+Threat model: none new. The figures are the aggregator's own counts of the bytes it moved; a
+site learns nothing from them (they are shown to operators only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedgpu.core import codec
+from fedgpu.node.transfer_log import EVERY_S
+from fedgpu.node.wire_client import WireClient
+from fedgpu.proto import pb
+from tests.fixtures.federation import Federation, cli, write_job
+from tests.net.fault_proxy import FaultProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+# A 24 MiB model over a 4 MB/s link: ~6.3 s each way, past the node's first progress line.
+# Large against the buffers between the two ends (gRPC's flow-control windows, the sockets'):
+# a sender counts what it hands over, which runs ahead of the wire by what they hold (~3 MB).
+MODEL = {"w": np.zeros(6 << 20, dtype=np.float32)}
+RATE = 4_000_000
+MAX_BYTES = 1 << 30
+
+
+def _site(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    sites = (doc.get("open") or {}).get("sites") or []
+    return next((s for s in sites if s["node"] == name), None)
+
+
+async def _watch(fed: Federation, work: asyncio.Task[Any]) -> list[dict[str, Any]]:
+    """The site's entry in the open round, read every 0.3 s until `work` is done."""
+    seen: list[dict[str, Any]] = []
+    while not work.done():
+        doc = await asyncio.to_thread(fed.query, "ListRounds")
+        if (site := _site(doc, "slow")) is not None:
+            seen.append(site)
+        await asyncio.sleep(0.3)
+    await work
+    return seen
+
+
+def _moving(seen: list[dict[str, Any]], direction: str, size: int) -> list[int]:
+    done = [s["bytes"] for s in seen if s.get("direction") == direction]
+    assert all(s["size"] == size for s in seen if s.get("direction") == direction)
+    assert any(s.get("rate_bytes_per_s") and s.get("time_left_s") is not None
+               for s in seen if s.get("direction") == direction), seen
+    return done
+
+
+def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_progress(
+        tmp_path: Path, federation: Federation, caplog: pytest.LogCaptureFixture) -> None:
+    fed = federation
+    caplog.set_level(logging.INFO, "fedgpu.node.link")
+    init = tmp_path / "init.safetensors"
+    enc = codec.encode(MODEL)
+    init.write_bytes(enc.to_bytes())
+    # No bulk port: the weights take the gRPC path, through the rate-limited proxy.
+    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--bulk-port", "0")
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, evaluate=False,
+                    round_deadline_s=90, initial_weights=str(init))
+    with FaultProxy(("127.0.0.1", int(fed.address.rsplit(":", 1)[1])), rate=RATE) as proxy:
+
+        async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any],
+                                      list[dict[str, Any]]]:
+            wire = WireClient(f"127.0.0.1:{proxy.port}", fed.token)
+            try:
+                node_id = (await wire.register(pb.RegisterRequest(
+                    node_name="slow", tasks=["digits"]))).node_id
+                r = await asyncio.to_thread(cli, "job", "submit", str(job), "--address",
+                                            fed.address)
+                assert r.returncode == 0, r.stderr
+
+                async def pull() -> Any:
+                    for _ in range(30):
+                        pulled = await wire.pull(node_id, 1, MAX_BYTES)
+                        if pulled.header.kind == pb.TASK_KIND_TRAIN:
+                            return pulled
+                    raise AssertionError("no training task came")
+
+                pulled_task = asyncio.create_task(pull())
+                down = await _watch(fed, pulled_task)
+                pulled = pulled_task.result()
+                between = _site(await asyncio.to_thread(fed.query, "ListRounds"), "slow")
+                assert between is not None
+                if isinstance(pulled.receiver, codec.Assembler):
+                    pulled.receiver.release()
+                header = pb.UpdateHeader(node_id=node_id, task_id=pulled.header.task_id,
+                                         round=pulled.header.round, kind=pulled.header.kind,
+                                         num_examples=10)
+                pushed = asyncio.create_task(wire.push(header, codec.encode(MODEL)))
+                up = await _watch(fed, pushed)
+                reply, transport = pushed.result()
+                assert reply.accepted and transport == "grpc", reply.message
+                return down, between, up
+            finally:
+                await wire.close()
+
+        down, between, up = asyncio.run(scenario())
+    # After the download: the site trains, and the download's whole size and measured rate
+    # are shown (the model as the aggregator encoded it).
+    assert between.get("phase") in ("training", None) and "direction" not in between
+    last = between["last"]
+    model_bytes = last["bytes"]
+    assert last["direction"] == "down" and abs(model_bytes - enc.size) < 4096, last
+    # During it: its bytes, as sent, grew and stayed below the model's size.
+    sent = _moving(down, "down", model_bytes)
+    assert len(set(sent)) >= 2 and sent == sorted(sent), down
+    assert 0 < sent[0] < model_bytes and sent[-2] < model_bytes
+    assert 0 < last["rate_bytes_per_s"] < RATE * 3, last  # the link's rate plus buffers
+    # During the upload: the bytes received grow below the size.
+    got = _moving(up, "up", enc.size)
+    assert len(set(got)) >= 2 and got == sorted(got) and all(g < enc.size for g in got), up
+    # The site's own log showed each transfer while it ran (slower than one interval).
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedgpu.node.link"]
+    for what in ("download over grpc: ", "upload over grpc: "):
+        during = [line for line in lines if line.startswith(what)]
+        assert during, (what, lines)
+        assert " MB in " in during[0] and "s left" in during[0], during
+    assert EVERY_S <= 5.0
