@@ -142,7 +142,7 @@ class WireClient:
         progress = TransferLog("download over bulk", header.payload_size)
         try:
             await asyncio.to_thread(self.bulk.download, header.bulk.ticket, header.bulk.port,
-                                    pulled.receiver, 60.0, progress.add)
+                                    pulled.receiver, on_bytes=progress.add)
             payload = pulled.receiver.finish()
         except bulk.BulkUnreachable:
             _release(pulled.receiver)
@@ -340,7 +340,8 @@ class WireClient:
                 try:
                     started = time.perf_counter()
                     message = await asyncio.to_thread(self.bulk.upload, ticket.ticket,
-                                                      ticket.port, data, 60.0, progress.add)
+                                                      ticket.port, data,
+                                                      on_bytes=progress.add)
                     return (pb.PushReply(accepted=True, message=message), "bulk",
                             time.perf_counter() - started)
                 except bulk.BulkUnreachable:
