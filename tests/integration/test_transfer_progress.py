@@ -30,11 +30,11 @@ from tests.net.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 
-# A 24 MiB model over a 4 MB/s link: ~6.3 s each way, past the node's first progress line.
+# A 24 MiB model over a 3 MB/s link: ~8.4 s each way, well past the node's first progress line.
 # Large against the buffers between the two ends (gRPC's flow-control windows, the sockets'):
 # a sender counts what it hands over, which runs ahead of the wire by what they hold (~3 MB).
 MODEL = {"w": np.zeros(6 << 20, dtype=np.float32)}
-RATE = 4_000_000
+RATE = 3_000_000
 MAX_BYTES = 1 << 30
 
 
@@ -120,12 +120,13 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
     assert last["direction"] == "down" and abs(model_bytes - enc.size) < 4096, last
     # During it: its bytes, as sent, grew and stayed below the model's size.
     sent = _moving(down, "down", model_bytes)
-    assert len(set(sent)) >= 2 and sent == sorted(sent), down
-    assert 0 < sent[0] < model_bytes and sent[-2] < model_bytes
+    assert sent == sorted(sent) and sent[-1] <= model_bytes, down
+    assert len({b for b in sent if 0 < b < model_bytes}) >= 2, down
     assert 0 < last["rate_bytes_per_s"] < RATE * 3, last  # the link's rate plus buffers
     # During the upload: the bytes received grow below the size.
     got = _moving(up, "up", enc.size)
-    assert len(set(got)) >= 2 and got == sorted(got) and all(g < enc.size for g in got), up
+    assert got == sorted(got) and got[-1] <= enc.size, up
+    assert len({g for g in got if 0 < g < enc.size}) >= 2, up
     # The site's own log showed each transfer while it ran (slower than one interval).
     lines = [r.getMessage() for r in caplog.records if r.name == "fedgpu.node.link"]
     for what in ("download over grpc: ", "upload over grpc: "):
