@@ -163,6 +163,12 @@ def test_a_download_ticket_serves_once_and_forged_ones_not_at_all(wire: Wire) ->
     bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, asm)
     got, _ = codec.decode(asm.finish())
     assert all(np.array_equal(got[k], GLOBAL[k]) for k in GLOBAL)
+    # Counted as the port sent it: the open round shows the finished download and its rate.
+    last = wait_for(lambda: next((s["last"] for s in (wire.fed.query("ListRounds").get("open")
+                                                       or {}).get("sites", []) if "last" in s),
+                                 None), what="the download in the open round")
+    assert last["direction"] == "down" and last["bytes"] == task.payload_size, last
+    assert last["rate_bytes_per_s"] > 0
     before = dict(wire.status()["bulk"]["refused"])
 
     again = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
