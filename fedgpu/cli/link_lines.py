@@ -37,7 +37,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
 
 def _site_line(site: dict[str, Any]) -> str:
     """One site of the open round: its phase, and a transfer's direction, bytes done of its
-    size, rate and time left, or the rate its finished download was sent at."""
+    size, rate and time left, or the rate its last finished transfer moved at."""
     parts = [f"  {site['node']}", site.get("phase") or site["state"]]
     if site.get("direction"):
         parts.append(site["direction"])

@@ -67,6 +67,8 @@ class RoundState:
     # upload time as the aggregator saw it: `fedgpu report` splits a round's duration by them.
     aggregation_s: float = 0.0
     upload_s: dict[str, float] = field(default_factory=dict)
+    # Each node's upload size: with upload_s, the rate `fedgpu rounds` shows after it ended.
+    upload_bytes: dict[str, int] = field(default_factory=dict)
     # The path each node's update came by (bulk port or gRPC).
     transport: dict[str, Transport] = field(default_factory=dict)
     # Async (FedBuff): done as soon as this many updates were accepted (0: when all answered).

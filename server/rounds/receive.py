@@ -85,6 +85,7 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
             tensors = None
             if got is not None:
                 rnd.upload_s[node.node_id] = got.seconds
+                rnd.upload_bytes[node.node_id] = header.payload_size
                 rnd.transport[node.node_id] = transport
                 spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(orch.links.decode, node.node_id,

@@ -117,6 +117,7 @@ class SecAggIntake:
                                          "payload")
                 if header.kind == pb.TASK_KIND_SECAGG_MASKED_INPUT:
                     rnd.upload_s[node.node_id] = got.seconds
+                    rnd.upload_bytes[node.node_id] = header.payload_size
                     rnd.transport[node.node_id] = transport
                     rnd.bytes_received += header.payload_size
                 try:

@@ -4,7 +4,7 @@ transfer in flight its direction, the bytes done of its size, the rate and the t
 
 Both directions are counted where the aggregator moves the bytes, on either path: a download as
 it is sent (server/transfer/downloads.py), an upload as it lands (server/transfer/uploads.py).
-A site whose download ended in this round shows the rate it was sent at (`last`).
+A site whose download or upload ended in this round shows the rate it moved at (`last`).
 """
 
 from __future__ import annotations
@@ -43,16 +43,23 @@ def open_round(orch: Orchestrator, uploads: Any, downloads: Downloads | None = N
         elif (d := sending.get(name)) is not None:
             entry.update(phase="downloading", **_moving("down", d.done, d.size, d.sent,
                                                         d.seconds))
+        elif node_id in rnd.upload_s:
+            entry["last"] = _ended("up", rnd.upload_bytes.get(node_id, 0),
+                                   rnd.upload_s[node_id])
         elif (d := downloads.last(name)) is not None \
                 and d.ended_at >= rnd.started:
             if state == SlotState.ASSIGNED:
                 entry["phase"] = "training"
-            entry["last"] = {"direction": "down", "bytes": d.size,
-                             "seconds": round(d.seconds, 3),
-                             "rate_bytes_per_s": round(d.rate, 1) or None}
+            entry["last"] = _ended("down", d.size, d.seconds)
         sites.append(entry)
     return {"round": rnd.number, "attempt": rnd.attempt,
             "deadline_in_s": round(max(rnd.deadline - now, 0.0), 1), "sites": sites}
+
+
+def _ended(direction: str, size: int, seconds: float) -> dict[str, Any]:
+    """A site's last transfer of the round, ended: its size, time and the rate it moved at."""
+    return {"direction": direction, "bytes": size, "seconds": round(seconds, 3),
+            "rate_bytes_per_s": round(size / seconds, 1) if size and seconds > 0 else None}
 
 
 def _moving(direction: str, done: int, size: int, moved: int, seconds: float

@@ -4,8 +4,9 @@ token bucket, tests/net/fault_proxy.py), weights over gRPC.
 
 While the site downloads the model and then uploads its update, `fedgpu rounds --json`'s `open`
 (read through ListRounds, the same document) shows the transfer's direction and its bytes done
-growing below the size, as the aggregator sends or receives them; after the download, the rate
-it was sent at. The site's own log shows progress lines during each transfer.
+growing below the size, as the aggregator sends or receives them; after each, the rate it moved
+at (a second, fast site keeps the round open past the slow site's upload). The slow site's own
+log shows progress lines during each transfer.
 
 Threat model: none new. The figures are the aggregator's own counts of the bytes it moved; a
 site learns nothing from them (they are shown to operators only).
@@ -23,7 +24,7 @@ import pytest
 
 from fedgpu.core import codec
 from fedgpu.node.transfer_log import EVERY_S
-from fedgpu.node.wire_client import WireClient
+from fedgpu.node.wire_client import Pulled, WireClient
 from fedgpu.proto import pb
 from tests.fixtures.federation import Federation, cli, write_job
 from tests.net.fault_proxy import FaultProxy
@@ -55,6 +56,21 @@ async def _watch(fed: Federation, work: asyncio.Task[Any]) -> list[dict[str, Any
     return seen
 
 
+async def _train_task(wire: WireClient, node_id: str) -> Pulled:
+    for _ in range(30):
+        pulled = await wire.pull(node_id, 1, MAX_BYTES)
+        if pulled.header.kind == pb.TASK_KIND_TRAIN:
+            if isinstance(pulled.receiver, codec.Assembler):
+                pulled.receiver.release()
+            return pulled
+    raise AssertionError("no training task came")
+
+
+def _update(node_id: str, pulled: Pulled) -> pb.UpdateHeader:
+    return pb.UpdateHeader(node_id=node_id, task_id=pulled.header.task_id,
+                           round=pulled.header.round, kind=pulled.header.kind, num_examples=10)
+
+
 def _moving(seen: list[dict[str, Any]], direction: str, size: int) -> list[int]:
     done = [s["bytes"] for s in seen if s.get("direction") == direction]
     assert all(s["size"] == size for s in seen if s.get("direction") == direction)
@@ -72,46 +88,44 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
     init.write_bytes(enc.to_bytes())
     # No bulk port: the weights take the gRPC path, through the rate-limited proxy.
     fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--bulk-port", "0")
-    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=1, evaluate=False,
+    # Two sites: the round stays open after the slow site's upload until the fast one answers.
+    job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=2, evaluate=False,
                     round_deadline_s=90, initial_weights=str(init))
     with FaultProxy(("127.0.0.1", int(fed.address.rsplit(":", 1)[1])), rate=RATE) as proxy:
 
         async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any],
-                                      list[dict[str, Any]]]:
+                                      list[dict[str, Any]], dict[str, Any]]:
             wire = WireClient(f"127.0.0.1:{proxy.port}", fed.token)
+            fast = WireClient(fed.address, fed.token)
             try:
                 node_id = (await wire.register(pb.RegisterRequest(
                     node_name="slow", tasks=["digits"]))).node_id
+                fast_id = (await fast.register(pb.RegisterRequest(
+                    node_name="fast", tasks=["digits"]))).node_id
                 r = await asyncio.to_thread(cli, "job", "submit", str(job), "--address",
                                             fed.address)
                 assert r.returncode == 0, r.stderr
-
-                async def pull() -> Any:
-                    for _ in range(30):
-                        pulled = await wire.pull(node_id, 1, MAX_BYTES)
-                        if pulled.header.kind == pb.TASK_KIND_TRAIN:
-                            return pulled
-                    raise AssertionError("no training task came")
-
-                pulled_task = asyncio.create_task(pull())
+                pulled_task = asyncio.create_task(_train_task(wire, node_id))
+                fast_task = await _train_task(fast, fast_id)
                 down = await _watch(fed, pulled_task)
                 pulled = pulled_task.result()
                 between = _site(await asyncio.to_thread(fed.query, "ListRounds"), "slow")
                 assert between is not None
-                if isinstance(pulled.receiver, codec.Assembler):
-                    pulled.receiver.release()
-                header = pb.UpdateHeader(node_id=node_id, task_id=pulled.header.task_id,
-                                         round=pulled.header.round, kind=pulled.header.kind,
-                                         num_examples=10)
-                pushed = asyncio.create_task(wire.push(header, codec.encode(MODEL)))
+                pushed = asyncio.create_task(wire.push(_update(node_id, pulled),
+                                                       codec.encode(MODEL)))
                 up = await _watch(fed, pushed)
                 reply, transport = pushed.result()
                 assert reply.accepted and transport == "grpc", reply.message
-                return down, between, up
+                after = _site(await asyncio.to_thread(fed.query, "ListRounds"), "slow")
+                assert after is not None
+                reply, _ = await fast.push(_update(fast_id, fast_task), codec.encode(MODEL))
+                assert reply.accepted, reply.message
+                return down, between, up, after
             finally:
                 await wire.close()
+                await fast.close()
 
-        down, between, up = asyncio.run(scenario())
+        down, between, up, after = asyncio.run(scenario())
     # After the download: the site trains, and the download's whole size and measured rate
     # are shown (the model as the aggregator encoded it).
     assert between.get("phase") in ("training", None) and "direction" not in between
@@ -127,6 +141,9 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
     got = _moving(up, "up", enc.size)
     assert got == sorted(got) and got[-1] <= enc.size, up
     assert len({g for g in got if 0 < g < enc.size}) >= 2, up
+    # After it, while the round waits for the other site: the upload's size and rate.
+    assert after["last"]["direction"] == "up" and after["last"]["bytes"] == enc.size, after
+    assert 0 < after["last"]["rate_bytes_per_s"] < RATE * 2, after
     # The site's own log showed each transfer while it ran (slower than one interval).
     lines = [r.getMessage() for r in caplog.records if r.name == "fedgpu.node.link"]
     for what in ("download over grpc: ", "upload over grpc: "):

@@ -397,7 +397,7 @@
         if (s.bytes !== undefined) parts.push(`${(s.bytes / 1e6).toFixed(1)}/${(s.size / 1e6).toFixed(1)} MB`);
         if (s.rate_bytes_per_s) parts.push(`at ${mbit(s.rate_bytes_per_s)}`);
         if (s.time_left_s !== undefined && s.time_left_s !== null) parts.push(`~${num(s.time_left_s, 0)} s left`);
-        // A finished download of this round: the rate it was sent at.
+        // The last transfer of this round that ended: the rate it moved at.
         if (s.last) parts.push(`(${s.last.direction} ${(s.last.bytes / 1e6).toFixed(1)} MB in ${num(s.last.seconds, 1)} s at ${mbit(s.last.rate_bytes_per_s)})`);
         items.push(h("li", {"data-transfer": s.node}, parts.join(" ")));
       }
