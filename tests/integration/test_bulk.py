@@ -160,7 +160,10 @@ def test_a_download_ticket_serves_once_and_forged_ones_not_at_all(wire: Wire) ->
     algo, digest = digests.of_header(task)
     assert algo is codec.DigestAlgo.BLAKE3
     asm = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
-    bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, asm)
+    landed: list[int] = []  # what the node's progress lines count (node/transfer_log.py)
+    bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, asm,
+                  on_bytes=landed.append)
+    assert sum(landed) == task.payload_size
     got, _ = codec.decode(asm.finish())
     assert all(np.array_equal(got[k], GLOBAL[k]) for k in GLOBAL)
     # Counted as the port sent it: the open round shows the finished download and its rate.
