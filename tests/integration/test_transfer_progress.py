@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.node.transfer_log import EVERY_S
 from fedgpu.node.wire_client import Pulled, WireClient
 from fedgpu.proto import pb
 from tests.fixtures.federation import Federation, cli, write_job
@@ -144,10 +143,9 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
     # After it, while the round waits for the other site: the upload's size and rate.
     assert after["last"]["direction"] == "up" and after["last"]["bytes"] == enc.size, after
     assert 0 < after["last"]["rate_bytes_per_s"] < RATE * 2, after
-    # The site's own log showed each transfer while it ran (slower than one interval).
+    # The site's own log showed each transfer while it ran (each outlasts a 5 s interval).
     lines = [r.getMessage() for r in caplog.records if r.name == "fedgpu.node.link"]
     for what in ("download over grpc: ", "upload over grpc: "):
         during = [line for line in lines if line.startswith(what)]
         assert during, (what, lines)
         assert " MB in " in during[0] and "s left" in during[0], during
-    assert EVERY_S <= 5.0
