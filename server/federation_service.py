@@ -1,5 +1,6 @@
 """The `fedgpu.v1.Federation` service: thin gRPC glue over the registry and the running
-job's round engine. Nodes register once with the federation and stay across jobs.
+job's round engine. Nodes register once with the federation and stay across jobs (what a
+registration and a heartbeat report is taken in server/registration.py).
 
 With a bulk port, the weights themselves may move beside gRPC (server/transfer/bulk_server.py): a
 PullTask asked with `bulk` carries a download ticket instead of chunks, and OpenUpload checks
@@ -13,25 +14,20 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
-from fedgpu.core import site_policy, slots
-from fedgpu.core.admission import SiteCapacity
-from fedgpu.core.admission_wire import capacity_from_wire
+from fedgpu.core import slots
 from fedgpu.core.bulk import Direction
 from fedgpu.core.bundles import BundleError
 from fedgpu.core.constants import TaskApproval, Transport
-from fedgpu.core.errors import ConfigError
-from fedgpu.core.site_policy import SitePolicy
 from fedgpu.proto import pb, pb_grpc
+from fedgpu.server import registration
 from fedgpu.server.auth import Auth
 from fedgpu.server.jobs import log_context
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.lifecycle import Lifecycle
-from fedgpu.server.registry import NameTaken, Node, Registry, RegistryFull, Retired
+from fedgpu.server.registry import Node, Registry
 from fedgpu.server.rejections import STATUS_OF, Reject, UpdateRejected
 from fedgpu.server.rounds.attempt import RoundState
 from fedgpu.server.rounds.engine import Orchestrator
@@ -42,7 +38,7 @@ from fedgpu.server.transfer.bulk_server import ReceiveBy
 from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import TicketBook
 from fedgpu.server.transfer.uploads import Received, Uploads
-from fedgpu.server.transfer.wire_limits import WireError, shown
+from fedgpu.server.transfer.wire_limits import shown
 
 log = logging.getLogger("fedgpu.server.federation")
 
@@ -51,23 +47,6 @@ MAX_POLL_S = 30
 # restart thousands of sites poll at once, and must not all come back in the same second
 # forever after.
 POLL_JITTER = (0.6, 1.0)
-
-def _as_dict(msg: Any) -> dict[str, Any]:
-    return MessageToDict(msg, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
-
-
-async def _capacity(request: pb.RegisterRequest | pb.HeartbeatRequest,
-                    context: grpc.aio.ServicerContext) -> SiteCapacity | None:
-    """The node's reported GPU capacity (None when it reports none); a malformed one is
-    refused with the reason."""
-    if not request.HasField("capacity"):
-        return None
-    try:
-        return capacity_from_wire(request.capacity)
-    except ValueError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"capacity refused: {exc}")
-        raise  # abort raises; this line only tells the type checker
 
 
 class FederationService(pb_grpc.FederationServicer):
@@ -115,45 +94,7 @@ class FederationService(pb_grpc.FederationServicer):
                        ) -> pb.RegisterReply:
         # An operator's credential is refused here: operators never train.
         await self.auth.node(context)
-        try:
-            name = wire_limits.check_registration(request)
-        except WireError as exc:
-            log.warning("refused registration from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {exc}")
-        # A node without some job's task still joins: it is left out of that job, and
-        # `fedgpu job status` says why.
-        await self.auth.bind(context, name, "registration")
-        capacity = await _capacity(request, context)
-        try:
-            node = self.registry.register(
-                name=name,
-                peer=context.peer(),
-                version=request.version,
-                devices=_as_dict(request.devices),
-                decision=_as_dict(request.decision),
-                labels=dict(request.labels),
-                tasks=list(request.tasks),
-                identity=request.identity,
-            )
-        except RegistryFull as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except NameTaken as exc:
-            log.warning("refused registration from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        except Retired as exc:
-            log.info("refused registration from %s: %s", context.peer(), exc)
-            # The agent reads "retired:" as the end of its service, not as an error.
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"retired: {exc}")
-        node.ring_host, node.ring_port = request.ring_host.strip(), request.ring_port
-        node.stated_examples = max(request.num_examples, 0)
-        node.capacity = capacity
-        node.task_approval = request.task_approval
-        node.slots = slots.advertised(request.slots)
-        node.site_policy = _site_policy(request, name)
-        node.policy_refusal = None  # it may have restarted with another policy
-        log.info("node %s registered as %s from %s; gpu decision: %s", name, node.node_id,
-                 node.peer, request.decision.reason or "n/a")
-        self.auth.audit_soon(f"node {name}", "node.register", node.node_id, "OK", node.peer)
+        node = await registration.register(self.registry, self.auth, request, context)
         return pb.RegisterReply(
             node_id=node.node_id,
             run_id=self.federation_id,
@@ -177,18 +118,7 @@ class FederationService(pb_grpc.FederationServicer):
         if node is None:
             return pb.HeartbeatReply(known=False, bulk_port=self.bulk_port)
         await self.auth.bind(context, node.name, "heartbeat")
-        try:
-            wire_limits.check_heartbeat(request)
-        except WireError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"heartbeat refused: {exc}")
-        self.registry.touch(node.node_id)
-        node.state = request.state or node.state
-        self.registry.link(node.name).report(request.down_bytes_per_s, request.up_bytes_per_s)
-        if request.HasField("decision"):
-            node.decision = _as_dict(request.decision)
-        capacity = await _capacity(request, context)
-        if capacity is not None:
-            self.registry.report_capacity(node, capacity)
+        await registration.heartbeat(self.registry, node, request, context)
         # A task no open round waits for (its job was stopped, its round closed): the node
         # kills its worker instead of training for an update that would be refused.
         abandon = bool(request.task_id) and not self.jobs.wants(node, request.task_id)
@@ -407,16 +337,6 @@ class FederationService(pb_grpc.FederationServicer):
     async def _abort(context: grpc.aio.ServicerContext, exc: UpdateRejected) -> None:
         code = STATUS_OF.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT)
         await context.abort(code, f"update rejected ({exc.reason}): {exc.message}")
-
-
-def _site_policy(request: pb.RegisterRequest, name: str) -> SitePolicy | None:
-    """The policy the node advertised (None: none, or one this aggregator cannot read: the
-    node decides for itself either way, so the registration stands)."""
-    try:
-        return site_policy.from_json(request.site_policy_json, f"node {name}'s site policy")
-    except ConfigError as exc:
-        log.warning("%s: its tasks are offered as if it had none (it checks them itself)", exc)
-        return None
 
 
 def grpc_resume_key(node: Node, header: pb.UpdateHeader) -> str:

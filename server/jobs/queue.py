@@ -24,30 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedgpu.core.bundles import BundleRef
-from fedgpu.core.constants import JobState, Mode, RunState
-from fedgpu.core.errors import ConfigError, FedgpuError
-from fedgpu.core.job import Job, loads_toml, parse_job, with_bundle_task
+from fedgpu.core.constants import JobState, RunState
+from fedgpu.core.errors import FedgpuError
+from fedgpu.core.job import Job
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
-from fedgpu.server.jobs import resume, scheduling, waiting
+from fedgpu.server.jobs import scheduling, waiting
 from fedgpu.server.jobs.bundles import BundleStore, offers_of
-from fedgpu.server.jobs.earlier import earlier_model
 from fedgpu.server.jobs.intake import DEFAULT_MAX_QUEUED, Intake
-from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
+from fedgpu.server.jobs.job_engine import build_engine, job_from_row, starting_weights
 from fedgpu.server.jobs.log_context import job_task
 from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.state import JobRow, StateStore
 from fedgpu.server.registry import Node, Registry
-from fedgpu.server.rounds.buffered import AsyncPlan
-from fedgpu.server.rounds.cross_site import CrossSitePlan
 from fedgpu.server.rounds.engine import Orchestrator
-from fedgpu.server.rounds.ring import RingPlan
-from fedgpu.server.rounds.scoring import ScorePlan
-from fedgpu.server.rounds.statistics import StatsPlan
-from fedgpu.server.secagg.plan import SecAggPlan
 from fedgpu.server.studies import Studies
 from fedgpu.server.transfer.downloads import Downloads
 from fedgpu.server.transfer.wire_limits import shown
@@ -73,22 +64,6 @@ class ActiveJob:
     orch: Orchestrator
     task: asyncio.Task[None]
     stop_requested: bool = False
-
-
-def job_from_row(row: JobRow) -> Job:
-    """The job a row stores, read back through the job schema: the validated job the intake
-    stored (job_json, Job.to_dict). A row whose stored job this version cannot read (written
-    by a version whose to_dict differed) falls back to the file as submitted, parsed by the
-    same schema."""
-    where = f"job {row.job_id}"
-    try:
-        job = Job.from_dict(dict(row.job), where)
-    except ConfigError:
-        if not row.job_toml:
-            raise
-        log.info("%s: its stored job does not read back; parsing its job file", where)
-        job = parse_job(loads_toml(row.job_toml, where), where)
-    return with_bundle_task(job, row.bundle_name or row.task) if row.bundle_sha256 else job
 
 
 class JobManager:
@@ -273,8 +248,11 @@ class JobManager:
         try:
             job = job_from_row(row)
             # Reading (and checking) the weights may take seconds for a large model.
-            initial = await asyncio.to_thread(self._initial_weights, row, job)
-            orch = self._orchestrator(row, job, initial)
+            initial = await asyncio.to_thread(starting_weights, self.store, self.state_dir,
+                                              row, job)
+            orch = build_engine(row, job, initial, store=self.store, registry=self.registry,
+                                state_dir=self.state_dir, chunk_size=self.chunk_size,
+                                roster=self.roster(row.job_id))
         except Exception as exc:  # noqa: BLE001 - whatever it is ends this job, not the queue
             if not self._stopped_meanwhile(row.job_id):
                 self._fail(row.job_id, exc)
@@ -349,37 +327,6 @@ class JobManager:
                                                    else ""),
                              level="error" if state is JobState.FAILED else "info")
         log.info("job %s %s%s", job_id, state, f": {error}" if error else "")
-
-    def _initial_weights(self, row: JobRow, job: Job) -> dict[str, np.ndarray] | None:
-        if job.model_from_job is not None:
-            return earlier_model(self.store, self.state_dir, job.model_from_job)
-        return iw.for_run(self.state_dir / row.state_dir, job.initial_weights, row.job_id)
-
-    def _orchestrator(self, row: JobRow, job: Job,
-                      initial: dict[str, np.ndarray] | None) -> Any:
-        directory = self.state_dir / row.state_dir
-        checkpointer = JobCheckpoint(directory, self.store, row.job_id)
-        saved = checkpointer.load()
-        if saved is not None:
-            resume.check(job, saved[0], saved[1], initial, directory)
-        stats = job.mode == Mode.STATISTICS
-        orch = Orchestrator(job, self.registry, chunk_size=self.chunk_size,
-                            checkpointer=checkpointer,
-                            # Statistics: no model; an empty one skips the init round.
-                            initial_weights={} if stats else initial,
-                            plan=(StatsPlan(job) if stats
-                                  else RingPlan(job) if job.mode == Mode.RING
-                                  else SecAggPlan(job) if job.secure_aggregation
-                                  else AsyncPlan(job) if job.mode == Mode.ASYNC
-                                  else ScorePlan(job) if job.mode == Mode.EVALUATE
-                                  else CrossSitePlan(job) if job.mode == Mode.CROSS_SITE
-                                  else None),
-                            bundle=row.bundle, job_id=row.job_id,
-                            roster=self.roster(row.job_id))
-        if saved is not None:
-            orch.restore(*saved)
-            self.store.add_event(row.job_id, f"resumed after round {orch.global_round}")
-        return orch
 
     def roster(self, job_id: str) -> JobRoster:
         """Who job `job_id` may sample: its study's sites, not held by another running job."""

@@ -16,28 +16,28 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec, digests, jsondoc, local_params
-from fedgpu.core.admission_wire import resources_to_wire
+from fedgpu.core import codec, jsondoc, local_params
 from fedgpu.core.bundles import BundleRef
-from fedgpu.core.constants import GpuNeed, RoundStatus, RunState
+from fedgpu.core.constants import RoundStatus, RunState
 from fedgpu.core.job import Job
-from fedgpu.core.site_policy import terms_of
-from fedgpu.core.site_policy_wire import terms_to_wire
-from fedgpu.proto import pb
 from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rounds import attempt_end
 from fedgpu.server.rounds.answers import Answers
 from fedgpu.server.rounds.attempt import RoundState, RunFailed, Task
-from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights, map_weights
-from fedgpu.server.rounds.eligibility import Seating, eligible_nodes, never_started
+from fedgpu.server.rounds.checkpoint import Checkpointer, SavedWeights
+from fedgpu.server.rounds.eligibility import Seating
 from fedgpu.server.rounds.history import History
 from fedgpu.server.rounds.link_admission import LinkAdmission
+from fedgpu.server.rounds.new_model import aggregate
+from fedgpu.server.rounds.node_wait import NodeWait
 from fedgpu.server.rounds.plans import EvalPlan, InitPlan, Plan, StarPlan, TrainPlan
 from fedgpu.server.rounds.records import RoundRecord
 from fedgpu.server.rounds.reopen import Reopener
+from fedgpu.server.rounds.served_model import ServedModel
 from fedgpu.server.rounds.states import SlotState
-from fedgpu.server.rounds.validation import first_non_finite
-from fedgpu.server.rounds.work import configure, task_hyperparameters
-from fedgpu.server.transfer.payload import ModelPayload, to_wire
+from fedgpu.server.rounds.task_headers import TaskHeaders
+from fedgpu.server.rounds.work import configure
+from fedgpu.server.transfer.payload import ModelPayload
 
 log = logging.getLogger("fedgpu.server.rounds.engine")
 
@@ -63,11 +63,6 @@ class Orchestrator:
         # The task's bundle (None: installed on the nodes): named in every task header, and
         # only nodes whose site allows it are sampled (server/rounds/eligibility.py).
         self.bundle = bundle
-        # What each site's own policy checks of the job (fedgpu/core/site_policy.py).
-        self._terms = terms_to_wire(terms_of(job, job_id))
-        self._bundle_msg = (pb.TaskBundle(sha256=bundle.sha256, size=bundle.size,
-                                          name=bundle.name, entry=bundle.entry, job_id=job_id)
-                            if bundle is not None else None)
         self.registry = registry
         self.chunk_size = chunk_size
         self.checkpointer = checkpointer
@@ -86,8 +81,6 @@ class Orchestrator:
         self.global_spec: dict[str, tuple[str, tuple[int, ...]]] | None = (
             codec.spec(self.global_weights) if self.global_weights is not None else None)
         self.global_round = 0
-        # A round was ever opened (queue_timeout_s applies only before the first).
-        self.opened_any = False
         self.history = History()
         self.current: RoundState | None = None
         self.current_plan: Plan = self.plan
@@ -97,13 +90,13 @@ class Orchestrator:
         self.answers = Answers(self, self._agg_lock)
         # Which sites' links can carry a round in time (server/rounds/link_admission.py).
         self.links = LinkAdmission(job, registry, job_id)
-        self._payload: ModelPayload | None = None
-        # The file the global model was last adopted from, and the arrays mapped from it.
-        self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
+        self.headers = TaskHeaders(job, job_id, bundle, self.links)
+        # Enough sites that can take a round, and whether a round waits for them.
+        self.nodes = NodeWait(job, registry, bundle, roster, self.links)
+        # The model's download, and the checkpoint file it is held from.
+        self.served = ServedModel(job.wire_dtype)
         # True once the job has run to its end, here or before a restart (from the checkpoint).
         self.completed = False
-        # True while a round waits for enough nodes that can take the job (`job status`).
-        self.waiting_for_nodes = False
         # Why the run finished before its last round (a spent privacy budget); None: it did not.
         self.end_reason: str | None = None
         # The open attempt on disk, reopened by a restart in its middle (server/rounds/reopen.py).
@@ -113,6 +106,11 @@ class Orchestrator:
     def rejections(self) -> Counter[str]:
         return self.history.rejections
 
+    @property
+    def waiting_for_nodes(self) -> bool:
+        """True while a round waits for enough nodes that can take the job (`job status`)."""
+        return self.nodes.waiting
+
     def restore(self, weights: dict[str, np.ndarray], state: Mapping[str, Any]) -> None:
         """Continue a checkpointed run: the next round is the one after the last finished one
         (a round the restart interrupted runs again; none that finished runs twice)."""
@@ -120,7 +118,7 @@ class Orchestrator:
         self.global_weights = weights
         self.global_spec = codec.spec(weights)
         self.global_round = int(state["global_round"])
-        self.opened_any = self.global_round > 0
+        self.nodes.opened_any = self.global_round > 0
         self.history.load(state)
         self.started_at = float(state.get("started_at") or self.started_at)
         self.completed = bool(state.get("completed"))
@@ -128,7 +126,7 @@ class Orchestrator:
         tensors = (self.checkpointer.load_strategy_tensors(self.global_round)
                    if self.checkpointer is not None else None)
         self.strategy.load_state(state.get("strategy") or {}, tensors)
-        self._payload = None
+        self.served.forget()
         if self.checkpointer is not None:
             self._adopt(self.checkpointer.saved(state))
         self.reopener.restored()
@@ -205,12 +203,12 @@ class Orchestrator:
             spent = min(attempt, plan.attempts() - 1)
         while spent < plan.attempts():
             attempt += 1
-            pool = await self._wait_for_nodes(plan.pool_size(), plan)
+            pool = await self.nodes.pool(plan.pool_size(), plan,
+                                         lambda: self._model_payload().size)
             back = None
             if saved is not None and attempt == saved.attempt:
-                pool = await self.reopener.gather(saved, pool, lambda: eligible_nodes(
-                    self.job, self.registry.alive(), self.bundle, self.roster),
-                    self.job.round_deadline_s)
+                pool = await self.reopener.gather(saved, pool, self.nodes.eligible,
+                                                  self.job.round_deadline_s)
                 back = self.reopener.sites(saved, pool, plan.required(pool))
             chosen = back if back is not None else plan.choose(pool, number, attempt)
             if self.roster is not None:
@@ -221,11 +219,13 @@ class Orchestrator:
                 assert self.global_weights is not None
                 async with self._agg_lock:
                     self.strategy.begin_round(self.shared_weights)
-            await self._await(rnd, plan)
+            await attempt_end.await_answers(rnd, plan, self.registry)
             ok = plan.succeeded(rnd)
             new = None
             if ok and plan.aggregates:
-                new = await self._aggregate(rnd)
+                # None (and rnd.error) when not finite: a poisoned model is never committed.
+                new = await aggregate(rnd, self.strategy, self._agg_lock, self.global_weights,
+                                      self.job.local_params)
                 ok = new is not None
             self._close(rnd)
             # Recorded before the checkpoint is written, so the round is in its history.
@@ -252,52 +252,6 @@ class Orchestrator:
                 spent += 1
         raise RunFailed(plan.give_up(number, error))
 
-    async def _aggregate(self, rnd: RoundState) -> dict[str, np.ndarray] | None:
-        """The round's new global model; None (and rnd.error) when it is not finite, so that
-        a poisoned model is never committed, checkpointed or sent to the nodes."""
-        async with self._agg_lock:
-            # From here on an update that arrives is late: the strategy is being finished.
-            rnd.closed = True
-            t0 = time.perf_counter()
-            new = await asyncio.to_thread(self.strategy.finish)
-            bad = await asyncio.to_thread(first_non_finite, new)
-            rnd.aggregation_s += time.perf_counter() - t0
-        problem = (f"tensor {bad!r} of the aggregate holds NaN or Inf" if bad is not None
-                   else self.strategy.pending_problem())
-        if problem is not None:
-            rnd.error = (f"round {rnd.number} attempt {rnd.attempt}: {problem}; the round is "
-                         "retried from the previous model")
-            return None
-        self.strategy.commit()
-        # Local tensors (local_params) keep the global model's own copy: no update had them.
-        return local_params.merged(self.global_weights or {}, new, self.job.local_params)
-
-    async def _wait_for_nodes(self, needed: int, plan: Plan | None = None) -> list[Node]:
-        last_log = 0.0
-        since = time.monotonic()
-        while True:
-            alive = eligible_nodes(self.job, self.registry.alive(), self.bundle,
-                                   self.roster)
-            if plan is not None and self.links.applies(plan.kind, plan.sends_model):
-                # Sites whose links cannot make the deadline are left out (or compress).
-                alive = self.links.sort(alive, self._model_payload().size)
-            if len(alive) >= needed:
-                self.waiting_for_nodes = False
-                self.opened_any = True
-                return alive
-            self.waiting_for_nodes = True
-            if not self.opened_any and time.monotonic() - since > self.job.queue_timeout_s:
-                raise RunFailed(never_started(self.job, self.registry, self.bundle, needed,
-                                              len(alive), self.roster))
-            if time.monotonic() - last_log > 30:
-                log.info("waiting for nodes: %d of %d needed are connected and can take the "
-                         "job", len(alive), needed)
-                last_log = time.monotonic()
-            try:
-                await asyncio.wait_for(self.registry.changed.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-
     @property
     def shared_weights(self) -> dict[str, np.ndarray]:
         """The global model less its local tensors (local_params): what updates hold."""
@@ -309,22 +263,18 @@ class Orchestrator:
     def take_initial(self, tensors: dict[str, np.ndarray]) -> None:
         self.global_weights = {k: np.array(v) for k, v in tensors.items()}
         self.global_spec = codec.spec(self.global_weights)
-        self._payload = None
+        self.served.forget()
 
     @property
     def payload_size(self) -> int:
         """Bytes of the model being sent to the sites (0: none encoded yet)."""
-        return self._payload.size if self._payload is not None else 0
+        return self.served.size
 
     def _model_payload(self) -> ModelPayload:
         # Encoded once per global model and shared by every node's download; after a
         # checkpoint it is the checkpoint's file (set in commit).
-        if self._payload is None:
-            assert self.global_weights is not None
-            enc = codec.encode(to_wire(self.global_weights, self.job.wire_dtype),
-                               {"global_round": str(self.global_round)})
-            self._payload = ModelPayload.from_encoded(enc)
-        return self._payload
+        assert self.global_weights is not None
+        return self.served.payload(self.global_weights, self.global_round)
 
     def _open(self, number: int, attempt: int, chosen: list[Node], plan: Plan,
               task_ids: Mapping[str, str] | None = None) -> RoundState:
@@ -336,23 +286,8 @@ class Orchestrator:
         per_node = plan.task_fields(number, attempt, chosen)
         for node, fields in zip(chosen, per_node, strict=True):
             task_id = (task_ids or {}).get(node.name) or secrets.token_hex(8)
-            header = pb.TaskHeader(
-                task_id=task_id,
-                round=number,
-                kind=plan.kind,
-                task_name=self.job.task,
-                hyperparameters_json=json.dumps(self.links.hyperparameters(
-                    node, task_hyperparameters(self.job, self.run_id), self.run_id)),
-                use_gpu=self.job.needs.gpu is not GpuNeed.NONE,
-                resources=resources_to_wire(self.job.needs),
-                payload_size=payload.size if payload is not None else 0,
-                evaluated_round=plan.evaluated_round,
-                bundle=self._bundle_msg,
-                job_terms=self._terms,
-                **fields,
-            )
-            if payload is not None:
-                digests.stamp(header, payload.algorithm, payload.digest)
+            header = self.headers.header(node, task_id, number, plan, self.run_id, payload,
+                                         fields)
             node.assigned[self.job_id] = Task(task_id, number, plan.kind, header, payload)
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED
@@ -364,31 +299,8 @@ class Orchestrator:
         log.info("%s", plan.describe(rnd, chosen))
         return rnd
 
-    async def _await(self, rnd: RoundState, plan: Plan) -> None:
-        while not rnd.done.is_set():
-            now = time.time()
-            if (now >= rnd.deadline or rnd.hopeless()
-                    or plan.stop_waiting(rnd, self.registry, now)):
-                break
-            # Wake regularly: a participant that vanished can't answer, but may be replaced.
-            try:
-                await asyncio.wait_for(rnd.done.wait(), timeout=min(rnd.deadline - now, 1.0))
-            except TimeoutError:
-                pass
-
     def _close(self, rnd: RoundState) -> None:
-        rnd.closed = True
-        for node_id, state in rnd.slots.items():
-            node = self.registry.get(node_id)
-            if (state in (SlotState.ASSIGNED, SlotState.UPLOADING)
-                    and self.current_plan.carries(rnd, node_id)):
-                continue  # async: still training (or sending), its update joins a later step
-            if state in (SlotState.ASSIGNED, SlotState.UPLOADING):
-                rnd.slots[node_id] = SlotState.DROPPED
-                log.info("round %d: %s dropped (no update by the deadline)", rnd.number, node_id)
-            held = node.assigned.get(self.job_id) if node is not None else None
-            if node is not None and held is not None and held.round == rnd.number:
-                del node.assigned[self.job_id]
+        attempt_end.close(rnd, self.current_plan, self.registry, self.job_id)
         self.current = None
 
     def _record(self, rnd: RoundState, status: RoundStatus) -> RoundRecord:
@@ -409,26 +321,20 @@ class Orchestrator:
                                                "global_round": number}))
             # The model adopted from its file and unchanged (the last commit of a run, with
             # its final evaluation): that file stays, nothing is encoded or written again.
-            same = (self._saved[0] if self._saved is not None and self._saved[1] is weights
-                    else None)
             saved = await asyncio.to_thread(self.checkpointer.save, weights, state,
-                                            tensors=self.strategy.tensor_state(), same_as=same)
+                                            tensors=self.strategy.tensor_state(),
+                                            same_as=self.served.file_of(weights))
         self.global_weights = weights
         self.global_round = number
-        self._payload = None
+        self.served.forget()
         self._adopt(saved)
 
     def _adopt(self, saved: SavedWeights | None) -> None:
         """Serve and hold the global model from its checkpoint file: downloads read the file,
         and the arrays become read-only views of it, so the aggregate they were computed in
         is freed (a multi-GB model is not kept twice)."""
-        if saved is None:
-            return
-        if self.job.wire_dtype is None:
-            # In half precision the nodes get an encoding of their own (_model_payload).
-            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
-        self.global_weights = map_weights(saved.path)
-        self._saved = (saved, self.global_weights)
+        if saved is not None:
+            self.global_weights = self.served.adopt(saved)  # server/rounds/served_model.py
 
     def checkpoint_state(self) -> dict[str, Any]:
         # The history keys go to the job's state store, the rest to state.json

@@ -10,7 +10,8 @@ from typing import Any
 import fedgpu
 from fedgpu.core import cross_site_matrix as cross_site
 from fedgpu.core.constants import JobState, Mode
-from fedgpu.server.jobs.queue import JobManager, job_from_row
+from fedgpu.server.jobs.job_engine import job_from_row
+from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.state import JobRow, SavedHistory
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds import device_time

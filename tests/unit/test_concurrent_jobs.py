@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from fedgpu.server.jobs import scheduling
-from fedgpu.server.jobs.queue import JobManager, job_from_row
+from fedgpu.server.jobs.job_engine import job_from_row
+from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.seats import JobRoster, Seats
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry

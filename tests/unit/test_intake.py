@@ -15,8 +15,9 @@ from fedgpu.core.constants import JobState
 from fedgpu.core.job import parse_job
 from fedgpu.proto import admin_pb2
 from fedgpu.server.jobs.intake import QueueFull
+from fedgpu.server.jobs.job_engine import job_from_row
 from fedgpu.server.jobs.memory_store import MemoryStore
-from fedgpu.server.jobs.queue import JobManager, job_from_row
+from fedgpu.server.jobs.queue import JobManager
 from fedgpu.server.jobs.state import JobRow
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry

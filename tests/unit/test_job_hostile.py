@@ -25,6 +25,7 @@ from fedgpu.core.job_bounds import INT64_MAX, INT64_MIN, MAX_RING_NODES, derived
 from fedgpu.proto import pb
 from fedgpu.server.jobs import initial_weights as iw
 from fedgpu.server.jobs.intake import QueueFull
+from fedgpu.server.jobs.job_engine import starting_weights
 from fedgpu.server.jobs.queue import JobError, JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
@@ -297,7 +298,7 @@ def test_a_job_queued_with_a_path_by_an_earlier_version(tmp_path: Path) -> None:
                              submitted_by="op", rounds=job.rounds,
                              state_dir="jobs/0123456789ab")
     with pytest.raises(ConfigError, match="not stored with this job.*submit it again"):
-        jobs._initial_weights(row, job)
+        starting_weights(jobs.store, jobs.state_dir, row, job)
     (tmp_path / row.state_dir).mkdir(parents=True)
     (tmp_path / row.state_dir / "state.json").write_text("{}")
-    assert jobs._initial_weights(row, job) is None
+    assert starting_weights(jobs.store, jobs.state_dir, row, job) is None

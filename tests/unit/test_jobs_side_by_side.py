@@ -18,8 +18,9 @@ from typing import Any
 
 from fedgpu.core.constants import JobState
 from fedgpu.server.jobs.events import JobLogHandler
+from fedgpu.server.jobs.job_engine import job_from_row
 from fedgpu.server.jobs.log_context import job_task
-from fedgpu.server.jobs.queue import ActiveJob, JobManager, job_from_row
+from fedgpu.server.jobs.queue import ActiveJob, JobManager
 from fedgpu.server.jobs.store import JobStore
 from fedgpu.server.registry import Registry
 from fedgpu.server.rounds.engine import Orchestrator
