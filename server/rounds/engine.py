@@ -265,11 +265,6 @@ class Orchestrator:
         self.global_spec = codec.spec(self.global_weights)
         self.served.forget()
 
-    @property
-    def payload_size(self) -> int:
-        """Bytes of the model being sent to the sites (0: none encoded yet)."""
-        return self.served.size
-
     def _model_payload(self) -> ModelPayload:
         # Encoded once per global model and shared by every node's download; after a
         # checkpoint it is the checkpoint's file (set in commit).

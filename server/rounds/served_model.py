@@ -19,11 +19,6 @@ class ServedModel:
         # The file the global model was last adopted from, and the arrays mapped from it.
         self._saved: tuple[SavedWeights, dict[str, np.ndarray]] | None = None
 
-    @property
-    def size(self) -> int:
-        """Bytes of the model being sent to the sites (0: none encoded yet)."""
-        return self._payload.size if self._payload is not None else 0
-
     def payload(self, weights: dict[str, np.ndarray], global_round: int) -> ModelPayload:
         """The download of `weights`, encoded on first use; forget() when the model changes."""
         if self._payload is None:
