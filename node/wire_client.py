@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import bulk, codec, digests, segments
 from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
@@ -81,7 +81,8 @@ def default_receiver(header: pb.TaskHeader, max_bytes: int) -> Receiver:
         algo, digest = digests.of_header(header)
     except digests.UnknownDigest as exc:
         raise codec.CodecError(str(exc)) from None
-    return codec.Assembler(header.payload_size, digest, max_bytes, algo)
+    return codec.Assembler(header.payload_size, digest, max_bytes, algo,
+                           segment_digests=header.payload_segment_digests)
 
 
 class WireClient:
@@ -195,7 +196,7 @@ class WireClient:
         if held is not None:
             request.bulk = False
             request.resume_task_id = held.header.task_id
-            request.resume_offset = held.asm.received
+            request.resume_offset = held.asm.rewind()  # the end of its last verified segment
         call = self._stub.PullTask(
             request, metadata=self._metadata,
             # The server holds the poll up to wait_s, then the payload may take a while.
@@ -318,6 +319,10 @@ class WireClient:
                                                      codec.WIRE_DIGEST)
                     digests.stamp(header, codec.WIRE_DIGEST, digest)
             if self.bulk.usable and header.payload_size:
+                if not header.payload_segment_digests:  # checked by the aggregator as they land
+                    header.payload_segment_digests = await asyncio.to_thread(
+                        *(segments.of_file, source) if isinstance(source, Path)
+                        else (segments.of_views, source.segments))
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)
                 if ticket.already_accepted:

@@ -29,6 +29,7 @@ error. Integers are big-endian.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from fedgpu.core import codec
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
+from fedgpu.core.segments import SegmentedDigest, segmented
 from fedgpu.core.tls import TlsFiles, ssl_client_context
 
 MAGIC = b"FGB1"
@@ -211,14 +213,15 @@ class DigestSink:
     being hashed is never the one being filled."""
 
     def __init__(self, size: int, digest: str, algorithm: codec.DigestAlgo,
-                 block: int = RECV_BLOCK) -> None:
+                 block: int = RECV_BLOCK, segment_digests: bytes = b"") -> None:
         self.size, self.expected, self.algorithm = size, digest.lower(), algorithm
         self.received = 0
         length = min(block, max(size, 1))
         self._bufs = (bytearray(length), bytearray(length) if size > length else bytearray())
         self._cur = 0
         self._fill = 0
-        plain = codec.hasher(algorithm)
+        plain = segmented(codec.hasher(algorithm), segment_digests, size)
+        self._segments = plain if isinstance(plain, SegmentedDigest) else None
         self._digest: codec.Hasher | PipelinedDigest = (
             PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
 
@@ -241,6 +244,20 @@ class DigestSink:
             raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
         self._digest.update(chunk)
         self.received += len(chunk)
+
+    def rewind(self) -> int:
+        """As codec.Assembler.rewind: back to the end of the last verified segment."""
+        if self._segments is None:
+            return self.received
+        with contextlib.suppress(codec.CodecError):  # a damaged segment is simply not kept
+            if self._fill:
+                self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
+                self._cur = 1 - self._cur if self._bufs[1] else 0
+            if isinstance(self._digest, PipelinedDigest):
+                self._digest.wait()
+        self._fill = 0
+        self.received = self._segments.rewind()
+        return self.received
 
     def finish(self) -> None:
         codec.check_whole(self.received, self.size, self._digest, self.expected, self.algorithm)
@@ -340,7 +357,8 @@ def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
     OSError or codec errors otherwise."""
     with connect(host, port, tls) as sock:
         sock.settimeout(idle_s)
-        status = first_status(sock, ticket, asm.received)
+        # Resumed: from the end of the last verified segment (the bytes held, without them).
+        status = first_status(sock, ticket, asm.rewind())
         if not status.ok:
             raise RefusedError(status)
         recv_payload(sock, asm, idle_s)

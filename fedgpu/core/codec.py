@@ -8,11 +8,13 @@ Never pickle: only numeric dtypes are accepted.
 
 The wire digest is BLAKE3 (several GB/s on one core; sha256 runs at ~1.7 GB/s here, slower
 than the network); payloads name their algorithm, so sha256 ones (older senders, older
-checkpoints) stay readable.
+checkpoints) stay readable. The errors are in fedgpu/core/codec_errors.py (segments raise them
+too); callers name them codec.CodecError and so on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -23,14 +25,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
 
 import blake3
 import ml_dtypes
 import numpy as np
 
 from fedgpu.core.buffers import FRESH, BufferPool
+from fedgpu.core.codec_errors import CodecError, DigestMismatch, PayloadTooLarge, Truncated
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, Hasher, PipelinedDigest
+from fedgpu.core.segments import SegmentedDigest, segmented
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
@@ -53,31 +56,6 @@ DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 _NAMES = {dt: name for name, dt in DTYPES.items()}
-
-
-class CodecError(ValueError):
-    """A payload that is not a well-formed tensor set. `reason` names the kind of defect in
-    the words the aggregator counts refusals by, so nobody classifies errors by their text."""
-
-    reason: ClassVar[str] = "malformed"
-
-
-class PayloadTooLarge(CodecError):
-    """The announced payload is larger than the receiver's limit."""
-
-    reason = "too_large"
-
-
-class DigestMismatch(CodecError):
-    """Every byte arrived, but they do not hash to the announced digest."""
-
-    reason = "digest"
-
-
-class Truncated(CodecError):
-    """The stream ended before the announced size."""
-
-    reason = "truncated"
 
 
 class DigestAlgo(StrEnum):
@@ -306,7 +284,7 @@ class Assembler:
 
     def __init__(self, size: int, digest: str, limit: int,
                  algorithm: DigestAlgo = DigestAlgo.SHA256,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, segment_digests: bytes = b"") -> None:
         if size < 0:
             raise CodecError(f"payload size {size} is negative")
         if size > limit:
@@ -323,7 +301,9 @@ class Assembler:
         self._pos = 0
         # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
         self._hashed = 0
-        self._digest = hasher(algorithm)
+        # With segment digests, each segment is checked as it is hashed (fedgpu.core.segments).
+        self.segment_digests = segment_digests
+        self._digest = segmented(hasher(algorithm), segment_digests, size)
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
@@ -370,6 +350,17 @@ class Assembler:
         # release(), which waits for the thread).
         (self._pipe or self._digest).update(memoryview(self._buffer())[self._hashed:self._pos])
         self._hashed = self._pos
+
+    def rewind(self) -> int:
+        """A broken transfer: keep only the bytes up to the end of the last verified segment
+        (all of them without segment digests); where the transfer resumes."""
+        with contextlib.suppress(CodecError):  # a damaged segment is simply not kept
+            self._hash_received()
+            if self._pipe is not None:
+                self._pipe.wait()
+        if isinstance(self._digest, SegmentedDigest):
+            self._pos = self._hashed = self._digest.rewind()
+        return self._pos
 
     def finish(self) -> memoryview:
         """The whole payload, writable (decode() then returns writable arrays)."""

@@ -353,6 +353,7 @@ class Orchestrator:
             )
             if payload is not None:
                 digests.stamp(header, payload.algorithm, payload.digest)
+                header.payload_segment_digests = payload.segment_digests()
             node.assigned[self.job_id] = Task(task_id, number, plan.kind, header, payload)
             node.wakeup.set()
             rnd.slots[node.node_id] = SlotState.ASSIGNED

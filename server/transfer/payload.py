@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, segments
 
 # Bytes per send from a file on a TLS socket (sendfile cannot encrypt).
 SEND_BLOCK = 4 << 20
@@ -64,6 +64,15 @@ class ModelPayload:
     _fd: int | None = None
     _segments: tuple[memoryview, ...] = ()
     _finalizer: weakref.finalize | None = field(default=None, repr=False)
+    _segment_digests: bytes | None = None
+
+    def segment_digests(self) -> bytes:
+        """What the task header announces of the payload's segments (fedgpu/core/segments.py):
+        hashed once per model, at its first task, like its whole digest."""
+        if self._segment_digests is None:
+            self._segment_digests = (segments.of_views(self._segments) if self._fd is None
+                                     else segments.of_file(self._fd))
+        return self._segment_digests
 
     @classmethod
     def from_file(cls, path: Path, digest: str, algorithm: codec.DigestAlgo) -> ModelPayload:
