@@ -318,11 +318,11 @@ class WireClient:
                     digest = await asyncio.to_thread(codec.digest_file, source,
                                                      codec.WIRE_DIGEST)
                     digests.stamp(header, codec.WIRE_DIGEST, digest)
+            if not header.payload_segment_digests:  # checked by the aggregator as they land
+                header.payload_segment_digests = await asyncio.to_thread(
+                    *(segments.of_file, source) if isinstance(source, Path)
+                    else (segments.of_views, source.segments))
             if self.bulk.usable and header.payload_size:
-                if not header.payload_segment_digests:  # checked by the aggregator as they land
-                    header.payload_segment_digests = await asyncio.to_thread(
-                        *(segments.of_file, source) if isinstance(source, Path)
-                        else (segments.of_views, source.segments))
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)
                 if ticket.already_accepted:
