@@ -17,10 +17,11 @@ The conversation (TLS or mutual TLS around all of it when the gRPC port uses TLS
               payload; client -> payload_size - offset bytes; server -> status frame (verdict)
 
 Resume: a ticket outlives a connection that broke for RESUME_TTL_S. Presented again, a
-download continues at the offset the node asks for (the bytes it holds, already folded into
-its running BLAKE3 of the payload), an upload at the offset the aggregator names (the bytes it
-kept). Either way the whole payload is checked against the digest its header names before it
-is used, so a resumed payload is as verified as one sent in one piece.
+download continues at the offset the node asks for, an upload at the offset the aggregator
+names: the end of the last segment the receiver verified against the segment digests its
+header announced (fedgpu/core/segments.py; the bytes held when none were announced). Each
+segment is checked as it lands and the whole payload against its digest before it is used,
+so a resumed payload is as verified as one sent in one piece.
 
 A status frame is a u32 length and a JSON object {"ok", "code", "reason", "message"}; `code`
 is the gRPC status name the same outcome gets on the gRPC path, so callers handle one kind of
