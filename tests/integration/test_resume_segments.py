@@ -66,7 +66,7 @@ def wire_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
         fed.stop()
 
 
-def _update(task: pb.TaskHeader, scale: float) -> tuple[codec.Encoded, pb.UpdateHeader, bytes]:
+def _update(task: pb.TaskHeader, scale: float) -> tuple[codec.Encoded, bytes, bytes]:
     enc = codec.encode({"w": MODEL["w"] * scale + task.round})
     digests = segments.of_views(enc.segments)
     return enc, digests, enc.to_bytes()
@@ -205,6 +205,27 @@ def test_a_header_with_the_wrong_digest_count_is_refused(wire: Wire, announced: 
         wire.stub.OpenUpload(header, metadata=wire.md, timeout=10)
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "has 22 segments" in err.value.details()
+
+
+def test_a_damaged_segment_on_grpc_is_refused_naming_it(wire: Wire) -> None:
+    """The same check on the gRPC fallback (PushUpdate): chunks fold into the same segment
+    checks as a bulk connection's reads."""
+    task = wire.task()
+    before = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"].copy()
+    enc, digests, data = _update(task, 4.5)
+    bad = bytearray(data)
+    bad[3 * SEGMENT_BYTES + 5] ^= 0x01
+
+    def stream() -> Iterator[pb.UpdateChunk]:
+        yield pb.UpdateChunk(header=_header(wire, task, enc, digests))
+        for pos in range(0, len(bad), 1 << 20):
+            yield pb.UpdateChunk(data=bytes(bad[pos:pos + (1 << 20)]))
+
+    with pytest.raises(grpc.RpcError) as err:
+        wire.stub.PushUpdate(stream(), metadata=wire.md, timeout=30)
+    assert "segment 3 of 22" in err.value.details(), err.value.details()
+    now = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"]
+    assert np.array_equal(now, before)
 
 
 def test_a_damaged_segment_is_refused_naming_it_and_nothing_is_folded(wire: Wire) -> None:
