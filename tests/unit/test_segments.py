@@ -123,3 +123,11 @@ def test_without_segment_digests_every_byte_held_is_kept() -> None:
     _feed(asm, data, size, 1 << 20)
     asm.finish()
     asm.release()
+
+
+def test_more_segments_than_the_bound_are_refused_even_when_the_count_fits() -> None:
+    """A payload past MAX_SEGMENTS segments travels with its whole digest only."""
+    n = segments.MAX_SEGMENTS + 1
+    with pytest.raises(SegmentCountError, match="at most 65536 segments"):
+        segments.checked(n * SEGMENT_BYTES, b"\0" * (32 * n))
+    assert segments.checked(SEGMENT_BYTES, b"") == b""
