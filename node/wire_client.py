@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu.core import bulk, codec, digests, segments
+from fedgpu.core import bulk, codec, digests, segment_hasher
 from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
@@ -308,20 +308,22 @@ class WireClient:
     async def _push(self, header: pb.UpdateHeader, source: Source | None
                     ) -> tuple[pb.PushReply, str, float | None]:
         if source is not None:
+            # Segment digests (checked as they land) from the pass that made the digest; an
+            # Encoded of an older algorithm (not BLAKE3_SEGMENTS) costs a pass of its own.
             if isinstance(source, codec.Encoded):
-                header.payload_size = source.size
+                header.payload_size, segs = source.size, source.segment_digests
                 if not header.payload_digest and source.algorithm is not None:
                     digests.stamp(header, source.algorithm, source.digest)
+                if not segs and source.algorithm is not codec.WIRE_DIGEST:
+                    _, segs = await asyncio.to_thread(segment_hasher.of_views, source.segments)
             else:
-                header.payload_size = source.stat().st_size
-                if not header.payload_digest:
-                    digest = await asyncio.to_thread(codec.digest_file, source,
-                                                     codec.WIRE_DIGEST)
-                    digests.stamp(header, codec.WIRE_DIGEST, digest)
-            if not header.payload_segment_digests:  # checked by the aggregator as they land
-                header.payload_segment_digests = await asyncio.to_thread(
-                    *(segments.of_file, source) if isinstance(source, Path)
-                    else (segments.of_views, source.segments))
+                header.payload_size, segs = source.stat().st_size, b""
+                if not header.payload_digest or not header.payload_segment_digests:
+                    digest, segs = await asyncio.to_thread(codec.file_digests, source,
+                                                           codec.WIRE_DIGEST)
+                    if not header.payload_digest:
+                        digests.stamp(header, codec.WIRE_DIGEST, digest)
+            header.payload_segment_digests = header.payload_segment_digests or segs
             if self.bulk.usable and header.payload_size:
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)

@@ -43,7 +43,6 @@ from pathlib import Path
 
 from fedgpu.core import codec
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
-from fedgpu.core.segments import SegmentedDigest, segmented
 from fedgpu.core.tls import TlsFiles, ssl_client_context
 
 MAGIC = b"FGB1"
@@ -221,8 +220,8 @@ class DigestSink:
         self._bufs = (bytearray(length), bytearray(length) if size > length else bytearray())
         self._cur = 0
         self._fill = 0
-        plain = segmented(codec.hasher(algorithm), segment_digests, size)
-        self._segments = plain if isinstance(plain, SegmentedDigest) else None
+        plain = codec.receiving(algorithm, self.expected, segment_digests, size)
+        self._segments = plain if codec.resumable(plain) else None
         self._digest: codec.Hasher | PipelinedDigest = (
             PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
 

@@ -6,16 +6,16 @@ hashed and cut into chunks directly, and decoding returns `np.frombuffer` views 
 buffer. The bytes are a valid safetensors file, so any safetensors reader can open them.
 Never pickle: only numeric dtypes are accepted.
 
-The wire digest is BLAKE3 (several GB/s on one core; sha256 runs at ~1.7 GB/s here, slower
-than the network); payloads name their algorithm, so sha256 ones (older senders, older
-checkpoints) stay readable. The errors are in fedgpu/core/codec_errors.py (segments raise them
-too); callers name them codec.CodecError and so on.
+The digest algorithms are in fedgpu/core/payload_digest.py (the wire's: BLAKE3 over the
+BLAKE3 digests of 1 MiB segments, one pass for both; payloads name their algorithm, so plain
+"blake3" and sha256 ones from older senders and checkpoints stay readable). The errors are
+in fedgpu/core/codec_errors.py (segments raise them too); callers name them codec.CodecError
+and so on, and the digest names codec.DigestAlgo, codec.hasher and so on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import mmap
@@ -23,17 +23,23 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
-import blake3
 import ml_dtypes
 import numpy as np
 
 from fedgpu.core.buffers import FRESH, BufferPool
-from fedgpu.core.codec_errors import CodecError, DigestMismatch, PayloadTooLarge, Truncated
-from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, Hasher, PipelinedDigest
-from fedgpu.core.segments import SegmentedDigest, segmented
+from fedgpu.core.codec_errors import CodecError as CodecError
+from fedgpu.core.codec_errors import DigestMismatch as DigestMismatch
+from fedgpu.core.codec_errors import PayloadTooLarge
+from fedgpu.core.codec_errors import Truncated as Truncated
+from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
+from fedgpu.core.digest_pipe import Hasher as Hasher
+from fedgpu.core.payload_digest import WIRE_DIGEST, DigestAlgo, check_whole, receiving, resumable
+from fedgpu.core.payload_digest import digest_file as digest_file
+from fedgpu.core.payload_digest import file_digests as file_digests
+from fedgpu.core.payload_digest import hasher as hasher
+from fedgpu.core.segment_hasher import of_views
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
@@ -58,49 +64,6 @@ DTYPES: dict[str, np.dtype] = {
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 
 
-class DigestAlgo(StrEnum):
-    SHA256 = "sha256"
-    BLAKE3 = "blake3"
-
-
-# What this version sends; a receiver takes whichever the payload names.
-WIRE_DIGEST = DigestAlgo.BLAKE3
-
-
-def hasher(algo: DigestAlgo, all_cores: bool = False) -> Hasher:
-    """A fresh digest of `algo`. BLAKE3 on one thread by default: received bytes arrive block
-    by block while the other core is busy receiving them; `all_cores` for a payload that is
-    all in memory already (encode), which BLAKE3's tree splits across the cores."""
-    if algo is DigestAlgo.BLAKE3:
-        return blake3.blake3(max_threads=blake3.blake3.AUTO if all_cores else 1)
-    return hashlib.sha256()
-
-
-def digest_file(path: str | os.PathLike[str], algo: DigestAlgo) -> str:
-    """The digest of a file's bytes (BLAKE3 reads it memory-mapped, on all cores)."""
-    if algo is DigestAlgo.BLAKE3:
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        if os.path.getsize(path):
-            h.update_mmap(path)
-        return h.hexdigest()
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def check_whole(received: int, size: int, digest: Hasher, expected: str,
-                algorithm: str) -> None:
-    """A received payload's last check, on every path that receives one: every byte announced
-    came, and they hash to the digest its header named (a pipelined digest is closed)."""
-    if received != size:
-        raise Truncated(f"stream truncated: got {received} of {size} bytes")
-    actual = digest.hexdigest()
-    if isinstance(digest, PipelinedDigest):
-        digest.close()
-    if actual != expected:
-        raise DigestMismatch(f"{algorithm} mismatch: payload hashes to {actual}, "
-                             f"header says {expected or '(none)'}")
-
-
 def dtype_name(dtype: np.dtype) -> str:
     dt = np.dtype(dtype)
     if dt.byteorder == ">":
@@ -119,6 +82,9 @@ class Encoded:
     size: int
     digest: str
     algorithm: DigestAlgo | None = None
+    # What a header announces of its segments (BLAKE3_SEGMENTS: from the pass that made
+    # `digest`, so the sender never hashes the payload again).
+    segment_digests: bytes = b""
 
     def to_bytes(self) -> bytes:
         return b"".join(self.segments)
@@ -162,6 +128,8 @@ def encode(
     size = sum(s.nbytes for s in segments)
     if digest is None:
         return Encoded(tuple(segments), size, "")
+    if digest is DigestAlgo.BLAKE3_SEGMENTS:
+        return Encoded(tuple(segments), size, *of_views(segments), digest)
     h = hasher(digest, all_cores=True)
     for seg in segments:
         h.update(seg)
@@ -303,7 +271,7 @@ class Assembler:
         self._hashed = 0
         # With segment digests, each segment is checked as it is hashed (fedgpu.core.segments).
         self.segment_digests = segment_digests
-        self._digest = segmented(hasher(algorithm), segment_digests, size)
+        self._digest = receiving(algorithm, self.expected, segment_digests, size)
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
@@ -358,7 +326,7 @@ class Assembler:
             self._hash_received()
             if self._pipe is not None:
                 self._pipe.wait()
-        if isinstance(self._digest, SegmentedDigest):
+        if resumable(self._digest):
             self._pos = self._hashed = self._digest.rewind()
         return self._pos
 

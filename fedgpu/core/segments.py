@@ -4,7 +4,10 @@ BLAKE3 digest, announced with the transfer (UpdateHeader / TaskHeader
 segment may be short). A receiver checks each segment as it completes, so a transfer that
 breaks resumes from the end of the last *verified* segment, never from bytes nobody checked
 yet, and a damaged segment ends the transfer naming it. The whole payload's digest is still
-checked at the end (codec.check_whole): the segments add checks, they replace none.
+checked at the end (codec.check_whole): the segments add checks, they replace none. With the
+wire's algorithm, BLAKE3_SEGMENTS, that digest is BLAKE3 over the segment digests, so one pass
+gives both (fedgpu/core/segment_hasher.py); SegmentedDigest here is the two-pass check for
+payloads named "blake3" or sha256 (older senders) that announce segment digests too.
 
 Why 1 MiB: a cut re-sends at most the segment it fell in, and issue 37's target is at most
 5% of the payload re-sent; with 1 MiB that holds from 20 MiB payloads up (the 64 MB model of
@@ -19,10 +22,6 @@ memory or CPU amplification) is refused before anything is received.
 """
 
 from __future__ import annotations
-
-import mmap
-import os
-from collections.abc import Sequence
 
 import blake3
 
@@ -47,50 +46,6 @@ class SegmentCountError(CodecError):
 def count(size: int) -> int:
     """How many segments a payload of `size` bytes has (the last may be short)."""
     return -(-size // SEGMENT_BYTES)
-
-
-def of_views(views: Sequence[memoryview]) -> bytes:
-    """The segment digests of a payload laid out as `views` (codec.Encoded.segments), hashed
-    in place; b"" for a payload of more than MAX_SEGMENTS segments (whole digest only)."""
-    if count(sum(v.nbytes for v in views)) > MAX_SEGMENTS:
-        return b""
-    out = bytearray()
-    seg = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    fill = 0
-    for view in views:
-        pos = 0
-        while pos < view.nbytes:
-            take = min(view.nbytes - pos, SEGMENT_BYTES - fill)
-            seg.update(view[pos:pos + take])
-            pos += take
-            fill += take
-            if fill == SEGMENT_BYTES:
-                out += seg.digest()
-                seg, fill = blake3.blake3(max_threads=blake3.blake3.AUTO), 0
-    if fill:
-        out += seg.digest()
-    return bytes(out)
-
-
-def of_file(file: str | os.PathLike[str] | int) -> bytes:
-    """The segment digests of a file's bytes, by path or open descriptor (memory-mapped: no
-    copy through this process)."""
-    if isinstance(file, int):
-        return _of_descriptor(file)
-    with open(file, "rb") as fh:
-        return _of_descriptor(fh.fileno())
-
-
-def _of_descriptor(fd: int) -> bytes:
-    size = os.fstat(fd).st_size
-    if not size:
-        return b""
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
-        view = memoryview(m)
-        try:
-            return of_views([view])
-        finally:
-            view.release()
 
 
 def checked(size: int, digests: bytes) -> bytes:

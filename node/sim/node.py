@@ -300,9 +300,10 @@ class SimNode:
                 pass  # nothing but the reason
             elif self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
                                                                     pb.TASK_KIND_TRAIN):
-                size, digest = await asyncio.to_thread(synthetic.file_payload,
-                                                       self.cfg.update_file)
+                size, digest, segs = await asyncio.to_thread(synthetic.file_payload,
+                                                             self.cfg.update_file)
                 digests.stamp(update, codec.WIRE_DIGEST, digest)
+                update.payload_segment_digests = segs
                 source = self.cfg.update_file
             elif weights is not None:
                 source = await asyncio.to_thread(codec.encode, weights)

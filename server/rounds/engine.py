@@ -427,7 +427,8 @@ class Orchestrator:
             return
         if self.job.wire_dtype is None:
             # In half precision the nodes get an encoding of their own (_model_payload).
-            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
+            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm,
+                                                  saved.segment_digests)
         self.global_weights = map_weights(saved.path)
         self._saved = (saved, self.global_weights)
 

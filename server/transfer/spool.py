@@ -32,7 +32,6 @@ from pathlib import Path
 
 from fedgpu.core import codec
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
-from fedgpu.core.segments import SegmentedDigest, segmented
 from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.transfer.budget import ByteBudget
 
@@ -115,8 +114,8 @@ class SpoolFile:
         self._bufs: tuple[bytearray, bytearray] | None = None
         self._cur = 0
         self._fill = 0  # bytes of the current buffer not yet written out
-        plain = segmented(codec.hasher(algorithm), segment_digests, size)
-        self._segments = plain if isinstance(plain, SegmentedDigest) else None
+        plain = codec.receiving(algorithm, self.expected, segment_digests, size)
+        self._segments = plain if codec.resumable(plain) else None
         self._digest: codec.Hasher | PipelinedDigest = (
             PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
         self._map: mmap.mmap | None = None

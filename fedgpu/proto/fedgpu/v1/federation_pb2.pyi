@@ -12,6 +12,7 @@ class DigestAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DIGEST_ALGORITHM_UNSPECIFIED: _ClassVar[DigestAlgorithm]
     DIGEST_ALGORITHM_SHA256: _ClassVar[DigestAlgorithm]
     DIGEST_ALGORITHM_BLAKE3: _ClassVar[DigestAlgorithm]
+    DIGEST_ALGORITHM_BLAKE3_SEGMENTS: _ClassVar[DigestAlgorithm]
 
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
+DIGEST_ALGORITHM_BLAKE3_SEGMENTS: DigestAlgorithm
 TASK_KIND_NONE: TaskKind
 TASK_KIND_INIT: TaskKind
 TASK_KIND_TRAIN: TaskKind
