@@ -129,7 +129,8 @@ def encode(
     if digest is None:
         return Encoded(tuple(segments), size, "")
     if digest is DigestAlgo.BLAKE3_SEGMENTS:
-        return Encoded(tuple(segments), size, *of_views(segments), digest)
+        root, announced = of_views(segments)  # the digest and the segments', one pass
+        return Encoded(tuple(segments), size, root, digest, announced)
     h = hasher(digest, all_cores=True)
     for seg in segments:
         h.update(seg)

@@ -105,7 +105,7 @@ def test_a_download_cut_resumes_from_the_bytes_held(wire: Wire, share: float) ->
     path = BulkPath(f"127.0.0.1:{wire.bulk_port}", None)
     path.reset(wire.bulk_port)
     asm = codec.Assembler(task.payload_size, task.payload_digest, 1 << 30,
-                          codec.DigestAlgo.BLAKE3)
+                          codec.WIRE_DIGEST)
     with FaultProxy(("127.0.0.1", wire.bulk_port)) as proxy:
         proxy.cut(Way.DOWN, int(task.payload_size * share))
         path.download(task.bulk.ticket, proxy.port, asm)
@@ -324,7 +324,7 @@ def test_parked_bytes_count_against_the_budget_and_expire(tmp_path: Path) -> Non
         a.settimeout(5)
         header = pb.UpdateHeader(payload_size=enc.size)
         from fedgpu.core import digests
-        digests.stamp(header, codec.DigestAlgo.BLAKE3, enc.digest)
+        digests.stamp(header, codec.WIRE_DIGEST, enc.digest)
         data = enc.to_bytes()
 
         async def blocking(fn, *args):  # type: ignore[no-untyped-def]
