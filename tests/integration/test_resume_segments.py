@@ -5,7 +5,9 @@ proxy (tests/net/fault_proxy.py) cutting a transfer in the middle of a segment.
 A cut resumes from the start of the segment it fell in (the end of the last verified one),
 never from bytes nobody has checked: the bytes sent twice are the cut segment's head, within
 issue 37's 5% of the payload. A damaged segment is refused naming it and nothing is folded; a
-header announcing the wrong number of digests is refused before any byte is sent.
+header announcing the wrong number of digests, or digests that do not hash to its payload
+digest (BLAKE3_SEGMENTS, the wire's), is refused before any byte is sent; an older sender's
+plain BLAKE3 payload with segment digests is still taken, checked in two passes.
 
 Threat model: bytes damaged or spliced on the way (a middlebox, a proxy, a resumed stream
 continued with other bytes) are refused at the first segment they touch; the whole-payload
@@ -22,7 +24,7 @@ import grpc
 import numpy as np
 import pytest
 
-from fedgpu.core import bulk, codec, segments
+from fedgpu.core import bulk, codec, digests, segment_hasher, segments
 from fedgpu.core.segments import SEGMENT_BYTES
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
@@ -68,14 +70,13 @@ def wire_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
 
 def _update(task: pb.TaskHeader, scale: float) -> tuple[codec.Encoded, bytes, bytes]:
     enc = codec.encode({"w": MODEL["w"] * scale + task.round})
-    digests = segments.of_views(enc.segments)
-    return enc, digests, enc.to_bytes()
+    return enc, enc.segment_digests, enc.to_bytes()
 
 
-def _header(wire: Wire, task: pb.TaskHeader, enc: codec.Encoded, digests: bytes
+def _header(wire: Wire, task: pb.TaskHeader, enc: codec.Encoded, segs: bytes
             ) -> pb.UpdateHeader:
     header = wire.header(task, enc)
-    header.payload_segment_digests = digests
+    header.payload_segment_digests = segs
     return header
 
 
@@ -252,3 +253,33 @@ def test_a_damaged_segment_is_refused_naming_it_and_nothing_is_folded(wire: Wire
     assert "segment 7 of 22" in verdict.message
     now = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"]
     assert np.array_equal(now, before)
+
+
+def test_a_header_whose_segments_do_not_hash_to_its_digest_is_refused(wire: Wire) -> None:
+    """Every digest is a true segment's, but two are swapped: the list is not the one the
+    payload digest names, and the aggregator refuses the header before a byte moves."""
+    task = wire.task()
+    enc, segs, _ = _update(task, 6.0)
+    swapped = segs[32:64] + segs[:32] + segs[64:]
+    with pytest.raises(grpc.RpcError) as err:
+        wire.stub.OpenUpload(_header(wire, task, enc, swapped), metadata=wire.md, timeout=10)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "segment digests hash to" in err.value.details(), err.value.details()
+
+
+def test_an_older_sender_s_plain_blake3_update_is_still_taken(wire: Wire) -> None:
+    """A node of the version before: "blake3" names the whole payload's plain BLAKE3, and
+    its segment digests come from a second pass; the aggregator checks both."""
+    task = wire.task()
+    enc = codec.encode({"w": MODEL["w"] * 6.5 + task.round}, digest=codec.DigestAlgo.BLAKE3)
+    assert not enc.segment_digests
+    _, segs = segment_hasher.of_views(enc.segments)
+    header = wire.header(task, enc)
+    digests.stamp(header, codec.DigestAlgo.BLAKE3, enc.digest)
+    header.payload_segment_digests = segs
+    ticket = wire.stub.OpenUpload(header, metadata=wire.md, timeout=10)
+    assert bulk.upload("127.0.0.1", wire.bulk_port, None, ticket.ticket, enc.segments).ok
+    rec = finished(wire, task.round)  # (its attempt counts the refusals of the tests before)
+    assert len(rec["updates"]) == 1
+    model = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")
+    assert np.array_equal(model["w"], codec.decode(enc.to_bytes())[0]["w"])

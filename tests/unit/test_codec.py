@@ -158,7 +158,7 @@ def test_assembler_limits_truncation_overflow_and_digest() -> None:
     flipped[-1] ^= 1
     asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     asm.add(bytes(flipped))
-    with pytest.raises(codec.DigestMismatch, match="blake3 mismatch") as err:
+    with pytest.raises(codec.DigestMismatch, match="blake3-segments mismatch") as err:
         asm.finish()
     assert err.value.reason == "digest"
 
