@@ -111,7 +111,8 @@ class SegmentHasher:
         Without announced digests nothing is forgotten."""
         if not self.digests:
             return self._pos
-        del self._done[self.verified // SEGMENT_BYTES * DIGEST_BYTES:]
+        # The verified end is a segment boundary or the payload's end (a short last segment).
+        del self._done[count(self.verified) * DIGEST_BYTES:]
         self._seg = blake3.blake3(max_threads=1)
         self._fill = 0
         self._pos = self.verified

@@ -62,6 +62,10 @@ def test_the_digest_is_blake3_of_the_segment_digests_however_the_payload_is_laid
         h.update(memoryview(data)[pos:pos + 300_001])
     assert h.hexdigest() == root and h.segment_digests() == digests  # type: ignore[attr-defined]
     assert root != blake3.blake3(data).hexdigest()  # not plain BLAKE3: an algorithm of its own
+    # A break after the last byte: every segment verified, nothing to forget.
+    checked_h = segment_hasher.SegmentHasher(digests, len(data))
+    checked_h.update(data)
+    assert checked_h.rewind() == len(data) and checked_h.hexdigest() == root
 
 
 def test_encode_gives_the_digest_and_the_segment_digests_in_one_pass() -> None:
