@@ -68,14 +68,14 @@ class Bench:
     def update_header(self, task: pb.TaskHeader, enc: codec.Encoded) -> pb.UpdateHeader:
         h = pb.UpdateHeader(node_id=self.node_id, task_id=task.task_id, round=task.round,
                             kind=task.kind, num_examples=10, payload_size=enc.size)
-        digests.stamp(h, codec.DigestAlgo.BLAKE3, enc.digest)
+        digests.stamp(h, codec.WIRE_DIGEST, enc.digest)
         return h
 
     def bulk_down(self, task: pb.TaskHeader) -> tuple[float, int]:
         path = BulkPath(f"127.0.0.1:{self.bulk_relay.address[1]}", None)
         path.reset(self.bulk_relay.address[1])
         asm = codec.Assembler(task.payload_size, task.payload_digest, 1 << 34,
-                              codec.DigestAlgo.BLAKE3)
+                              codec.WIRE_DIGEST)
         started = time.perf_counter()
         path.download(task.bulk.ticket, self.bulk_relay.address[1], asm)
         asm.finish()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from fedgpu.core import bulk, codec, digests, local_params
+from fedgpu.core import bulk, codec, digests, local_params, segment_hasher
 from fedgpu.core.errors import FedgpuError
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.errors import SecAggError, Stage
@@ -228,10 +228,9 @@ def _note_share(task: pb.TaskHeader, update: pb.UpdateHeader, report: ShareRepor
              " (clipped)" if report.clipped else "", report.std, report.cut)
 
 
-def _digest(data: bytes | bytearray) -> str:
-    h = codec.hasher(codec.WIRE_DIGEST, all_cores=True)
-    h.update(data)
-    return str(h.hexdigest())
+def _digest(data: bytes | bytearray) -> tuple[str, bytes]:
+    """(digest, segment digests) of a stage message: codec.WIRE_DIGEST, in one pass."""
+    return segment_hasher.of_views([memoryview(data)])
 
 
 async def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | bytearray,
@@ -243,9 +242,9 @@ async def _send(link: Link, task: pb.TaskHeader, stage: Stage, data: bytes | byt
         header.CopyFrom(like)
     header.node_id, header.task_id, header.round = link.node_id, task.task_id, task.round
     header.kind, header.num_examples = KIND_OF[stage], 0
-    digest = await asyncio.to_thread(_digest, data)
+    digest, segs = await asyncio.to_thread(_digest, data)
     digests.stamp(header, codec.WIRE_DIGEST, digest)
-    source = codec.Encoded((memoryview(data),), len(data), digest, codec.WIRE_DIGEST)
+    source = codec.Encoded((memoryview(data),), len(data), digest, codec.WIRE_DIGEST, segs)
     for attempt in range(3):
         try:
             # A refusal (grpc.RpcError) ends this node's part: the caller stops.

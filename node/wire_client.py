@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from fedgpu.core import bulk, codec, digests
+from fedgpu.core import bulk, codec, digests, segment_hasher
 from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
@@ -82,7 +82,8 @@ def default_receiver(header: pb.TaskHeader, max_bytes: int) -> Receiver:
         algo, digest = digests.of_header(header)
     except digests.UnknownDigest as exc:
         raise codec.CodecError(str(exc)) from None
-    return codec.Assembler(header.payload_size, digest, max_bytes, algo)
+    return codec.Assembler(header.payload_size, digest, max_bytes, algo,
+                           segment_digests=header.payload_segment_digests)
 
 
 class WireClient:
@@ -199,7 +200,7 @@ class WireClient:
         if held is not None:
             request.bulk = False
             request.resume_task_id = held.header.task_id
-            request.resume_offset = held.asm.received
+            request.resume_offset = held.asm.rewind()  # the end of its last verified segment
         call = self._stub.PullTask(
             request, metadata=self._metadata,
             # The server holds the poll up to wait_s, then the payload may take a while.
@@ -319,16 +320,22 @@ class WireClient:
     async def _push(self, header: pb.UpdateHeader, source: Source | None
                     ) -> tuple[pb.PushReply, str, float | None]:
         if source is not None:
+            # Segment digests (checked as they land) from the pass that made the digest; an
+            # Encoded of an older algorithm (not BLAKE3_SEGMENTS) costs a pass of its own.
             if isinstance(source, codec.Encoded):
-                header.payload_size = source.size
+                header.payload_size, segs = source.size, source.segment_digests
                 if not header.payload_digest and source.algorithm is not None:
                     digests.stamp(header, source.algorithm, source.digest)
+                if not segs and source.algorithm is not codec.WIRE_DIGEST:
+                    _, segs = await asyncio.to_thread(segment_hasher.of_views, source.segments)
             else:
-                header.payload_size = source.stat().st_size
-                if not header.payload_digest:
-                    digest = await asyncio.to_thread(codec.digest_file, source,
-                                                     codec.WIRE_DIGEST)
-                    digests.stamp(header, codec.WIRE_DIGEST, digest)
+                header.payload_size, segs = source.stat().st_size, b""
+                if not header.payload_digest or not header.payload_segment_digests:
+                    digest, segs = await asyncio.to_thread(codec.file_digests, source,
+                                                           codec.WIRE_DIGEST)
+                    if not header.payload_digest:
+                        digests.stamp(header, codec.WIRE_DIGEST, digest)
+            header.payload_segment_digests = header.payload_segment_digests or segs
             if self.bulk.usable and header.payload_size:
                 ticket = await self._stub.OpenUpload(header, metadata=self._metadata,
                                                      timeout=60)

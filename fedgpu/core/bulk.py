@@ -17,10 +17,11 @@ The conversation (TLS or mutual TLS around all of it when the gRPC port uses TLS
               payload; client -> payload_size - offset bytes; server -> status frame (verdict)
 
 Resume: a ticket outlives a connection that broke for RESUME_TTL_S. Presented again, a
-download continues at the offset the node asks for (the bytes it holds, already folded into
-its running BLAKE3 of the payload), an upload at the offset the aggregator names (the bytes it
-kept). Either way the whole payload is checked against the digest its header names before it
-is used, so a resumed payload is as verified as one sent in one piece.
+download continues at the offset the node asks for, an upload at the offset the aggregator
+names: the end of the last segment the receiver verified against the segment digests its
+header announced (fedgpu/core/segments.py; the bytes held when none were announced). Each
+segment is checked as it lands and the whole payload against its digest before it is used,
+so a resumed payload is as verified as one sent in one piece.
 
 A status frame is a u32 length and a JSON object {"ok", "code", "reason", "message"}; `code`
 is the gRPC status name the same outcome gets on the gRPC path, so callers handle one kind of
@@ -29,6 +30,7 @@ error. Integers are big-endian.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -212,14 +214,15 @@ class DigestSink:
     being hashed is never the one being filled."""
 
     def __init__(self, size: int, digest: str, algorithm: codec.DigestAlgo,
-                 block: int = RECV_BLOCK) -> None:
+                 block: int = RECV_BLOCK, segment_digests: bytes = b"") -> None:
         self.size, self.expected, self.algorithm = size, digest.lower(), algorithm
         self.received = 0
         length = min(block, max(size, 1))
         self._bufs = (bytearray(length), bytearray(length) if size > length else bytearray())
         self._cur = 0
         self._fill = 0
-        plain = codec.hasher(algorithm)
+        plain = codec.receiving(algorithm, self.expected, segment_digests, size)
+        self._segments = plain if codec.resumable(plain) else None
         self._digest: codec.Hasher | PipelinedDigest = (
             PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
 
@@ -242,6 +245,20 @@ class DigestSink:
             raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
         self._digest.update(chunk)
         self.received += len(chunk)
+
+    def rewind(self) -> int:
+        """As codec.Assembler.rewind: back to the end of the last verified segment."""
+        if self._segments is None:
+            return self.received
+        with contextlib.suppress(codec.CodecError):  # a damaged segment is simply not kept
+            if self._fill:
+                self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
+                self._cur = 1 - self._cur if self._bufs[1] else 0
+            if isinstance(self._digest, PipelinedDigest):
+                self._digest.wait()
+        self._fill = 0
+        self.received = self._segments.rewind()
+        return self.received
 
     def finish(self) -> None:
         codec.check_whole(self.received, self.size, self._digest, self.expected, self.algorithm)
@@ -358,7 +375,8 @@ def download(host: str, port: int, tls: TlsFiles | None, ticket: str,
     OSError or codec errors otherwise."""
     with connect(host, port, tls) as sock:
         sock.settimeout(idle_s)
-        status = first_status(sock, ticket, asm.received)
+        # Resumed: from the end of the last verified segment (the bytes held, without them).
+        status = first_status(sock, ticket, asm.rewind())
         if not status.ok:
             raise RefusedError(status)
         recv_payload(sock, asm, idle_s, on_bytes=on_bytes)

@@ -6,14 +6,16 @@ hashed and cut into chunks directly, and decoding returns `np.frombuffer` views 
 buffer. The bytes are a valid safetensors file, so any safetensors reader can open them.
 Never pickle: only numeric dtypes are accepted.
 
-The wire digest is BLAKE3 (several GB/s on one core; sha256 runs at ~1.7 GB/s here, slower
-than the network); payloads name their algorithm, so sha256 ones (older senders, older
-checkpoints) stay readable.
+The digest algorithms are in fedgpu/core/payload_digest.py (the wire's: BLAKE3 over the
+BLAKE3 digests of 1 MiB segments, one pass for both; payloads name their algorithm, so plain
+"blake3" and sha256 ones from older senders and checkpoints stay readable). The errors are
+in fedgpu/core/codec_errors.py (segments raise them too); callers name them codec.CodecError
+and so on, and the digest names codec.DigestAlgo, codec.hasher and so on.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import math
 import mmap
@@ -21,16 +23,23 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar
 
-import blake3
 import ml_dtypes
 import numpy as np
 
 from fedgpu.core.buffers import FRESH, BufferPool
-from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, Hasher, PipelinedDigest
+from fedgpu.core.codec_errors import CodecError as CodecError
+from fedgpu.core.codec_errors import DigestMismatch as DigestMismatch
+from fedgpu.core.codec_errors import PayloadTooLarge
+from fedgpu.core.codec_errors import Truncated as Truncated
+from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
+from fedgpu.core.digest_pipe import Hasher as Hasher
+from fedgpu.core.payload_digest import WIRE_DIGEST, DigestAlgo, check_whole, receiving, resumable
+from fedgpu.core.payload_digest import digest_file as digest_file
+from fedgpu.core.payload_digest import file_digests as file_digests
+from fedgpu.core.payload_digest import hasher as hasher
+from fedgpu.core.segment_hasher import of_views
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 # A socket read into the Assembler is hashed once this many bytes have piled up.
@@ -55,74 +64,6 @@ DTYPES: dict[str, np.dtype] = {
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 
 
-class CodecError(ValueError):
-    """A payload that is not a well-formed tensor set. `reason` names the kind of defect in
-    the words the aggregator counts refusals by, so nobody classifies errors by their text."""
-
-    reason: ClassVar[str] = "malformed"
-
-
-class PayloadTooLarge(CodecError):
-    """The announced payload is larger than the receiver's limit."""
-
-    reason = "too_large"
-
-
-class DigestMismatch(CodecError):
-    """Every byte arrived, but they do not hash to the announced digest."""
-
-    reason = "digest"
-
-
-class Truncated(CodecError):
-    """The stream ended before the announced size."""
-
-    reason = "truncated"
-
-
-class DigestAlgo(StrEnum):
-    SHA256 = "sha256"
-    BLAKE3 = "blake3"
-
-
-# What this version sends; a receiver takes whichever the payload names.
-WIRE_DIGEST = DigestAlgo.BLAKE3
-
-
-def hasher(algo: DigestAlgo, all_cores: bool = False) -> Hasher:
-    """A fresh digest of `algo`. BLAKE3 on one thread by default: received bytes arrive block
-    by block while the other core is busy receiving them; `all_cores` for a payload that is
-    all in memory already (encode), which BLAKE3's tree splits across the cores."""
-    if algo is DigestAlgo.BLAKE3:
-        return blake3.blake3(max_threads=blake3.blake3.AUTO if all_cores else 1)
-    return hashlib.sha256()
-
-
-def digest_file(path: str | os.PathLike[str], algo: DigestAlgo) -> str:
-    """The digest of a file's bytes (BLAKE3 reads it memory-mapped, on all cores)."""
-    if algo is DigestAlgo.BLAKE3:
-        h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        if os.path.getsize(path):
-            h.update_mmap(path)
-        return h.hexdigest()
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def check_whole(received: int, size: int, digest: Hasher, expected: str,
-                algorithm: str) -> None:
-    """A received payload's last check, on every path that receives one: every byte announced
-    came, and they hash to the digest its header named (a pipelined digest is closed)."""
-    if received != size:
-        raise Truncated(f"stream truncated: got {received} of {size} bytes")
-    actual = digest.hexdigest()
-    if isinstance(digest, PipelinedDigest):
-        digest.close()
-    if actual != expected:
-        raise DigestMismatch(f"{algorithm} mismatch: payload hashes to {actual}, "
-                             f"header says {expected or '(none)'}")
-
-
 def dtype_name(dtype: np.dtype) -> str:
     dt = np.dtype(dtype)
     if dt.byteorder == ">":
@@ -141,6 +82,9 @@ class Encoded:
     size: int
     digest: str
     algorithm: DigestAlgo | None = None
+    # What a header announces of its segments (BLAKE3_SEGMENTS: from the pass that made
+    # `digest`, so the sender never hashes the payload again).
+    segment_digests: bytes = b""
 
     def to_bytes(self) -> bytes:
         return b"".join(self.segments)
@@ -184,6 +128,9 @@ def encode(
     size = sum(s.nbytes for s in segments)
     if digest is None:
         return Encoded(tuple(segments), size, "")
+    if digest is DigestAlgo.BLAKE3_SEGMENTS:
+        root, announced = of_views(segments)  # the digest and the segments', one pass
+        return Encoded(tuple(segments), size, root, digest, announced)
     h = hasher(digest, all_cores=True)
     for seg in segments:
         h.update(seg)
@@ -306,7 +253,7 @@ class Assembler:
 
     def __init__(self, size: int, digest: str, limit: int,
                  algorithm: DigestAlgo = DigestAlgo.SHA256,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, segment_digests: bytes = b"") -> None:
         if size < 0:
             raise CodecError(f"payload size {size} is negative")
         if size > limit:
@@ -323,7 +270,9 @@ class Assembler:
         self._pos = 0
         # Bytes up to here are hashed; a socket's small reads are hashed in larger blocks.
         self._hashed = 0
-        self._digest = hasher(algorithm)
+        # With segment digests, each segment is checked as it is hashed (fedgpu.core.segments).
+        self.segment_digests = segment_digests
+        self._digest = receiving(algorithm, self.expected, segment_digests, size)
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
@@ -370,6 +319,17 @@ class Assembler:
         # release(), which waits for the thread).
         (self._pipe or self._digest).update(memoryview(self._buffer())[self._hashed:self._pos])
         self._hashed = self._pos
+
+    def rewind(self) -> int:
+        """A broken transfer: keep only the bytes up to the end of the last verified segment
+        (all of them without segment digests); where the transfer resumes."""
+        with contextlib.suppress(CodecError):  # a damaged segment is simply not kept
+            self._hash_received()
+            if self._pipe is not None:
+                self._pipe.wait()
+        if resumable(self._digest):
+            self._pos = self._hashed = self._digest.rewind()
+        return self._pos
 
     def finish(self) -> memoryview:
         """The whole payload, writable (decode() then returns writable arrays)."""

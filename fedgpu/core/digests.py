@@ -8,7 +8,8 @@ from fedgpu.core.codec import DigestAlgo
 from fedgpu.proto import pb
 
 _TO_WIRE = {DigestAlgo.SHA256: pb.DIGEST_ALGORITHM_SHA256,
-            DigestAlgo.BLAKE3: pb.DIGEST_ALGORITHM_BLAKE3}
+            DigestAlgo.BLAKE3: pb.DIGEST_ALGORITHM_BLAKE3,
+            DigestAlgo.BLAKE3_SEGMENTS: pb.DIGEST_ALGORITHM_BLAKE3_SEGMENTS}
 _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
 
 

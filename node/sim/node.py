@@ -207,8 +207,10 @@ class SimNode:
     def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | bulk.DigestSink:
         algo, digest = digests.of_header(header)
         if self.cfg.update_file is not None:
-            return bulk.DigestSink(header.payload_size, digest, algo)
-        return codec.Assembler(header.payload_size, digest, self.max_bytes, algo, DOWNLOADS)
+            return bulk.DigestSink(header.payload_size, digest, algo,
+                                   segment_digests=header.payload_segment_digests)
+        return codec.Assembler(header.payload_size, digest, self.max_bytes, algo, DOWNLOADS,
+                               header.payload_segment_digests)
 
     def _update(self, header: pb.TaskHeader, payload: memoryview | None
                 ) -> dict[str, np.ndarray] | None:
@@ -298,9 +300,10 @@ class SimNode:
                 pass  # nothing but the reason
             elif self.cfg.update_file is not None and header.kind in (pb.TASK_KIND_INIT,
                                                                     pb.TASK_KIND_TRAIN):
-                size, digest = await asyncio.to_thread(synthetic.file_payload,
-                                                       self.cfg.update_file)
+                size, digest, segs = await asyncio.to_thread(synthetic.file_payload,
+                                                             self.cfg.update_file)
                 digests.stamp(update, codec.WIRE_DIGEST, digest)
+                update.payload_segment_digests = segs
                 source = self.cfg.update_file
             elif weights is not None:
                 source = await asyncio.to_thread(codec.encode, weights)

@@ -15,9 +15,10 @@ from fedgpu.proto import pb
 
 
 @functools.lru_cache(maxsize=4)
-def file_payload(path: Path) -> tuple[int, str]:
-    """(size, BLAKE3) of an update file, hashed once per process."""
-    return path.stat().st_size, codec.digest_file(path, codec.WIRE_DIGEST)
+def file_payload(path: Path) -> tuple[int, str, bytes]:
+    """(size, digest, segment digests) of an update file (codec.WIRE_DIGEST), hashed once per
+    process in one pass."""
+    return path.stat().st_size, *codec.file_digests(path, codec.WIRE_DIGEST)
 
 
 def model_shapes(params: int, tensors: int) -> dict[str, tuple[int, ...]]:

@@ -72,6 +72,9 @@ class SavedWeights:
     size: int
     digest: str
     algorithm: codec.DigestAlgo
+    # Its segment digests when the pass that made `digest` gave them (BLAKE3_SEGMENTS);
+    # None: to be hashed when first announced.
+    segment_digests: bytes | None = None
 
 
 def map_weights(path: Path) -> dict[str, np.ndarray]:
@@ -99,10 +102,13 @@ class Checkpointer:
         if same_as is not None and same_as.path == self.directory / name \
                 and same_as.path.exists():
             size, digest, algorithm = same_as.size, same_as.digest, same_as.algorithm
+            segs = same_as.segment_digests
         else:
             enc = codec.encode(weights, round_meta)
             assert enc.algorithm is not None
             size, digest, algorithm = enc.size, enc.digest, enc.algorithm
+            segs = enc.segment_digests if algorithm is codec.DigestAlgo.BLAKE3_SEGMENTS \
+                else None
             # Weights first: a state.json always points at weights that are already durable.
             _atomic_write(self.directory / name, enc.segments)
         if tensors:
@@ -121,7 +127,7 @@ class Checkpointer:
         for old in self.directory.glob("global-*.safetensors"):
             if old.name != name:
                 old.unlink(missing_ok=True)
-        return SavedWeights(self.directory / name, size, digest, algorithm)
+        return SavedWeights(self.directory / name, size, digest, algorithm, segs)
 
     def load(self) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
         spath = self.directory / STATE
@@ -149,7 +155,8 @@ class Checkpointer:
         return tensors, state
 
     def saved(self, state: Mapping[str, Any]) -> SavedWeights | None:
-        """The weights file a loaded state names, when its digest is the wire's (BLAKE3)."""
+        """The weights file a loaded state names, when its digest is the wire's
+        (BLAKE3_SEGMENTS; a state.json of an older version, with plain BLAKE3, is re-encoded)."""
         algo, digest = _named_digest(state)
         path = self.directory / str(state.get("weights_file", WEIGHTS))
         if algo is not codec.WIRE_DIGEST or not digest or not path.exists():

@@ -39,7 +39,8 @@ class ServedModel:
         """Serve the model from its checkpoint file, and return the arrays to hold it by:
         read-only views of that file, so the aggregate they were computed in is freed."""
         if self.wire_dtype is None:
-            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm)
+            self._payload = ModelPayload.from_file(saved.path, saved.digest, saved.algorithm,
+                                                  saved.segment_digests)
         weights = map_weights(saved.path)
         self._saved = (saved, weights)
         return weights

@@ -56,4 +56,5 @@ class TaskHeaders:
         )
         if payload is not None:
             digests.stamp(header, payload.algorithm, payload.digest)
+            header.payload_segment_digests = payload.segment_digests()
         return header

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fedgpu.core import codec, digests
+from fedgpu.core import codec, digests, segment_hasher
 from fedgpu.core.secagg import layout
 from fedgpu.core.secagg.aggregator import AggregatorSession, Outcome
 from fedgpu.core.secagg.errors import SecAggError, Stage, TooFewInputs
@@ -53,9 +53,10 @@ _OPEN = (SlotState.ASSIGNED, SlotState.UPLOADING)
 
 
 def _payload(data: bytes | bytearray) -> ModelPayload:
-    h = codec.hasher(codec.WIRE_DIGEST)
-    h.update(data)
-    return ModelPayload(len(data), h.hexdigest(), codec.WIRE_DIGEST, None, (memoryview(data),))
+    views = (memoryview(data),)
+    digest, segs = segment_hasher.of_views(views)  # codec.WIRE_DIGEST, in one pass
+    return ModelPayload(len(data), digest, codec.WIRE_DIGEST, None, views,
+                        _segment_digests=segs)
 
 
 class SecAggRound:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedgpu.core import codec
+from fedgpu.core import codec, segment_hasher
 
 # Bytes per send from a file on a TLS socket (sendfile cannot encrypt).
 SEND_BLOCK = 4 << 20
@@ -64,11 +64,25 @@ class ModelPayload:
     _fd: int | None = None
     _segments: tuple[memoryview, ...] = ()
     _finalizer: weakref.finalize | None = field(default=None, repr=False)
+    _segment_digests: bytes | None = None
+
+    def segment_digests(self) -> bytes:
+        """What the task header announces of the payload's segments (fedgpu/core/segments.py):
+        known from the pass that made its digest (BLAKE3_SEGMENTS: codec.encode, the checkpoint);
+        else hashed once per model, at its first task."""
+        if self._segment_digests is None:
+            _, self._segment_digests = (
+                segment_hasher.of_views(self._segments) if self._fd is None
+                else segment_hasher.of_file(self._fd))
+        return self._segment_digests
 
     @classmethod
-    def from_file(cls, path: Path, digest: str, algorithm: codec.DigestAlgo) -> ModelPayload:
+    def from_file(cls, path: Path, digest: str, algorithm: codec.DigestAlgo,
+                  segment_digests: bytes | None = None) -> ModelPayload:
+        """`segment_digests`: as announced, when the pass that made `digest` gave them."""
         fd = os.open(path, os.O_RDONLY)
-        payload = cls(os.fstat(fd).st_size, digest, algorithm, fd)
+        payload = cls(os.fstat(fd).st_size, digest, algorithm, fd,
+                      _segment_digests=segment_digests)
         # Closed when the last download of this model lets go of it, not when a newer model
         # replaces it in the engine.
         payload._finalizer = weakref.finalize(payload, os.close, fd)
@@ -77,7 +91,9 @@ class ModelPayload:
     @classmethod
     def from_encoded(cls, enc: codec.Encoded) -> ModelPayload:
         assert enc.algorithm is not None, "a payload for the wire carries a digest"
-        return cls(enc.size, enc.digest, enc.algorithm, None, enc.segments)
+        known = enc.algorithm is codec.DigestAlgo.BLAKE3_SEGMENTS
+        return cls(enc.size, enc.digest, enc.algorithm, None, enc.segments,
+                   _segment_digests=enc.segment_digests if known else None)
 
     def chunks(self, chunk_size: int, offset: int = 0) -> Iterator[bytes]:
         """The payload in gRPC chunks from byte `offset` on (a resumed stream), read as the

@@ -64,13 +64,14 @@ class Spool:
         """Whether an update of `size` bytes goes to disk: one the memory budget cannot hold."""
         return self.total > 0 and size > memory_budget
 
-    def file(self, size: int, digest: str, algorithm: codec.DigestAlgo) -> SpoolFile:
+    def file(self, size: int, digest: str, algorithm: codec.DigestAlgo,
+             segment_digests: bytes = b"") -> SpoolFile:
         if size > self.total:
             self.refused += 1
             raise UpdateRejected(Reject.TOO_LARGE, f"update of {size} bytes is larger than "
                                  f"the aggregator's upload memory and its spool for larger "
                                  f"ones ({self.total} bytes, --upload-spool-mib)")
-        return SpoolFile(self, size, digest, algorithm)
+        return SpoolFile(self, size, digest, algorithm, segment_digests)
 
     async def claim(self, size: int, timeout: float) -> None:
         """Room for `size` bytes, waited for up to `timeout` (TimeoutError); UpdateRejected
@@ -101,7 +102,7 @@ class SpoolFile:
     reads; finish; release) over a file instead of a buffer the payload's size."""
 
     def __init__(self, spool: Spool, size: int, digest: str,
-                 algorithm: codec.DigestAlgo) -> None:
+                 algorithm: codec.DigestAlgo, segment_digests: bytes = b"") -> None:
         self.spool = spool
         self.size = size
         self.algorithm = algorithm
@@ -113,7 +114,8 @@ class SpoolFile:
         self._bufs: tuple[bytearray, bytearray] | None = None
         self._cur = 0
         self._fill = 0  # bytes of the current buffer not yet written out
-        plain = codec.hasher(algorithm)
+        plain = codec.receiving(algorithm, self.expected, segment_digests, size)
+        self._segments = plain if codec.resumable(plain) else None
         self._digest: codec.Hasher | PipelinedDigest = (
             PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
         self._map: mmap.mmap | None = None
@@ -170,6 +172,20 @@ class SpoolFile:
         # Hashed (maybe on the digest's thread) while the other buffer fills.
         self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
         self._cur, self._fill = 1 - self._cur, 0
+
+    def rewind(self) -> int:
+        """As codec.Assembler.rewind: back to the end of the last verified segment (the file's
+        later bytes are written over by the resume)."""
+        if self._segments is None or self._bufs is None:
+            return self.received
+        with contextlib.suppress(codec.CodecError):  # a damaged segment is simply not kept
+            if self._fill:
+                self._flush()
+            if isinstance(self._digest, PipelinedDigest):
+                self._digest.wait()
+        self._fill = 0
+        self.received = self._segments.rewind()
+        return self.received
 
     def finish(self) -> memoryview:
         """The whole payload, mapped read-only from its file once its digest checks out."""

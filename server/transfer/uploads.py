@@ -11,9 +11,9 @@ Both paths come through here: gRPC chunks (`receive`) and the bulk port (`receiv
 whose node waits for a go-ahead sent once the memory is reserved, then streams the bytes
 straight into the buffer). Either yields the payload and `seconds`, first to last byte.
 
-A bulk upload whose connection breaks is parked, not dropped: its buffer (the bytes received,
-already folded into the running digest) and its memory reservation are kept under its ticket
-for RESUME_TTL_S, so the node's resume continues from there. Parked bytes count against the
+A bulk upload whose connection breaks is parked, not dropped: its buffer (up to the end of its
+last verified segment, fedgpu/core/segments.py) and its memory reservation are kept under its
+ticket for RESUME_TTL_S, so the node's resume continues from there. Parked bytes count against the
 upload memory budget like any upload in flight, and are let go when the ticket's resume time
 runs out or the round no longer wants the update (closed, aborted, its job stopped). The
 resumed payload is checked against the header's digest like any other.
@@ -184,7 +184,7 @@ class Uploads:
             else:
                 breaks = park_on_cancel or not isinstance(exc, asyncio.CancelledError)
             if (breaks and resume_key is not None and reserved[0]
-                    and 0 < asm.received < asm.size):
+                    and 0 < asm.rewind() < asm.size):
                 self._park(resume_key, _Parked(up, asm, reserved[0], node_id=header.node_id,
                                                task_id=header.task_id))
                 kept[0] = True
@@ -336,7 +336,7 @@ class Uploads:
         try:
             algo, digest = digests.of_header(header)
             return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo,
-                                   self._pool)
+                                   self._pool, header.payload_segment_digests)
         except digests.UnknownDigest as exc:
             raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
         except codec.CodecError as exc:
@@ -348,7 +348,7 @@ class Uploads:
         asm = self.assembler(header)
         if self.spool is None or not self.spool.wants(asm.size, self.budget_bytes):
             return asm
-        return self.spool.file(asm.size, asm.expected, asm.algorithm)
+        return self.spool.file(asm.size, asm.expected, asm.algorithm, asm.segment_digests)
 
     async def _reserve(self, up: _Upload, asm: codec.Assembler | SpoolFile,
                        deadline: float) -> int:

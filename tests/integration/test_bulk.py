@@ -158,7 +158,7 @@ def test_a_download_ticket_serves_once_and_forged_ones_not_at_all(wire: Wire) ->
     task = wire.task()
     assert task.HasField("bulk") and task.bulk.port == wire.bulk_port
     algo, digest = digests.of_header(task)
-    assert algo is codec.DigestAlgo.BLAKE3
+    assert algo is codec.WIRE_DIGEST
     asm = codec.Assembler(task.payload_size, digest, 1 << 20, algo)
     landed: list[int] = []  # what the node's progress lines count (node/transfer_log.py)
     bulk.download("127.0.0.1", wire.bulk_port, None, task.bulk.ticket, asm,

@@ -35,7 +35,7 @@ def test_300_mib_model_round_trip(federation: Federation, tmp_path: Path) -> Non
             if msg.HasField("header"):
                 header = msg.header
                 algo, digest = digests.of_header(header)
-                assert algo is codec.DigestAlgo.BLAKE3
+                assert algo is codec.WIRE_DIGEST
                 asm = codec.Assembler(header.payload_size, digest, 1 << 32, algo)
             else:
                 chunks += 1
@@ -52,7 +52,7 @@ def test_300_mib_model_round_trip(federation: Federation, tmp_path: Path) -> Non
             head = pb.UpdateHeader(
                 node_id=reg.node_id, task_id=header.task_id, round=header.round,
                 kind=header.kind, num_examples=10, payload_size=up.size)
-            digests.stamp(head, codec.DigestAlgo.BLAKE3, up.digest)
+            digests.stamp(head, codec.WIRE_DIGEST, up.digest)
             yield pb.UpdateChunk(header=head)
             for c in codec.iter_chunks(up):
                 yield pb.UpdateChunk(data=c)

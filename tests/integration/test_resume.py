@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from fedgpu.core import bulk, codec
+from fedgpu.core.segments import SEGMENT_BYTES
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.wire_client import WireClient
@@ -104,7 +105,7 @@ def test_a_download_cut_resumes_from_the_bytes_held(wire: Wire, share: float) ->
     path = BulkPath(f"127.0.0.1:{wire.bulk_port}", None)
     path.reset(wire.bulk_port)
     asm = codec.Assembler(task.payload_size, task.payload_digest, 1 << 30,
-                          codec.DigestAlgo.BLAKE3)
+                          codec.WIRE_DIGEST)
     with FaultProxy(("127.0.0.1", wire.bulk_port)) as proxy:
         proxy.cut(Way.DOWN, int(task.payload_size * share))
         path.download(task.bulk.ticket, proxy.port, asm)
@@ -151,8 +152,12 @@ def test_a_grpc_task_stream_cut_resumes_from_the_bytes_held(wire: Wire, share: f
     assert resumed == 1 and proxy.connections == 2
     assert codec.decode(memoryview(bytearray(data)))[0]["w"].shape == MODEL["w"].shape
     resent = carried - header.payload_size - 2 * GRPC_FRAMING
-    assert resent <= GRPC_WINDOW, (carried, header.payload_size)
-    assert 0 < header.payload_offset < header.payload_size  # the rest, not a second copy
+    # The task announces segment digests: the node resumes from the end of its last verified
+    # segment (0 when the bytes it got end inside the first), re-sending at most one segment
+    # beyond what the break lost (tests/integration/test_resume_segments.py).
+    assert resent <= GRPC_WINDOW + SEGMENT_BYTES, (carried, header.payload_size)
+    assert 0 <= header.payload_offset < header.payload_size  # never past what it verified
+    assert header.payload_offset % SEGMENT_BYTES == 0
     # The round goes on: one update, one attempt.
     enc = _update(header, 2.5)
     ticket = wire.stub.OpenUpload(wire.header(header, enc), metadata=wire.md, timeout=10)
@@ -209,9 +214,12 @@ def test_a_grpc_upload_cut_resumes_and_is_counted_once(wire: Wire, share: float)
         reply, path, resumed = asyncio.run(push(proxy))
         carried = proxy.carried[Way.UP]
     assert reply.accepted and path == "grpc" and resumed == 1, reply
-    assert 0 < header.payload_offset < enc.size  # the rest, not a second copy
+    # The node announced segment digests: the aggregator kept its verified segments only (none
+    # when the bytes it got end inside the first), at most one segment more to send again.
+    assert 0 <= header.payload_offset < enc.size  # never past what it verified
+    assert header.payload_offset % SEGMENT_BYTES == 0
     resent = carried - enc.size - 2 * GRPC_FRAMING
-    assert resent <= GRPC_WINDOW, (carried, enc.size)
+    assert resent <= GRPC_WINDOW + SEGMENT_BYTES, (carried, enc.size)
     rec = _finished(wire, task.round)
     assert rec["attempt"] == 1 and len(rec["updates"]) == 1
     # The cut stream is listed as truncated; it did not end the node's part in the round.
@@ -316,7 +324,7 @@ def test_parked_bytes_count_against_the_budget_and_expire(tmp_path: Path) -> Non
         a.settimeout(5)
         header = pb.UpdateHeader(payload_size=enc.size)
         from fedgpu.core import digests
-        digests.stamp(header, codec.DigestAlgo.BLAKE3, enc.digest)
+        digests.stamp(header, codec.WIRE_DIGEST, enc.digest)
         data = enc.to_bytes()
 
         async def blocking(fn, *args):  # type: ignore[no-untyped-def]

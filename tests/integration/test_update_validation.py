@@ -80,7 +80,9 @@ def update_header(task: pb.TaskHeader, enc: codec.Encoded, **fields: object) -> 
     if enc.algorithm is codec.DigestAlgo.SHA256:
         base["payload_sha256"] = enc.digest  # the contract before BLAKE3: no algorithm named
     else:
-        base.update(payload_digest_algorithm=pb.DIGEST_ALGORITHM_BLAKE3, payload_digest=enc.digest)
+        base.update(payload_digest_algorithm=pb.DIGEST_ALGORITHM_BLAKE3
+                    if enc.algorithm is codec.DigestAlgo.BLAKE3
+                    else pb.DIGEST_ALGORITHM_BLAKE3_SEGMENTS, payload_digest=enc.digest)
     base.update(fields)
     return pb.UpdateHeader(**base)  # type: ignore[arg-type]
 
@@ -216,7 +218,7 @@ def test_corrupted_streams_never_get_in(wire: Wire, data: st.DataObject) -> None
     before = wire.global_digest()
     err = wire.push(update_header(task, enc, node_id=wire.node_id), chunks)
     assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
-    assert any(w in err.details() for w in ("blake3 mismatch", "stream truncated"))
+    assert any(w in err.details() for w in ("blake3-segments mismatch", "stream truncated"))
     assert wire.global_digest() == before
     assert admin_client.health(wire.fed.address) == "SERVING"
 

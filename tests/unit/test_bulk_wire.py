@@ -198,10 +198,10 @@ def test_a_digest_sink_checks_without_keeping() -> None:
     a, b = _pair()
     with a, b:
         threading.Thread(target=bulk.send_payload, args=(a, enc.segments)).start()
-        sink = bulk.DigestSink(enc.size, enc.digest, codec.DigestAlgo.BLAKE3, block=4096)
+        sink = bulk.DigestSink(enc.size, enc.digest, codec.WIRE_DIGEST, block=4096)
         bulk.recv_payload(b, sink, idle_s=10)
         sink.finish()
-    bad = bulk.DigestSink(enc.size, "0" * 64, codec.DigestAlgo.BLAKE3)
+    bad = bulk.DigestSink(enc.size, "0" * 64, codec.WIRE_DIGEST)
     bad.add(enc.to_bytes())
     with pytest.raises(codec.DigestMismatch):
         bad.finish()
@@ -251,7 +251,7 @@ def test_a_model_payload_from_its_file_sends_the_same_bytes(tmp_path: Path) -> N
     enc = codec.encode({"w": np.arange(700_000, dtype=np.float32)})
     path = tmp_path / "global.safetensors"
     path.write_bytes(enc.to_bytes())
-    payload = ModelPayload.from_file(path, enc.digest, codec.DigestAlgo.BLAKE3)
+    payload = ModelPayload.from_file(path, enc.digest, codec.WIRE_DIGEST)
     assert payload.size == enc.size
     assert b"".join(payload.chunks(1 << 16)) == enc.to_bytes()
     # Replaced by a newer model while downloads still use it: the open file stays readable.

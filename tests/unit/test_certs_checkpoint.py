@@ -58,9 +58,9 @@ def test_checkpoint_round_trip_and_commit_point(tmp_path: Path) -> None:
     assert loaded is not None
     assert np.array_equal(loaded[0]["w"], w2["w"]) and loaded[1]["global_round"] == 2
     # The state names its digest; the weights come back as read-only views of the file.
-    assert loaded[1]["weights_digest_algorithm"] == "blake3"
-    assert loaded[1]["weights_digest"] == blake3.blake3(
-        (tmp_path / "global-000002.safetensors").read_bytes()).hexdigest()
+    assert loaded[1]["weights_digest_algorithm"] == "blake3-segments"
+    raw = (tmp_path / "global-000002.safetensors").read_bytes()
+    assert loaded[1]["weights_digest"] == blake3.blake3(blake3.blake3(raw).digest()).hexdigest()
     assert not loaded[0]["w"].flags.writeable
     # Only the committed round's weights are kept, and the stable name is the same file.
     assert sorted(p.name for p in tmp_path.glob("global*.safetensors")) == [
@@ -90,6 +90,24 @@ def test_a_checkpoint_that_names_a_sha256_still_loads(tmp_path: Path) -> None:
     # ... and its digest is checked: a flipped byte is named.
     (tmp_path / state["weights_file"]).write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
     with pytest.raises(CheckpointError, match="do not match the sha256"):
+        ck.load()
+
+
+def test_a_checkpoint_that_names_plain_blake3_still_loads(tmp_path: Path) -> None:
+    # state.json from before BLAKE3_SEGMENTS: checked with the algorithm it names, and its
+    # weights are not served under that digest (saved() is None: they are encoded again).
+    ck = Checkpointer(tmp_path)
+    ck.save({"w": np.arange(3, dtype=np.float32)}, {"run_id": "r", "global_round": 1})
+    state = json.loads((tmp_path / "state.json").read_text())
+    blob = (tmp_path / state["weights_file"]).read_bytes()
+    state["weights_digest_algorithm"] = "blake3"
+    state["weights_digest"] = blake3.blake3(blob).hexdigest()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    loaded = ck.load()
+    assert loaded is not None and np.array_equal(loaded[0]["w"], np.arange(3))
+    assert ck.saved(loaded[1]) is None
+    (tmp_path / state["weights_file"]).write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    with pytest.raises(CheckpointError, match="do not match the blake3"):
         ck.load()
 
 

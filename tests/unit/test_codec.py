@@ -57,9 +57,14 @@ def test_single_and_many_chunks() -> None:
     assert len(many) == -(-enc.size // 4096)
     assert all(len(c) == 4096 for c in many[:-1])
     assert b"".join(many) == enc.to_bytes()
-    # BLAKE3 by default on the wire, and named; sha256 on request (older receivers).
-    assert enc.algorithm is codec.DigestAlgo.BLAKE3
-    assert blake3.blake3(enc.to_bytes()).hexdigest() == enc.digest
+    # BLAKE3 over the 1 MiB segments' BLAKE3 digests by default on the wire, and named;
+    # plain BLAKE3 and sha256 on request (older receivers).
+    assert enc.algorithm is codec.DigestAlgo.BLAKE3_SEGMENTS
+    raw = enc.to_bytes()
+    assert blake3.blake3(b"".join(blake3.blake3(raw[i:i + (1 << 20)]).digest()
+                                  for i in range(0, len(raw), 1 << 20))).hexdigest() == enc.digest
+    plain = codec.encode(t, digest=codec.DigestAlgo.BLAKE3)
+    assert blake3.blake3(raw).hexdigest() == plain.digest and not plain.segment_digests
     old = codec.encode(t, digest=codec.DigestAlgo.SHA256)
     assert old.algorithm is codec.DigestAlgo.SHA256
     assert hashlib.sha256(enc.to_bytes()).hexdigest() == old.digest
@@ -153,7 +158,7 @@ def test_assembler_limits_truncation_overflow_and_digest() -> None:
     flipped[-1] ^= 1
     asm = codec.Assembler(enc.size, enc.digest, 1 << 20, enc.algorithm)
     asm.add(bytes(flipped))
-    with pytest.raises(codec.DigestMismatch, match="blake3 mismatch") as err:
+    with pytest.raises(codec.DigestMismatch, match="blake3-segments mismatch") as err:
         asm.finish()
     assert err.value.reason == "digest"
 

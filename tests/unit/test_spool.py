@@ -19,7 +19,7 @@ TENSORS = {"a": np.arange(300_000, dtype=np.float32), "b": np.ones((7, 3), np.fl
 
 
 def spooled(spool: Spool, enc: codec.Encoded, by_socket: bool) -> SpoolFile:
-    f = spool.file(enc.size, enc.digest, codec.DigestAlgo.BLAKE3)
+    f = spool.file(enc.size, enc.digest, codec.WIRE_DIGEST)
     asyncio.run(f.claim(1.0))
     data = memoryview(enc.to_bytes())
     if by_socket:  # tail/advance, in uneven reads
@@ -69,10 +69,10 @@ def test_a_damaged_or_oversized_spill_is_refused(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool", 1 << 20, 1 << 20)
     enc = codec.encode(TENSORS)  # 1.2 MB: more than the whole spool
     with pytest.raises(UpdateRejected) as refused:
-        spool.file(enc.size, enc.digest, codec.DigestAlgo.BLAKE3)
+        spool.file(enc.size, enc.digest, codec.WIRE_DIGEST)
     assert refused.value.reason == Reject.TOO_LARGE and "spool" in refused.value.message
     small = codec.encode({"b": TENSORS["b"]})
-    f = spool.file(small.size, "0" * 64, codec.DigestAlgo.BLAKE3)
+    f = spool.file(small.size, "0" * 64, codec.WIRE_DIGEST)
     asyncio.run(f.claim(1.0))
     f.add(small.to_bytes())
     with pytest.raises(codec.DigestMismatch):
@@ -85,8 +85,8 @@ def test_the_spool_budget_is_strict_a_second_spill_waits_for_room(tmp_path: Path
     spool = Spool(tmp_path / "spool", 1000, 1 << 20)
 
     async def run() -> tuple[bool, int]:
-        first = spool.file(600, "", codec.DigestAlgo.BLAKE3)
-        second = spool.file(600, "", codec.DigestAlgo.BLAKE3)
+        first = spool.file(600, "", codec.WIRE_DIGEST)
+        second = spool.file(600, "", codec.WIRE_DIGEST)
         await first.claim(1.0)
         with pytest.raises(TimeoutError):
             await second.claim(0.2)

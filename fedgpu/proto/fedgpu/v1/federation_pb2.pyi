@@ -12,6 +12,7 @@ class DigestAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DIGEST_ALGORITHM_UNSPECIFIED: _ClassVar[DigestAlgorithm]
     DIGEST_ALGORITHM_SHA256: _ClassVar[DigestAlgorithm]
     DIGEST_ALGORITHM_BLAKE3: _ClassVar[DigestAlgorithm]
+    DIGEST_ALGORITHM_BLAKE3_SEGMENTS: _ClassVar[DigestAlgorithm]
 
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 DIGEST_ALGORITHM_UNSPECIFIED: DigestAlgorithm
 DIGEST_ALGORITHM_SHA256: DigestAlgorithm
 DIGEST_ALGORITHM_BLAKE3: DigestAlgorithm
+DIGEST_ALGORITHM_BLAKE3_SEGMENTS: DigestAlgorithm
 TASK_KIND_NONE: TaskKind
 TASK_KIND_INIT: TaskKind
 TASK_KIND_TRAIN: TaskKind
@@ -213,7 +215,7 @@ class PullTaskRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., wait_s: _Optional[int] = ..., bulk: _Optional[bool] = ..., bulk_error: _Optional[str] = ..., resume_task_id: _Optional[str] = ..., resume_offset: _Optional[int] = ..., down_bytes_per_s: _Optional[float] = ..., up_bytes_per_s: _Optional[float] = ..., busy_task_ids: _Optional[_Iterable[str]] = ..., only_task_id: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics", "local_model_of")
+    __slots__ = ("task_id", "round", "kind", "task_name", "hyperparameters_json", "use_gpu", "payload_size", "payload_sha256", "evaluated_round", "seed", "message", "ring", "bulk", "payload_digest_algorithm", "payload_digest", "bundle", "resources", "secagg_setup", "secagg_stage_timeout_s", "privacy_local", "privacy_distributed", "payload_offset", "job_terms", "statistics", "local_model_of", "payload_segment_digests")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +241,7 @@ class TaskHeader(_message.Message):
     JOB_TERMS_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_MODEL_OF_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SEGMENT_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     round: int
     kind: TaskKind
@@ -264,7 +267,8 @@ class TaskHeader(_message.Message):
     job_terms: JobTerms
     statistics: StatisticsRelease
     local_model_of: str
-    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., payload_offset: _Optional[int] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ..., local_model_of: _Optional[str] = ...) -> None: ...
+    payload_segment_digests: bytes
+    def __init__(self, task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., task_name: _Optional[str] = ..., hyperparameters_json: _Optional[str] = ..., use_gpu: _Optional[bool] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., seed: _Optional[int] = ..., message: _Optional[str] = ..., ring: _Optional[_Union[RingAssignment, _Mapping]] = ..., bulk: _Optional[_Union[BulkTicket, _Mapping]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., bundle: _Optional[_Union[TaskBundle, _Mapping]] = ..., resources: _Optional[_Union[JobResources, _Mapping]] = ..., secagg_setup: _Optional[bytes] = ..., secagg_stage_timeout_s: _Optional[float] = ..., privacy_local: _Optional[_Union[PrivacyLocalDp, _Mapping]] = ..., privacy_distributed: _Optional[_Union[PrivacyDistributedDp, _Mapping]] = ..., payload_offset: _Optional[int] = ..., job_terms: _Optional[_Union[JobTerms, _Mapping]] = ..., statistics: _Optional[_Union[StatisticsRelease, _Mapping]] = ..., local_model_of: _Optional[str] = ..., payload_segment_digests: _Optional[bytes] = ...) -> None: ...
 
 class JobTerms(_message.Message):
     __slots__ = ("job_id", "study", "rounds", "secure_aggregation", "dp_mode", "target_epsilon")
@@ -451,7 +455,7 @@ class DeviceUse(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., device: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., nvml_used_before_mib: _Optional[int] = ..., nvml_used_peak_mib: _Optional[int] = ..., nvml_used_after_mib: _Optional[int] = ..., train_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json", "payload_offset")
+    __slots__ = ("node_id", "task_id", "round", "kind", "num_examples", "payload_size", "payload_sha256", "train_metrics", "eval_metrics", "num_eval_examples", "resources", "decision", "failed", "error", "evaluated_round", "iteration_loss", "lost_ranks", "payload_digest_algorithm", "payload_digest", "ineligible", "ineligible_reason", "statistics_json", "payload_offset", "payload_segment_digests")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +493,7 @@ class UpdateHeader(_message.Message):
     INELIGIBLE_REASON_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_JSON_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SEGMENT_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     task_id: str
     round: int
@@ -512,7 +517,8 @@ class UpdateHeader(_message.Message):
     ineligible_reason: str
     statistics_json: str
     payload_offset: int
-    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., statistics_json: _Optional[str] = ..., payload_offset: _Optional[int] = ...) -> None: ...
+    payload_segment_digests: bytes
+    def __init__(self, node_id: _Optional[str] = ..., task_id: _Optional[str] = ..., round: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., num_examples: _Optional[int] = ..., payload_size: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., train_metrics: _Optional[_Mapping[str, float]] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., num_eval_examples: _Optional[int] = ..., resources: _Optional[_Union[RoundResources, _Mapping]] = ..., decision: _Optional[_Union[GpuDecision, _Mapping]] = ..., failed: _Optional[bool] = ..., error: _Optional[str] = ..., evaluated_round: _Optional[int] = ..., iteration_loss: _Optional[_Iterable[float]] = ..., lost_ranks: _Optional[_Iterable[int]] = ..., payload_digest_algorithm: _Optional[_Union[DigestAlgorithm, str]] = ..., payload_digest: _Optional[str] = ..., ineligible: _Optional[bool] = ..., ineligible_reason: _Optional[str] = ..., statistics_json: _Optional[str] = ..., payload_offset: _Optional[int] = ..., payload_segment_digests: _Optional[bytes] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "data")

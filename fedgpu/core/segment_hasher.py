@@ -1,0 +1,187 @@
+"""The BLAKE3_SEGMENTS digest: a payload's whole digest derived from its segment digests, so
+one hashing pass gives both (issue 37, point 7: segment digests must not cost a second pass).
+
+The rule (DigestAlgorithm DIGEST_ALGORITHM_BLAKE3_SEGMENTS): cut the payload into segments of
+SEGMENT_BYTES (1 MiB; the last may be short), take each segment's 32-byte BLAKE3 digest, and
+the payload digest is BLAKE3 of those digests concatenated in order. The empty payload has no
+segments, so its digest is BLAKE3 of the empty string. The standard BLAKE3 root cannot be
+derived from the segment digests (the binding does not expose chaining values), hence an
+algorithm of its own; receivers still take "blake3" and sha256 payloads from older senders.
+
+A header naming BLAKE3_SEGMENTS whose announced segment digests do not hash to its payload
+digest is refused before a byte moves (check_root): a receiver checks each segment against
+the list, and the list against the digest, so a verified segment is one the whole digest
+vouches for too.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import blake3
+
+from fedgpu.core.codec_errors import CodecError
+from fedgpu.core.segments import (
+    DIGEST_BYTES,
+    MAX_SEGMENTS,
+    SEGMENT_BYTES,
+    SegmentMismatch,
+    checked,
+    count,
+)
+
+# Threads hashing a payload's segments at once on the sending side (BLAKE3 releases the GIL
+# for inputs this large; the old whole-payload hash used all cores too).
+MAX_THREADS = 8
+
+
+def root(digests: bytes) -> str:
+    """The payload digest BLAKE3_SEGMENTS names, from its concatenated segment digests."""
+    return blake3.blake3(digests).hexdigest()
+
+
+def check_root(digests: bytes, expected: str) -> None:
+    """A header's announced segment digests must hash to its payload digest; CodecError (a
+    malformed header, refused before any byte) otherwise."""
+    if digests and root(digests) != expected.lower():
+        raise CodecError(
+            f"the header's {len(digests) // DIGEST_BYTES} segment digests hash to "
+            f"{root(digests)}, not to its payload digest {expected or '(none)'}")
+
+
+def announced(digests: bytes) -> bytes:
+    """What a header announces of a payload's segments: b"" past MAX_SEGMENTS."""
+    return digests if len(digests) // DIGEST_BYTES <= MAX_SEGMENTS else b""
+
+
+class SegmentHasher:
+    """The BLAKE3_SEGMENTS digest, fed in pieces (memoryview slices, no copies).
+
+    Given the announced `digests` (and the payload's `size`), each segment is checked as it
+    completes: a mismatch names it. `verified` is the end of the last segment that matched;
+    rewind() goes back there, so a broken transfer resumes from a verified offset. Without
+    announced digests nothing is checked before the end and rewind() keeps every byte.
+    """
+
+    def __init__(self, digests: bytes = b"", size: int | None = None) -> None:
+        self.digests = checked(size, digests) if digests and size is not None else b""
+        self.size = size
+        self.verified = 0
+        self._done = bytearray()  # the digests of the completed segments
+        self._seg = blake3.blake3(max_threads=1)
+        self._fill = 0  # bytes in the open segment
+        self._pos = 0
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        pos = 0
+        while pos < view.nbytes:
+            take = min(view.nbytes - pos, SEGMENT_BYTES - self._fill)
+            if self.size is not None and self._pos + take > self.size:
+                raise CodecError(f"more than the announced {self.size} bytes")
+            self._seg.update(view[pos:pos + take])
+            pos += take
+            self._pos += take
+            self._fill += take
+            if self._fill == SEGMENT_BYTES or self._pos == self.size:
+                self._close_segment()
+
+    def _close_segment(self) -> None:
+        index = len(self._done) // DIGEST_BYTES
+        got = self._seg.digest()
+        self._seg = blake3.blake3(max_threads=1)
+        self._fill = 0
+        if self.digests:
+            want = self.digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
+            if got != want:
+                raise SegmentMismatch(
+                    f"segment {index} of {count(self.size or 0)} (bytes "
+                    f"{index * SEGMENT_BYTES}-{self._pos}) does not match its digest: "
+                    f"blake3 {got.hex()}, the header says {want.hex()}")
+        self._done += got
+        self.verified = self._pos
+
+    def rewind(self) -> int:
+        """Forget what came after the last verified segment; its end (where to resume).
+        Without announced digests nothing is forgotten."""
+        if not self.digests:
+            return self._pos
+        # The verified end is a segment boundary or the payload's end (a short last segment).
+        del self._done[count(self.verified) * DIGEST_BYTES:]
+        self._seg = blake3.blake3(max_threads=1)
+        self._fill = 0
+        self._pos = self.verified
+        return self.verified
+
+    def segment_digests(self) -> bytes:
+        """Every segment's digest so far, the open one's included."""
+        return bytes(self._done) + (self._seg.digest() if self._fill else b"")
+
+    def hexdigest(self) -> str:
+        return root(self.segment_digests())
+
+
+def of_views(views: Sequence[memoryview], threads: int | None = None) -> tuple[str, bytes]:
+    """(payload digest, segment digests to announce) of a payload laid out as `views`
+    (codec.Encoded.segments), hashed in place in one pass: whole segments on a few threads
+    at once, on one where there is one core."""
+    tasks: list[list[memoryview]] = []
+    fill = SEGMENT_BYTES
+    for view in views:
+        view = view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
+        pos = 0
+        while pos < view.nbytes:
+            if fill == SEGMENT_BYTES:
+                tasks.append([])
+                fill = 0
+            take = min(view.nbytes - pos, SEGMENT_BYTES - fill)
+            tasks[-1].append(view[pos:pos + take])
+            pos += take
+            fill += take
+    workers = min(threads or _cores(), MAX_THREADS, len(tasks))
+    if workers <= 1:
+        digests = b"".join(map(_hash, tasks))
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="fedgpu-segments") as pool:
+            digests = b"".join(pool.map(_hash, tasks))
+    return root(digests), announced(digests)
+
+
+def of_file(file: str | os.PathLike[str] | int) -> tuple[str, bytes]:
+    """As of_views, for a file's bytes by path or open descriptor (memory-mapped: no copy
+    through this process)."""
+    if isinstance(file, int):
+        return _of_descriptor(file)
+    with open(file, "rb") as fh:
+        return _of_descriptor(fh.fileno())
+
+
+def _of_descriptor(fd: int) -> tuple[str, bytes]:
+    size = os.fstat(fd).st_size
+    if not size:
+        return root(b""), b""
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+            return of_views([view])
+        finally:
+            view.release()
+
+
+def _hash(pieces: list[memoryview]) -> bytes:
+    h = blake3.blake3(max_threads=1)
+    for piece in pieces:
+        h.update(piece)
+    return h.digest()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
