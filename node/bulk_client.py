@@ -24,6 +24,7 @@ from typing import TypeVar
 import grpc
 
 from fedgpu.core import bulk, codec
+from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.tls import TlsFiles
 
 log = logging.getLogger("fedgpu.node.bulk")
@@ -136,7 +137,7 @@ class BulkPath:
             sleep(RESUME_PAUSE_S)
         raise ConnectionError(f"bulk transfer broke off {RESUMES + 1} times: {last}")
 
-    def download(self, ticket: str, port: int, asm: codec.Assembler | bulk.DigestSink,
+    def download(self, ticket: str, port: int, asm: codec.Assembler | DigestSink,
                  idle_s: float = 60.0, on_bytes: Callable[[int], None] | None = None) -> None:
         """Fill `asm` from the bulk port (`on_bytes(n)` as bytes land: the node's progress
         lines). BulkUnreachable: fall back (already recorded); bulk.RefusedError / OSError /

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from fedgpu.core import bulk, codec, digests, segment_hasher
+from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
@@ -31,7 +32,7 @@ from fedgpu.proto import pb, pb_grpc
 log = logging.getLogger("fedgpu.node.link")
 
 # What receives a task's payload: an Assembler (keeps it) or a DigestSink (checks and drops).
-Receiver = codec.Assembler | bulk.DigestSink
+Receiver = codec.Assembler | DigestSink
 # What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
 Source = Path | codec.Encoded
 # A task stream over gRPC that breaks after some of its payload is asked for again from the

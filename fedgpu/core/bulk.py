@@ -30,7 +30,6 @@ error. Integers are big-endian.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -43,16 +42,13 @@ from enum import StrEnum
 from pathlib import Path
 
 from fedgpu.core import codec
-from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
+from fedgpu.core.digest_sink import RECV_BLOCK, DigestSink
 from fedgpu.core.tls import TlsFiles, ssl_client_context
 
 MAGIC = b"FGB1"
 RESUME_MAGIC = b"FGB2"
 MAX_TICKET = 256
 MAX_STATUS = 64 << 10
-# Largest single recv_into: big enough that the per-call cost vanishes, small enough that the
-# digest keeps pace block by block.
-RECV_BLOCK = 8 << 20
 # How often a receiver reports progress (the upload's last byte time in `fedgpu status`).
 PROGRESS_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
@@ -205,63 +201,6 @@ def read_status(sock: socket.socket, unstarted: type[Exception] = BulkProtocolEr
                       str(doc.get("message", "")), int(doc.get("offset", 0)))
     except (ValueError, KeyError, TypeError):
         raise BulkProtocolError("malformed status frame") from None
-
-
-class DigestSink:
-    """Receives a payload only to check it: the Assembler's interface over two reused blocks,
-    for simulated nodes that must not hold what they download (fedgpu sim --update-file).
-    A large payload is hashed a block behind the reads, on a thread of its own: the block
-    being hashed is never the one being filled."""
-
-    def __init__(self, size: int, digest: str, algorithm: codec.DigestAlgo,
-                 block: int = RECV_BLOCK, segment_digests: bytes = b"") -> None:
-        self.size, self.expected, self.algorithm = size, digest.lower(), algorithm
-        self.received = 0
-        length = min(block, max(size, 1))
-        self._bufs = (bytearray(length), bytearray(length) if size > length else bytearray())
-        self._cur = 0
-        self._fill = 0
-        plain = codec.receiving(algorithm, self.expected, segment_digests, size)
-        self._segments = plain if codec.resumable(plain) else None
-        self._digest: codec.Hasher | PipelinedDigest = (
-            PipelinedDigest(plain) if size >= PIPELINE_MIN_BYTES else plain)
-
-    def tail(self) -> memoryview:
-        buf = self._bufs[self._cur]
-        end = min(len(buf), self._fill + self.size - self.received)
-        return memoryview(buf)[self._fill:end]
-
-    def advance(self, n: int) -> None:
-        if self.received + n > self.size:
-            raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
-        self._fill += n
-        self.received += n
-        if self._fill == len(self._bufs[self._cur]) or self.received == self.size:
-            self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
-            self._cur, self._fill = 1 - self._cur if self._bufs[1] else 0, 0
-
-    def add(self, chunk: bytes) -> None:
-        if self.received + len(chunk) > self.size:
-            raise codec.CodecError(f"stream sent more than the announced {self.size} bytes")
-        self._digest.update(chunk)
-        self.received += len(chunk)
-
-    def rewind(self) -> int:
-        """As codec.Assembler.rewind: back to the end of the last verified segment."""
-        if self._segments is None:
-            return self.received
-        with contextlib.suppress(codec.CodecError):  # a damaged segment is simply not kept
-            if self._fill:
-                self._digest.update(memoryview(self._bufs[self._cur])[:self._fill])
-                self._cur = 1 - self._cur if self._bufs[1] else 0
-            if isinstance(self._digest, PipelinedDigest):
-                self._digest.wait()
-        self._fill = 0
-        self.received = self._segments.rewind()
-        return self.received
-
-    def finish(self) -> None:
-        codec.check_whole(self.received, self.size, self._digest, self.expected, self.algorithm)
 
 
 def recv_payload(sock: socket.socket, asm: codec.Assembler | DigestSink, idle_s: float,

@@ -25,6 +25,7 @@ import numpy as np
 import fedgpu
 from fedgpu.core import bulk, codec, digests, tls_diagnosis
 from fedgpu.core.buffers import BufferPool
+from fedgpu.core.digest_sink import DigestSink
 from fedgpu.node.retry import RetryPolicy
 from fedgpu.node.sim import personal, secure, statistics, synthetic
 from fedgpu.node.sim.records import SimConfig, SimStats
@@ -204,10 +205,10 @@ class SimNode:
         if self.wire.bulk.error:
             self.stats.bulk_errors.append(self.wire.bulk.error)
 
-    def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | bulk.DigestSink:
+    def _receiver(self, header: pb.TaskHeader) -> codec.Assembler | DigestSink:
         algo, digest = digests.of_header(header)
         if self.cfg.update_file is not None:
-            return bulk.DigestSink(header.payload_size, digest, algo,
+            return DigestSink(header.payload_size, digest, algo,
                                    segment_digests=header.payload_segment_digests)
         return codec.Assembler(header.payload_size, digest, self.max_bytes, algo, DOWNLOADS,
                                header.payload_segment_digests)

@@ -13,6 +13,7 @@ import pytest
 
 from fedgpu.core import bulk, codec
 from fedgpu.core.buffers import BufferPool
+from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.errors import ConfigError
 from fedgpu.core.job import parse_job
 from fedgpu.server.transfer.payload import ModelPayload, to_wire, wire_spec
@@ -198,10 +199,10 @@ def test_a_digest_sink_checks_without_keeping() -> None:
     a, b = _pair()
     with a, b:
         threading.Thread(target=bulk.send_payload, args=(a, enc.segments)).start()
-        sink = bulk.DigestSink(enc.size, enc.digest, codec.WIRE_DIGEST, block=4096)
+        sink = DigestSink(enc.size, enc.digest, codec.WIRE_DIGEST, block=4096)
         bulk.recv_payload(b, sink, idle_s=10)
         sink.finish()
-    bad = bulk.DigestSink(enc.size, "0" * 64, codec.WIRE_DIGEST)
+    bad = DigestSink(enc.size, "0" * 64, codec.WIRE_DIGEST)
     bad.add(enc.to_bytes())
     with pytest.raises(codec.DigestMismatch):
         bad.finish()
@@ -217,7 +218,7 @@ def test_large_payloads_are_hashed_a_block_behind_the_reads() -> None:
     assert enc.size > PIPELINE_MIN_BYTES
     for expected in (enc.digest, "0" * 64):
         for make in (lambda d: codec.Assembler(enc.size, d, 1 << 30, enc.algorithm),
-                     lambda d: bulk.DigestSink(enc.size, d, enc.algorithm, block=1 << 20)):
+                     lambda d: DigestSink(enc.size, d, enc.algorithm, block=1 << 20)):
             a, b = _pair()
             with a, b:
                 sender = threading.Thread(target=bulk.send_payload, args=(a, enc.segments))
@@ -240,7 +241,7 @@ def test_large_payloads_are_hashed_a_block_behind_the_reads() -> None:
     with a, b:
         sender = threading.Thread(target=b.sendall, args=(data,))
         sender.start()
-        sink = bulk.DigestSink(enc.size, enc.digest, enc.algorithm, block=1 << 20)
+        sink = DigestSink(enc.size, enc.digest, enc.algorithm, block=1 << 20)
         bulk.recv_payload(a, sink, idle_s=10)
         sender.join()
         with pytest.raises(codec.DigestMismatch):

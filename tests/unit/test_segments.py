@@ -17,7 +17,8 @@ import blake3
 import numpy as np
 import pytest
 
-from fedgpu.core import bulk, codec, segment_hasher, segments
+from fedgpu.core import codec, segment_hasher, segments
+from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.segments import SEGMENT_BYTES, SegmentCountError, SegmentMismatch
 
 ALGO = codec.DigestAlgo.BLAKE3_SEGMENTS
@@ -38,7 +39,7 @@ def _payload(size: int, algo: codec.DigestAlgo = ALGO) -> tuple[bytes, str, byte
     return data, root if algo is ALGO else blake3.blake3(data).hexdigest(), segs
 
 
-def _feed(asm: codec.Assembler | bulk.DigestSink, data: bytes, end: int, step: int) -> None:
+def _feed(asm: codec.Assembler | DigestSink, data: bytes, end: int, step: int) -> None:
     """As a socket would: straight into tail(), `step` bytes a read."""
     while asm.received < end:
         tail = asm.tail()
@@ -106,7 +107,7 @@ def test_a_header_whose_segments_do_not_hash_to_its_digest_is_refused(tmp_path) 
             codec.Assembler(size, expected, 1 << 40, ALGO, segment_digests=announced)
         assert err.value.reason == "malformed"
         with pytest.raises(codec.CodecError, match="segment digests hash to"):
-            bulk.DigestSink(size, expected, ALGO, segment_digests=announced)
+            DigestSink(size, expected, ALGO, segment_digests=announced)
         with pytest.raises(codec.CodecError, match="segment digests hash to"):
             Spool(tmp_path, 1 << 30, 1 << 20).file(size, expected, ALGO, announced)
     # The same list under plain BLAKE3 (an older sender) is checked segment by segment only.
@@ -155,7 +156,7 @@ def test_a_damaged_segment_is_refused_naming_it(algo: codec.DigestAlgo) -> None:
 def test_the_digest_sink_keeps_only_verified_segments_too(algo: codec.DigestAlgo) -> None:
     size = 4 * SEGMENT_BYTES + 9
     data, whole, digests = _payload(size, algo)
-    sink = bulk.DigestSink(size, whole, algo, block=300_000, segment_digests=digests)
+    sink = DigestSink(size, whole, algo, block=300_000, segment_digests=digests)
     _feed(sink, data, 3 * SEGMENT_BYTES - 5, 70_000)
     assert sink.rewind() == 2 * SEGMENT_BYTES
     _feed(sink, data, size, 70_000)
