@@ -25,6 +25,7 @@ from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
 from fedgpu.node.bulk_client import BulkPath
+from fedgpu.node.resume_backoff import Progress
 from fedgpu.proto import pb, pb_grpc
 
 log = logging.getLogger("fedgpu.node.link")
@@ -34,9 +35,9 @@ Receiver = codec.Assembler | bulk.DigestSink
 # What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
 Source = Path | codec.Encoded
 # A task stream over gRPC that breaks after some of its payload is asked for again from the
-# bytes held, this many times, a pause apart (PullTaskRequest.resume_offset).
+# bytes held, this many times (PullTaskRequest.resume_offset); at once after a stream that
+# moved bytes, after a bounded backoff otherwise (node/resume_backoff.py says why).
 GRPC_RESUMES = 5
-GRPC_RESUME_PAUSE_S = 0.5
 # The gRPC errors of a stream that broke (a reset, a lost connection): worth resuming.
 BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
@@ -170,6 +171,7 @@ class WireClient:
                     asks: tuple[tuple[str, ...], str] = ((), "")) -> Pulled:
         """One task; a gRPC stream that breaks mid-payload is resumed from the bytes held."""
         held: _Broken | None = None
+        progress = Progress()
         for tries in range(GRPC_RESUMES + 1):
             try:
                 return await self._pull_once(node_id, wait_s if held is None else 0,
@@ -180,7 +182,7 @@ class WireClient:
                     _release(held.asm)
                     raise held.error from None
                 self.resumed += 1
-                await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+                await asyncio.sleep(progress.pause_after(held.asm.received))
         raise AssertionError("unreachable")
 
     async def _pull_once(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
@@ -240,6 +242,9 @@ class WireClient:
             if (exc.code() in BROKEN and header is not None and asm is not None
                     and 0 < asm.received < asm.size):
                 raise _Broken(exc, header, asm) from None
+            if held is not None and header is None and exc.code() in BROKEN:
+                # The resume found no server (yet): keep the bytes held, try again.
+                raise _Broken(exc, held.header, held.asm) from None
             _release(asm)
             _release(held.asm if held is not None else None)
             raise
@@ -340,6 +345,7 @@ class WireClient:
                          ) -> pb.PushReply:
         """PushUpdate; a stream that breaks is resumed from the bytes the aggregator kept
         (UploadOffset), up to GRPC_RESUMES times."""
+        progress = Progress()
         for tries in range(GRPC_RESUMES + 1):
             try:
                 return await self._stub.PushUpdate(self._chunks(header, source),
@@ -348,10 +354,10 @@ class WireClient:
                 if (exc.code() not in BROKEN or tries == GRPC_RESUMES or source is None
                         or not header.payload_size):
                     raise
-            await asyncio.sleep(GRPC_RESUME_PAUSE_S)
             where = await self._stub.UploadOffset(header, metadata=self._metadata, timeout=60)
             if where.already_accepted:
                 return pb.PushReply(accepted=True, message=where.message)
+            await asyncio.sleep(progress.pause_after(where.offset))
             header.payload_offset = where.offset if 0 < where.offset < header.payload_size \
                 else 0
             self.resumed += 1
