@@ -1,4 +1,4 @@
-"""Goodput over an emulated WAN (issue 37, BENCHMARKS.md section 17): the time a real
+"""Goodput over an emulated WAN (issue 37, BENCHMARKS.md section 19): the time a real
 aggregator and the node's real transfer clients (node/bulk_client.py's BulkPath on the bulk
 port, node/wire_client.py's WireClient on gRPC) take to move a model through a 50 Mbit/s,
 100 ms one-way, 1%-loss link (tests/net/wan_link.py), against the link's rate; with and
