@@ -27,11 +27,11 @@ import pytest
 from fedgpu.core import bulk, codec
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
-from fedgpu.node.wire_client import WireClient
+from fedgpu.node.wire_client import GRPC_RESUMES, WireClient
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.bulk_wire import Wire, wait_for
 from tests.fixtures.federation import Federation, free_port, job_dir, write_job
-from tests.net.fault_proxy import CutStyle, FaultProxy, Way
+from tests.net.fault_proxy import FaultProxy, Way
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -182,10 +182,16 @@ def test_a_grpc_resume_that_finds_no_server_keeps_the_bytes_held(wire: Wire) -> 
 
     with FaultProxy((host, int(port))) as proxy:
         proxy.cut(Way.DOWN, (2 << 20) + GRPC_FRAMING)
-        # The resume's connection is reset at the aggregator's first byte (its HTTP/2 set-up).
-        proxy.cut(Way.DOWN, 1, connection=1, how=CutStyle.RESET)
+        # The resume's connection is closed after the aggregator's first byte (its HTTP/2
+        # set-up not whole). (A reset of the node's end here would wait for the proxy's other
+        # thread, blocked reading from the node, and look like a link gone silent: the
+        # connect then fails only after gRPC's 20 s connect timeout.)
+        proxy.cut(Way.DOWN, 1, connection=1)
         header, resumed = asyncio.run(pull(proxy))
-    assert resumed == 2 and proxy.connections == 3
+    # Two resumes at least: the one that found no server, and one (or, when it came inside
+    # gRPC's own reconnect backoff and failed at once, a later one) that got the rest.
+    assert 2 <= resumed <= GRPC_RESUMES and proxy.connections == 3, (resumed,
+                                                                     proxy.connections)
     assert 0 < header.payload_offset < header.payload_size  # the rest, not a second copy
     enc = _update(header, 1.5)
     ticket = wire.stub.OpenUpload(wire.header(header, enc), metadata=wire.md, timeout=10)
