@@ -1,4 +1,4 @@
-"""Goodput over an emulated WAN (issue 37, BENCHMARKS.md section 17): the time a real
+"""Goodput over an emulated WAN (issue 37, BENCHMARKS.md section 19): the time a real
 aggregator and the node's real transfer clients (node/bulk_client.py's BulkPath on the bulk
 port, node/wire_client.py's WireClient on gRPC) take to move a model through a 50 Mbit/s,
 100 ms one-way, 1%-loss link (tests/net/wan_link.py), against the link's rate; with and
@@ -6,6 +6,7 @@ without a cut at half the payload (figures: benchmarks/GOODPUT.md).
 
     python -m benchmarks.goodput --mib 64            # ~2-3 min: both paths, both ways, cuts
     python -m benchmarks.goodput --mib 1024 --downloads-only --no-grpc-cut --no-raw  # ~10 min
+    python -m benchmarks.goodput --mib 1024 --cuts-only --no-raw  # ~13 min: 4 cut transfers
 
 Each round of the benchmark's job gives one task: the model is downloaded (one case) and an
 update of the same size uploaded (one case), which closes the round for the next. Loopback, no
@@ -94,6 +95,11 @@ class Bench:
         return time.perf_counter() - started, path.resumed
 
     def grpc_down(self) -> tuple[float, int, pb.TaskHeader]:
+        # Wait for the round to offer its task first (its header only, not timed), as the bulk
+        # cases do: the aggregator folding the last update and opening the next round (up to
+        # ~1 s on 64 MiB) is not the link's time.
+        self.task(use_bulk=False)
+
         async def pull() -> tuple[float, int, pb.TaskHeader]:
             client = WireClient(f"127.0.0.1:{self.grpc_relay.address[1]}", TOKEN)
             try:
@@ -176,7 +182,7 @@ def _case(name: str, size: int, took: float, resumed: int, sent: int, delivered:
 
 
 def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, only: list[str],
-        tmp: Path) -> None:
+        tmp: Path, cuts_only: bool = False) -> None:
     rng = np.random.default_rng(0)
     model = {"w": rng.standard_normal(mib * MIB // 4, dtype=np.float32)}
     enc = codec.encode(model)
@@ -197,7 +203,8 @@ def run(mib: int, downloads_only: bool, grpc_cut: bool, raw: bool, only: list[st
     try:
         bench = Bench(address, bulk_port, link)
         cases = [c for c in [("bulk", False), ("bulk", True), ("grpc", False), ("grpc", True)]
-                 if c[0] in only and (grpc_cut or c != ("grpc", True))]
+                 if c[0] in only and (grpc_cut or c != ("grpc", True))
+                 and (c[1] or not cuts_only)]
         for transport, cut in cases:
             for way in (Way.DOWN,) if downloads_only else (Way.DOWN, Way.UP):
                 label = transport
@@ -245,6 +252,8 @@ def main() -> None:
                     help="measure downloads only (the 1 GB run: ~170 s per transfer)")
     ap.add_argument("--no-grpc-cut", dest="grpc_cut", action="store_false",
                     help="skip the gRPC case with a cut")
+    ap.add_argument("--cuts-only", action="store_true",
+                    help="only the cases with a cut (the 1 GB run: ~3 min per transfer)")
     ap.add_argument("--no-raw", dest="raw", action="store_false",
                     help="skip the plain-socket baseline through the same link")
     ap.add_argument("--only", nargs="+", default=["bulk", "grpc"], choices=["bulk", "grpc"],
@@ -255,7 +264,8 @@ def main() -> None:
           "link": {"delay_s": WAN.delay_s, "jitter_s": WAN.jitter_s, "loss": WAN.loss,
                    "rate_bps": WAN.rate_bps}})
     with tempfile.TemporaryDirectory(prefix="fedgpu-goodput-") as tmp:
-        run(args.mib, args.downloads_only, args.grpc_cut, args.raw, args.only, Path(tmp))
+        run(args.mib, args.downloads_only, args.grpc_cut, args.raw, args.only, Path(tmp),
+            args.cuts_only)
     emit({"load_1m_after": round(os.getloadavg()[0], 2)})
 
 

@@ -21,12 +21,8 @@ import grpc
 from fedgpu.core import codec, tls_diagnosis
 from fedgpu.core.tls import TlsFiles
 from fedgpu.node.bulk_client import BulkPath
-from fedgpu.node.wire_client import (
-    PayloadError,
-    PayloadTooLarge,
-    WireClient,
-    is_unreachable,
-)
+from fedgpu.node.pulled import PayloadError, PayloadTooLarge
+from fedgpu.node.wire_client import WireClient, is_unreachable
 from fedgpu.proto import pb
 
 __all__ = ["AggregatorClient", "ClientClosed", "PayloadError", "PayloadTooLarge",

@@ -45,10 +45,11 @@ from fedgpu.core.tls import TlsFiles
 from fedgpu.node import clear_fields, messages
 from fedgpu.node.client import AggregatorClient
 from fedgpu.node.policy import Decision
+from fedgpu.node.pulled import PayloadError
 from fedgpu.node.rounds import local_state
 from fedgpu.node.rounds.process import RoundOutcome
 from fedgpu.node.unmask_ledger import UnmaskLedger
-from fedgpu.node.wire_client import PayloadError, WireClient
+from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.node.secagg")

@@ -14,31 +14,29 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from fedgpu.core import bulk, codec, digests, segment_hasher
-from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.link_rates import LinkMeter, mbit
 from fedgpu.core.tls import TlsFiles
 from fedgpu.core.transport import aio_channel, token_metadata
 from fedgpu.node.bulk_client import BulkPath
+from fedgpu.node.pulled import PayloadError, PayloadTooLarge, Pulled, Receiver, default_receiver
+from fedgpu.node.resume_backoff import Progress
 from fedgpu.node.transfer_log import TransferLog
 from fedgpu.node.update_chunks import payload_chunks
 from fedgpu.proto import pb, pb_grpc
 
 log = logging.getLogger("fedgpu.node.link")
 
-# What receives a task's payload: an Assembler (keeps it) or a DigestSink (checks and drops).
-Receiver = codec.Assembler | DigestSink
 # What an update's payload is read from: a file (sent from disk) or an encoded model in memory.
 Source = Path | codec.Encoded
 # A task stream over gRPC that breaks after some of its payload is asked for again from the
-# bytes held, this many times, a pause apart (PullTaskRequest.resume_offset).
+# bytes held, this many times (PullTaskRequest.resume_offset); at once after a stream that
+# moved bytes, after a bounded backoff otherwise (node/resume_backoff.py says why).
 GRPC_RESUMES = 5
-GRPC_RESUME_PAUSE_S = 0.5
 # The gRPC errors of a stream that broke (a reset, a lost connection): worth resuming.
 BROKEN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
@@ -49,42 +47,6 @@ class _Broken(Exception):
     def __init__(self, error: grpc.RpcError, header: pb.TaskHeader, asm: Receiver) -> None:
         super().__init__(str(error))
         self.error, self.header, self.asm = error, header, asm
-
-
-class PayloadError(Exception):
-    """A task payload the node cannot use. `header` is the task's, when it arrived: then the
-    node reports the task as failed (asking again would bring the same payload); without one
-    the stream broke before saying what it carried, and the node asks again."""
-
-    def __init__(self, message: str, header: pb.TaskHeader | None = None) -> None:
-        super().__init__(message)
-        self.header = header
-
-
-class PayloadTooLarge(PayloadError):
-    """The task announced more bytes than this node takes; nothing of it was read."""
-
-
-@dataclass
-class Pulled:
-    """One task as it arrived: its header, its payload (None without one or when the receiver
-    keeps nothing), the receiver to release after use, and how the bytes came."""
-
-    header: pb.TaskHeader
-    payload: memoryview | None
-    receiver: Receiver | None
-    transport: str          # "grpc" | "bulk"
-    seconds: float          # first byte of the task to the whole payload checked
-
-
-def default_receiver(header: pb.TaskHeader, max_bytes: int) -> Receiver:
-    """An Assembler for the task's payload, checked against the digest its header names."""
-    try:
-        algo, digest = digests.of_header(header)
-    except digests.UnknownDigest as exc:
-        raise codec.CodecError(str(exc)) from None
-    return codec.Assembler(header.payload_size, digest, max_bytes, algo,
-                           segment_digests=header.payload_segment_digests)
 
 
 class WireClient:
@@ -176,6 +138,7 @@ class WireClient:
                     asks: tuple[tuple[str, ...], str] = ((), "")) -> Pulled:
         """One task; a gRPC stream that breaks mid-payload is resumed from the bytes held."""
         held: _Broken | None = None
+        progress = Progress()
         for tries in range(GRPC_RESUMES + 1):
             try:
                 return await self._pull_once(node_id, wait_s if held is None else 0,
@@ -186,7 +149,7 @@ class WireClient:
                     _release(held.asm)
                     raise held.error from None
                 self.resumed += 1
-                await asyncio.sleep(GRPC_RESUME_PAUSE_S)
+                await asyncio.sleep(progress.pause_after(held.asm.received))
         raise AssertionError("unreachable")
 
     async def _pull_once(self, node_id: str, wait_s: int, max_bytes: int, use_bulk: bool,
@@ -251,6 +214,9 @@ class WireClient:
             if (exc.code() in BROKEN and header is not None and asm is not None
                     and 0 < asm.received < asm.size):
                 raise _Broken(exc, header, asm) from None
+            if held is not None and header is None and exc.code() in BROKEN:
+                # The resume found no server (yet): keep the bytes held, try again.
+                raise _Broken(exc, held.header, held.asm) from None
             _release(asm)
             _release(held.asm if held is not None else None)
             raise
@@ -364,6 +330,7 @@ class WireClient:
                          ) -> pb.PushReply:
         """PushUpdate; a stream that breaks is resumed from the bytes the aggregator kept
         (UploadOffset), up to GRPC_RESUMES times."""
+        progress = Progress()
         for tries in range(GRPC_RESUMES + 1):
             try:
                 return await self._stub.PushUpdate(self._chunks(header, source),
@@ -372,10 +339,10 @@ class WireClient:
                 if (exc.code() not in BROKEN or tries == GRPC_RESUMES or source is None
                         or not header.payload_size):
                     raise
-            await asyncio.sleep(GRPC_RESUME_PAUSE_S)
             where = await self._stub.UploadOffset(header, metadata=self._metadata, timeout=60)
             if where.already_accepted:
                 return pb.PushReply(accepted=True, message=where.message)
+            await asyncio.sleep(progress.pause_after(where.offset))
             header.payload_offset = where.offset if 0 < where.offset < header.payload_size \
                 else 0
             self.resumed += 1

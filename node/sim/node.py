@@ -26,10 +26,11 @@ import fedgpu
 from fedgpu.core import bulk, codec, digests, tls_diagnosis
 from fedgpu.core.buffers import BufferPool
 from fedgpu.core.digest_sink import DigestSink
+from fedgpu.node.pulled import PayloadError
 from fedgpu.node.retry import RetryPolicy
 from fedgpu.node.sim import personal, secure, statistics, synthetic
 from fedgpu.node.sim.records import SimConfig, SimStats
-from fedgpu.node.wire_client import PayloadError, WireClient, is_unreachable
+from fedgpu.node.wire_client import WireClient, is_unreachable
 from fedgpu.proto import pb
 
 log = logging.getLogger("fedgpu.sim")

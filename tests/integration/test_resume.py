@@ -28,7 +28,7 @@ from fedgpu.core import bulk, codec
 from fedgpu.core.segments import SEGMENT_BYTES
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
-from fedgpu.node.wire_client import WireClient
+from fedgpu.node.wire_client import GRPC_RESUMES, WireClient
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.bulk_wire import Wire, wait_for
 from tests.fixtures.federation import Federation, free_port, job_dir, write_job
@@ -160,6 +160,45 @@ def test_a_grpc_task_stream_cut_resumes_from_the_bytes_held(wire: Wire, share: f
     assert header.payload_offset % SEGMENT_BYTES == 0
     # The round goes on: one update, one attempt.
     enc = _update(header, 2.5)
+    ticket = wire.stub.OpenUpload(wire.header(header, enc), metadata=wire.md, timeout=10)
+    assert bulk.upload("127.0.0.1", wire.bulk_port, None, ticket.ticket, enc.segments).ok
+    rec = _finished(wire, header.round)
+    assert rec["attempt"] == 1 and len(rec["updates"]) == 1
+
+
+def test_a_grpc_resume_that_finds_no_server_keeps_the_bytes_held(wire: Wire) -> None:
+    """The first resume after a cut goes at once (node/resume_backoff.py: no pause after a
+    stream that moved bytes). When that resume breaks too before its header comes (the link
+    still down), the bytes held are kept and the next resume, after a pause, continues from
+    them: the payload is not asked for from byte 0."""
+    wire.task()
+    host, port = wire.fed.address.rsplit(":", 1)
+
+    async def pull(proxy: FaultProxy) -> tuple[pb.TaskHeader, int]:
+        client = WireClient(f"127.0.0.1:{proxy.port}", wire.fed.token)
+        try:
+            pulled = await client.pull(wire.node_id, 0, 1 << 30)
+            assert pulled.payload is not None and pulled.transport == "grpc"
+            assert pulled.receiver is not None
+            pulled.receiver.release()  # type: ignore[union-attr]
+            return pulled.header, client.resumed
+        finally:
+            await client.close()
+
+    with FaultProxy((host, int(port))) as proxy:
+        proxy.cut(Way.DOWN, (2 << 20) + GRPC_FRAMING)
+        # The resume's connection is closed after the aggregator's first byte (its HTTP/2
+        # set-up not whole). (A reset of the node's end here would wait for the proxy's other
+        # thread, blocked reading from the node, and look like a link gone silent: the
+        # connect then fails only after gRPC's 20 s connect timeout.)
+        proxy.cut(Way.DOWN, 1, connection=1)
+        header, resumed = asyncio.run(pull(proxy))
+    # Two resumes at least: the one that found no server, and one (or, when it came inside
+    # gRPC's own reconnect backoff and failed at once, a later one) that got the rest.
+    assert 2 <= resumed <= GRPC_RESUMES and proxy.connections == 3, (resumed,
+                                                                     proxy.connections)
+    assert 0 < header.payload_offset < header.payload_size  # the rest, not a second copy
+    enc = _update(header, 1.5)
     ticket = wire.stub.OpenUpload(wire.header(header, enc), metadata=wire.md, timeout=10)
     assert bulk.upload("127.0.0.1", wire.bulk_port, None, ticket.ticket, enc.segments).ok
     rec = _finished(wire, header.round)

@@ -28,7 +28,8 @@ from fedgpu.core import bulk, codec, digests, segment_hasher, segments
 from fedgpu.core.segments import SEGMENT_BYTES
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
-from fedgpu.node.wire_client import WireClient, default_receiver
+from fedgpu.node.pulled import default_receiver
+from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb, pb_grpc
 from tests.fixtures.bulk_wire import Wire
 from tests.fixtures.federation import Federation, free_port, job_dir, write_job

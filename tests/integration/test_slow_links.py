@@ -28,7 +28,8 @@ import pytest
 
 from fedgpu.core import codec
 from fedgpu.core.update_codecs import UpdateCodec, encode_update
-from fedgpu.node.wire_client import Pulled, WireClient
+from fedgpu.node.pulled import Pulled
+from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
 from tests.fixtures.bulk_wire import wait_for
 from tests.fixtures.federation import Federation, cli, job_dir, write_job

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from fedgpu.core import codec
-from fedgpu.node.wire_client import Pulled, WireClient
+from fedgpu.node.pulled import Pulled
+from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
 from tests.fixtures.federation import Federation, cli, write_job
 from tests.net.fault_proxy import FaultProxy

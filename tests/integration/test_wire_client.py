@@ -14,7 +14,8 @@ import pytest
 
 from fedgpu.core import codec
 from fedgpu.node.client import AggregatorClient, ClientClosed
-from fedgpu.node.wire_client import PayloadTooLarge, WireClient
+from fedgpu.node.pulled import PayloadTooLarge
+from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
 from tests.fixtures.federation import Federation, write_job
 
