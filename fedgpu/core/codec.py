@@ -7,7 +7,7 @@ buffer. The bytes are a valid safetensors file, so any safetensors reader can op
 Never pickle: only numeric dtypes are accepted.
 
 The digest algorithms are in fedgpu/core/payload_digest.py (the wire's: BLAKE3 over the
-BLAKE3 digests of 1 MiB segments, one pass for both; payloads name their algorithm, so plain
+BLAKE3 digests of its segments, one pass for both; payloads name their algorithm, so plain
 "blake3" and sha256 ones from older senders and checkpoints stay readable). The errors are
 in fedgpu/core/codec_errors.py (segments raise them too); callers name them codec.CodecError
 and so on, and the digest names codec.DigestAlgo, codec.hasher and so on.

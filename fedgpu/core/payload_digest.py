@@ -2,7 +2,7 @@
 re-exports these names: callers say codec.DigestAlgo, codec.hasher and so on).
 
 The wire digest is BLAKE3_SEGMENTS (fedgpu/core/segment_hasher.py: BLAKE3 over the BLAKE3
-digests of the payload's 1 MiB segments), so a payload's segment digests and its whole
+digests of the payload's segments), so a payload's segment digests and its whole
 digest come from one pass. Payloads name their algorithm, so "blake3" (plain BLAKE3, the
 version before) and sha256 ones (older senders, older checkpoints) stay readable; their
 segment digests, where announced, are then checked in a second hash of the same bytes.
@@ -33,12 +33,14 @@ class DigestAlgo(StrEnum):
 WIRE_DIGEST = DigestAlgo.BLAKE3_SEGMENTS
 
 
-def hasher(algo: DigestAlgo, all_cores: bool = False) -> Hasher:
+def hasher(algo: DigestAlgo, all_cores: bool = False, size: int | None = None) -> Hasher:
     """A fresh digest of `algo`. Plain BLAKE3 on one thread by default: received bytes arrive
     block by block while the other core is busy receiving them; `all_cores` for a payload that
     is all in memory already, which BLAKE3's tree splits across the cores."""
     if algo is DigestAlgo.BLAKE3_SEGMENTS:
-        return SegmentHasher()
+        if size is None:  # its segments' size follows from the payload's
+            raise ValueError("a BLAKE3_SEGMENTS digest needs the payload's size")
+        return SegmentHasher(size)
     if algo is DigestAlgo.BLAKE3:
         return blake3.blake3(max_threads=blake3.blake3.AUTO if all_cores else 1)
     return hashlib.sha256()
@@ -54,7 +56,7 @@ def receiving(algo: DigestAlgo, expected: str, segment_digests: bytes, size: int
     if algo is DigestAlgo.BLAKE3_SEGMENTS:
         digests = checked(size, segment_digests)
         check_root(digests, expected)
-        return SegmentHasher(digests, size)
+        return SegmentHasher(size, digests)
     return segmented(hasher(algo), segment_digests, size)
 
 

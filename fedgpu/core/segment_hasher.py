@@ -2,10 +2,11 @@
 one hashing pass gives both (issue 37, point 7: segment digests must not cost a second pass).
 
 The rule (DigestAlgorithm DIGEST_ALGORITHM_BLAKE3_SEGMENTS): cut the payload into segments of
-SEGMENT_BYTES (1 MiB; the last may be short), take each segment's 32-byte BLAKE3 digest, and
-the payload digest is BLAKE3 of those digests concatenated in order. The empty payload has no
-segments, so its digest is BLAKE3 of the empty string. The standard BLAKE3 root cannot be
-derived from the segment digests (the binding does not expose chaining values), hence an
+segments.segment_bytes(size) (1 MiB from 32 MiB up, smaller below: the size alone decides; the
+last may be short), take each segment's 32-byte BLAKE3 digest, and the payload digest is
+BLAKE3 of those digests concatenated in order. The empty payload has no segments, so its
+digest is BLAKE3 of the empty string. The standard BLAKE3 root cannot be derived from the
+segment digests (the binding does not expose chaining values), hence an
 algorithm of its own; receivers still take "blake3" and sha256 payloads from older senders.
 
 A header naming BLAKE3_SEGMENTS whose announced segment digests do not hash to its payload
@@ -27,10 +28,10 @@ from fedgpu.core.codec_errors import CodecError
 from fedgpu.core.segments import (
     DIGEST_BYTES,
     MAX_SEGMENTS,
-    SEGMENT_BYTES,
     SegmentMismatch,
     checked,
     count,
+    segment_bytes,
 )
 
 # Threads hashing a payload's segments at once on the sending side (BLAKE3 releases the GIL
@@ -66,9 +67,10 @@ class SegmentHasher:
     announced digests nothing is checked before the end and rewind() keeps every byte.
     """
 
-    def __init__(self, digests: bytes = b"", size: int | None = None) -> None:
-        self.digests = checked(size, digests) if digests and size is not None else b""
+    def __init__(self, size: int, digests: bytes = b"") -> None:
+        self.digests = checked(size, digests) if digests else b""
         self.size = size
+        self.seg = segment_bytes(size)
         self.verified = 0
         self._done = bytearray()  # the digests of the completed segments
         self._seg = blake3.blake3(max_threads=1)
@@ -81,14 +83,14 @@ class SegmentHasher:
             view = view.cast("B")
         pos = 0
         while pos < view.nbytes:
-            take = min(view.nbytes - pos, SEGMENT_BYTES - self._fill)
-            if self.size is not None and self._pos + take > self.size:
+            take = min(view.nbytes - pos, self.seg - self._fill)
+            if self._pos + take > self.size:
                 raise CodecError(f"more than the announced {self.size} bytes")
             self._seg.update(view[pos:pos + take])
             pos += take
             self._pos += take
             self._fill += take
-            if self._fill == SEGMENT_BYTES or self._pos == self.size:
+            if self._fill == self.seg or self._pos == self.size:
                 self._close_segment()
 
     def _close_segment(self) -> None:
@@ -100,8 +102,8 @@ class SegmentHasher:
             want = self.digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
             if got != want:
                 raise SegmentMismatch(
-                    f"segment {index} of {count(self.size or 0)} (bytes "
-                    f"{index * SEGMENT_BYTES}-{self._pos}) does not match its digest: "
+                    f"segment {index} of {count(self.size)} (bytes "
+                    f"{index * self.seg}-{self._pos}) does not match its digest: "
                     f"blake3 {got.hex()}, the header says {want.hex()}")
         self._done += got
         self.verified = self._pos
@@ -112,7 +114,7 @@ class SegmentHasher:
         if not self.digests:
             return self._pos
         # The verified end is a segment boundary or the payload's end (a short last segment).
-        del self._done[count(self.verified) * DIGEST_BYTES:]
+        del self._done[-(-self.verified // self.seg) * DIGEST_BYTES:]
         self._seg = blake3.blake3(max_threads=1)
         self._fill = 0
         self._pos = self.verified
@@ -130,16 +132,17 @@ def of_views(views: Sequence[memoryview], threads: int | None = None) -> tuple[s
     """(payload digest, segment digests to announce) of a payload laid out as `views`
     (codec.Encoded.segments), hashed in place in one pass: whole segments on a few threads
     at once, on one where there is one core."""
+    views = [v if v.ndim == 1 and v.itemsize == 1 else v.cast("B") for v in views]
+    seg = segment_bytes(sum(v.nbytes for v in views))
     tasks: list[list[memoryview]] = []
-    fill = SEGMENT_BYTES
+    fill = seg
     for view in views:
-        view = view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
         pos = 0
         while pos < view.nbytes:
-            if fill == SEGMENT_BYTES:
+            if fill == seg:
                 tasks.append([])
                 fill = 0
-            take = min(view.nbytes - pos, SEGMENT_BYTES - fill)
+            take = min(view.nbytes - pos, seg - fill)
             tasks[-1].append(view[pos:pos + take])
             pos += take
             fill += take

@@ -1,4 +1,4 @@
-"""Segment digests: a payload cut into fixed segments of SEGMENT_BYTES, each with its own
+"""Segment digests: a payload cut into segments of segment_bytes(size), each with its own
 BLAKE3 digest, announced with the transfer (UpdateHeader / TaskHeader
 `payload_segment_digests`: the 32-byte digests one after the other, segment 0 first; the last
 segment may be short). A receiver checks each segment as it completes, so a transfer that
@@ -9,10 +9,13 @@ wire's algorithm, BLAKE3_SEGMENTS, that digest is BLAKE3 over the segment digest
 gives both (fedgpu/core/segment_hasher.py); SegmentedDigest here is the two-pass check for
 payloads named "blake3" or sha256 (older senders) that announce segment digests too.
 
-Why 1 MiB: a cut re-sends at most the segment it fell in, and issue 37's target is at most
-5% of the payload re-sent; with 1 MiB that holds from 20 MiB payloads up (the 64 MB model of
-the goodput benchmark re-sends at most 1.6%), where 4 MiB would miss it below 80 MiB. The cost
-per segment is one hasher made and one hasher state copied (a few microseconds per MiB).
+The segment size follows from the payload's size alone (segment_bytes), so both ends agree
+without announcing it: 1 MiB from 32 MiB up, below that the largest power of two that cuts the
+payload into at least 32 segments (1 KiB at least). A cut re-sends at most the segment it fell
+in, and issue 37's target is at most 5% of the payload re-sent: at most 1/32 (3.1%) below
+32 MiB, at most 1.6% of the goodput benchmark's 64 MB model, less above. A fixed 1 MiB would
+re-send the whole of a small model (the digits model is 150 kB) after every cut. The cost per
+segment is one hasher made (a few microseconds per MiB).
 
 Threat model: bytes damaged or spliced on the way (a middlebox, a proxy, a resumed stream
 continued with other bytes) are refused at the first segment they touch. A hostile sender can
@@ -28,7 +31,10 @@ import blake3
 from fedgpu.core.codec_errors import CodecError, DigestMismatch
 from fedgpu.core.digest_pipe import Hasher
 
+# The largest segment, and the smallest; below 32 MiB a payload has at least this many.
 SEGMENT_BYTES = 1 << 20
+MIN_SEGMENT_BYTES = 1 << 10
+SEGMENTS_AT_LEAST = 32
 DIGEST_BYTES = 32
 # At most this many segments (64 GiB at 1 MiB; 2 MiB of digests in one header): a larger
 # payload is sent with its whole digest only.
@@ -43,9 +49,15 @@ class SegmentCountError(CodecError):
     """A header announcing a number of segment digests its payload size does not have."""
 
 
+def segment_bytes(size: int) -> int:
+    """The segment size of a payload of `size` bytes (see the module's docstring)."""
+    share = max(1, size // SEGMENTS_AT_LEAST)
+    return max(MIN_SEGMENT_BYTES, min(SEGMENT_BYTES, 1 << (share.bit_length() - 1)))
+
+
 def count(size: int) -> int:
     """How many segments a payload of `size` bytes has (the last may be short)."""
-    return -(-size // SEGMENT_BYTES)
+    return -(-size // segment_bytes(size))
 
 
 def checked(size: int, digests: bytes) -> bytes:
@@ -58,7 +70,7 @@ def checked(size: int, digests: bytes) -> bytes:
     if odd or have != want or have > MAX_SEGMENTS:
         raise SegmentCountError(
             f"the header announces {len(digests)} bytes of segment digests; a payload of "
-            f"{size} bytes has {want} segments of {SEGMENT_BYTES} bytes, one "
+            f"{size} bytes has {want} segments of {segment_bytes(size)} bytes, one "
             f"{DIGEST_BYTES}-byte digest each (at most {MAX_SEGMENTS} segments)")
     return digests
 
@@ -76,6 +88,7 @@ class SegmentedDigest:
     def __init__(self, whole: Hasher, digests: bytes, size: int) -> None:
         self.digests = checked(size, digests)
         self.size = size
+        self.seg = segment_bytes(size)
         self.verified = 0
         self._whole = whole
         self._mark = whole.copy()  # type: ignore[attr-defined]
@@ -86,7 +99,7 @@ class SegmentedDigest:
         view = memoryview(data)
         pos = 0
         while pos < view.nbytes:
-            end = min((self._pos // SEGMENT_BYTES + 1) * SEGMENT_BYTES, self.size)
+            end = min((self._pos // self.seg + 1) * self.seg, self.size)
             take = min(view.nbytes - pos, end - self._pos)
             if take <= 0:
                 raise CodecError(f"more than the announced {self.size} bytes")
@@ -99,13 +112,13 @@ class SegmentedDigest:
                 self._close_segment()
 
     def _close_segment(self) -> None:
-        index = (self._pos - 1) // SEGMENT_BYTES
+        index = (self._pos - 1) // self.seg
         got = self._seg.digest()
         self._seg = blake3.blake3(max_threads=1)
         want = self.digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
         if got != want:
             raise SegmentMismatch(
-                f"segment {index} of {count(self.size)} (bytes {index * SEGMENT_BYTES}-"
+                f"segment {index} of {count(self.size)} (bytes {index * self.seg}-"
                 f"{self._pos}) does not match its digest: blake3 {got.hex()}, the header "
                 f"says {want.hex()}")
         self.verified = self._pos

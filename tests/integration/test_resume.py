@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from fedgpu.core import bulk, codec
-from fedgpu.core.segments import SEGMENT_BYTES
+from fedgpu.core.segments import segment_bytes
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.wire_client import GRPC_RESUMES, WireClient
@@ -155,9 +155,9 @@ def test_a_grpc_task_stream_cut_resumes_from_the_bytes_held(wire: Wire, share: f
     # The task announces segment digests: the node resumes from the end of its last verified
     # segment (0 when the bytes it got end inside the first), re-sending at most one segment
     # beyond what the break lost (tests/integration/test_resume_segments.py).
-    assert resent <= GRPC_WINDOW + SEGMENT_BYTES, (carried, header.payload_size)
+    assert resent <= GRPC_WINDOW + segment_bytes(header.payload_size), carried
     assert 0 <= header.payload_offset < header.payload_size  # never past what it verified
-    assert header.payload_offset % SEGMENT_BYTES == 0
+    assert header.payload_offset % segment_bytes(header.payload_size) == 0
     # The round goes on: one update, one attempt.
     enc = _update(header, 2.5)
     ticket = wire.stub.OpenUpload(wire.header(header, enc), metadata=wire.md, timeout=10)
@@ -256,9 +256,9 @@ def test_a_grpc_upload_cut_resumes_and_is_counted_once(wire: Wire, share: float)
     # The node announced segment digests: the aggregator kept its verified segments only (none
     # when the bytes it got end inside the first), at most one segment more to send again.
     assert 0 <= header.payload_offset < enc.size  # never past what it verified
-    assert header.payload_offset % SEGMENT_BYTES == 0
+    assert header.payload_offset % segment_bytes(enc.size) == 0
     resent = carried - enc.size - 2 * GRPC_FRAMING
-    assert resent <= GRPC_WINDOW + SEGMENT_BYTES, (carried, enc.size)
+    assert resent <= GRPC_WINDOW + segment_bytes(enc.size), (carried, enc.size)
     rec = _finished(wire, task.round)
     assert rec["attempt"] == 1 and len(rec["updates"]) == 1
     # The cut stream is listed as truncated; it did not end the node's part in the round.

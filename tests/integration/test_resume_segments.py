@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from fedgpu.core import bulk, codec, digests, segment_hasher, segments
-from fedgpu.core.segments import SEGMENT_BYTES
+from fedgpu.core.segments import segment_bytes
 from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.pulled import default_receiver
@@ -39,10 +39,12 @@ from tests.net.fault_proxy import READ, FaultProxy, Way
 
 pytestmark = pytest.mark.timeout(120)
 
-# 21 MiB: 22 segments, so a cut in the middle of one re-sends under 5% of the payload.
+# 21 MiB: 43 segments of 512 KiB, so a cut in the middle of one re-sends under 5% of it.
 MODEL = {"w": np.arange(21 << 18, dtype=np.float32) / (1 << 20)}
+SEG = segment_bytes(codec.encode(MODEL, digest=None).size)
+SEGMENTS = 43
 # Where the cuts fall: half way into segment 10.
-CUT = 10 * SEGMENT_BYTES + SEGMENT_BYTES // 2
+CUT = 10 * SEG + SEG // 2
 # The proxy counts what it read from the sender, up to one read past the cut.
 SLACK = FRAMING + READ
 
@@ -90,7 +92,7 @@ def _bulk_path(wire: Wire) -> BulkPath:
 def test_the_task_header_announces_its_payload_s_segments(wire: Wire) -> None:
     task = wire.task()
     assert len(task.payload_segment_digests) == 32 * segments.count(task.payload_size)
-    assert segments.count(task.payload_size) == 22
+    assert segments.count(task.payload_size) == SEGMENTS and SEG == 512 << 10
 
 
 def test_a_bulk_upload_cut_mid_segment_resumes_from_that_segment_s_start(wire: Wire) -> None:
@@ -108,7 +110,7 @@ def test_a_bulk_upload_cut_mid_segment_resumes_from_that_segment_s_start(wire: W
     resent = carried - enc.size
     # The head of segment 10 crossed twice (not only the bytes in flight): the aggregator
     # kept segments 0-9, the ones it had verified.
-    assert SEGMENT_BYTES // 2 - FRAMING <= resent <= SEGMENT_BYTES // 2 + SLACK, resent
+    assert SEG // 2 - FRAMING <= resent <= SEG // 2 + SLACK, resent
     assert resent <= RESEND_SHARE * enc.size
     rec = finished(wire, task.round)
     assert rec["attempt"] == 1 and len(rec["updates"]) == 1 and not rec["rejected"]
@@ -128,7 +130,7 @@ def test_a_bulk_download_cut_mid_segment_resumes_from_that_segment_s_start(wire:
     asm.release()
     assert path.resumed == 1 and proxy.connections == 2
     resent = carried - task.payload_size
-    assert SEGMENT_BYTES // 2 - FRAMING <= resent <= SEGMENT_BYTES // 2 + SLACK, resent
+    assert SEG // 2 - FRAMING <= resent <= SEG // 2 + SLACK, resent
     assert resent <= RESEND_SHARE * task.payload_size
     enc, digests, _ = _update(task, 2.5)
     ticket = wire.stub.OpenUpload(_header(wire, task, enc, digests), metadata=wire.md,
@@ -160,8 +162,8 @@ def test_a_grpc_upload_resumes_from_a_verified_segment(wire: Wire) -> None:
         carried = proxy.carried[Way.UP]
     assert reply.accepted and way == "grpc" and resumed == 1, reply
     assert 0 < header.payload_offset < enc.size
-    assert header.payload_offset % SEGMENT_BYTES == 0, header.payload_offset
-    assert carried - enc.size - 2 * GRPC_FRAMING <= GRPC_WINDOW + SEGMENT_BYTES
+    assert header.payload_offset % SEG == 0, header.payload_offset
+    assert carried - enc.size - 2 * GRPC_FRAMING <= GRPC_WINDOW + SEG
     rec = finished(wire, task.round)
     assert rec["attempt"] == 1 and len(rec["updates"]) == 1
 
@@ -188,8 +190,8 @@ def test_a_grpc_task_stream_resumes_from_a_verified_segment(wire: Wire) -> None:
     assert resumed == 1 and proxy.connections == 2
     # gRPC may drop messages it had read but not handed over at the break (GRPC_WINDOW):
     # wherever the node's bytes ended, it asks from the end of a verified segment.
-    assert 0 < header.payload_offset <= 10 * SEGMENT_BYTES, header.payload_offset
-    assert header.payload_offset % SEGMENT_BYTES == 0, header.payload_offset
+    assert 0 < header.payload_offset <= 10 * SEG, header.payload_offset
+    assert header.payload_offset % SEG == 0, header.payload_offset
     enc, digests, _ = _update(header, 3.5)
     ticket = wire.stub.OpenUpload(_header(wire, header, enc, digests), metadata=wire.md,
                                   timeout=10)
@@ -198,15 +200,16 @@ def test_a_grpc_task_stream_resumes_from_a_verified_segment(wire: Wire) -> None:
     assert rec["attempt"] == 1 and len(rec["updates"]) == 1
 
 
-@pytest.mark.parametrize("announced", [1, 23])
+@pytest.mark.parametrize("announced", [1, SEGMENTS + 1])
 def test_a_header_with_the_wrong_digest_count_is_refused(wire: Wire, announced: int) -> None:
     task = wire.task()
     enc, digests, _ = _update(task, 4.0)
-    header = _header(wire, task, enc, digests[: 32 * announced] + b"\0" * 32 * (announced > 22))
+    extra = b"\0" * 32 * (announced > SEGMENTS)
+    header = _header(wire, task, enc, digests[: 32 * announced] + extra)
     with pytest.raises(grpc.RpcError) as err:
         wire.stub.OpenUpload(header, metadata=wire.md, timeout=10)
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "has 22 segments" in err.value.details()
+    assert f"has {SEGMENTS} segments" in err.value.details()
 
 
 def test_a_damaged_segment_on_grpc_is_refused_naming_it(wire: Wire) -> None:
@@ -216,7 +219,7 @@ def test_a_damaged_segment_on_grpc_is_refused_naming_it(wire: Wire) -> None:
     before = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"].copy()
     enc, digests, data = _update(task, 4.5)
     bad = bytearray(data)
-    bad[3 * SEGMENT_BYTES + 5] ^= 0x01
+    bad[3 * SEG + 5] ^= 0x01
 
     def stream() -> Iterator[pb.UpdateChunk]:
         yield pb.UpdateChunk(header=_header(wire, task, enc, digests))
@@ -225,7 +228,7 @@ def test_a_damaged_segment_on_grpc_is_refused_naming_it(wire: Wire) -> None:
 
     with pytest.raises(grpc.RpcError) as err:
         wire.stub.PushUpdate(stream(), metadata=wire.md, timeout=30)
-    assert "segment 3 of 22" in err.value.details(), err.value.details()
+    assert f"segment 3 of {SEGMENTS}" in err.value.details(), err.value.details()
     now = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"]
     assert np.array_equal(now, before)
 
@@ -239,7 +242,7 @@ def test_a_damaged_segment_is_refused_naming_it_and_nothing_is_folded(wire: Wire
     ticket = wire.stub.OpenUpload(_header(wire, task, enc, digests), metadata=wire.md,
                                   timeout=10)
     bad = bytearray(data)
-    bad[7 * SEGMENT_BYTES + 1234] ^= 0x40
+    bad[7 * SEG + 1234] ^= 0x40
     with wire.connect() as s:
         s.settimeout(30)
         bulk.send_ticket(s, ticket.ticket)
@@ -251,7 +254,7 @@ def test_a_damaged_segment_is_refused_naming_it_and_nothing_is_folded(wire: Wire
             pass
         verdict = bulk.read_status(s)
     assert not verdict.ok and verdict.reason == "digest", verdict
-    assert "segment 7 of 22" in verdict.message
+    assert f"segment 7 of {SEGMENTS}" in verdict.message
     now = codec.read_file(job_dir(wire.state_dir) / "global.safetensors")["w"]
     assert np.array_equal(now, before)
 

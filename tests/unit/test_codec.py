@@ -57,12 +57,12 @@ def test_single_and_many_chunks() -> None:
     assert len(many) == -(-enc.size // 4096)
     assert all(len(c) == 4096 for c in many[:-1])
     assert b"".join(many) == enc.to_bytes()
-    # BLAKE3 over the 1 MiB segments' BLAKE3 digests by default on the wire, and named;
-    # plain BLAKE3 and sha256 on request (older receivers).
+    # BLAKE3 over the segments' BLAKE3 digests by default on the wire, and named (1.2 MB: 32
+    # KiB segments, 37 of them); plain BLAKE3 and sha256 on request (older receivers).
     assert enc.algorithm is codec.DigestAlgo.BLAKE3_SEGMENTS
     raw = enc.to_bytes()
-    assert blake3.blake3(b"".join(blake3.blake3(raw[i:i + (1 << 20)]).digest()
-                                  for i in range(0, len(raw), 1 << 20))).hexdigest() == enc.digest
+    assert blake3.blake3(b"".join(blake3.blake3(raw[i:i + (32 << 10)]).digest()
+                                  for i in range(0, len(raw), 32 << 10))).hexdigest() == enc.digest
     plain = codec.encode(t, digest=codec.DigestAlgo.BLAKE3)
     assert blake3.blake3(raw).hexdigest() == plain.digest and not plain.segment_digests
     old = codec.encode(t, digest=codec.DigestAlgo.SHA256)

@@ -19,7 +19,7 @@ import pytest
 
 from fedgpu.core import codec, segment_hasher, segments
 from fedgpu.core.digest_sink import DigestSink
-from fedgpu.core.segments import SEGMENT_BYTES, SegmentCountError, SegmentMismatch
+from fedgpu.core.segments import SEGMENT_BYTES, SegmentCountError, SegmentMismatch, segment_bytes
 
 ALGO = codec.DigestAlgo.BLAKE3_SEGMENTS
 BOTH = pytest.mark.parametrize("algo", [codec.DigestAlgo.BLAKE3_SEGMENTS,
@@ -28,8 +28,8 @@ BOTH = pytest.mark.parametrize("algo", [codec.DigestAlgo.BLAKE3_SEGMENTS,
 
 def _independent(data: bytes) -> tuple[str, bytes]:
     """BLAKE3_SEGMENTS by its rule, with nothing of fedgpu: (digest, segment digests)."""
-    segs = b"".join(blake3.blake3(data[i:i + SEGMENT_BYTES]).digest()
-                    for i in range(0, len(data), SEGMENT_BYTES))
+    seg = segment_bytes(len(data))
+    segs = b"".join(blake3.blake3(data[i:i + seg]).digest() for i in range(0, len(data), seg))
     return blake3.blake3(segs).hexdigest(), segs
 
 
@@ -49,29 +49,39 @@ def _feed(asm: codec.Assembler | DigestSink, data: bytes, end: int, step: int) -
         asm.advance(n)
 
 
+@pytest.mark.parametrize(("size", "seg"), [(0, 1 << 10), (10, 1 << 10), (150_000, 4 << 10),
+                                         (21 << 20, 512 << 10), ((32 << 20) - 1, 512 << 10),
+                                         (32 << 20, 1 << 20), (5 << 30, 1 << 20)])
+def test_a_payload_has_at_least_32_segments_up_to_1_mib_each(size: int, seg: int) -> None:
+    # A cut re-sends at most one segment: at most 1/32 of a small payload (issue 37's 5%).
+    assert segment_bytes(size) == seg
+    assert segments.count(size) == -(-size // seg)
+    assert size < 32 * (1 << 10) or size >= 32 << 20 or segments.count(size) >= 32
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_digest_is_blake3_of_the_segment_digests_however_the_payload_is_laid_out(
         threads: int) -> None:
     data, root, digests = _payload(3 * SEGMENT_BYTES + 1000)
-    views = [memoryview(data)[:10], memoryview(data)[10:SEGMENT_BYTES + 7],
-             memoryview(data)[SEGMENT_BYTES + 7:]]
+    seg = segment_bytes(len(data))
+    views = [memoryview(data)[:10], memoryview(data)[10:seg + 7], memoryview(data)[seg + 7:]]
     assert segment_hasher.of_views(views, threads) == (root, digests)
-    assert len(digests) == 4 * segments.DIGEST_BYTES
+    assert len(digests) == segments.count(len(data)) * segments.DIGEST_BYTES
     # Fed in pieces that straddle the segments, as a receiver's reads are.
-    h = codec.hasher(ALGO)
+    h = codec.hasher(ALGO, size=len(data))
     for pos in range(0, len(data), 300_001):
         h.update(memoryview(data)[pos:pos + 300_001])
     assert h.hexdigest() == root and h.segment_digests() == digests  # type: ignore[attr-defined]
     assert root != blake3.blake3(data).hexdigest()  # not plain BLAKE3: an algorithm of its own
     # A break after the last byte: every segment verified, nothing to forget.
-    checked_h = segment_hasher.SegmentHasher(digests, len(data))
+    checked_h = segment_hasher.SegmentHasher(len(data), digests)
     checked_h.update(data)
     assert checked_h.rewind() == len(data) and checked_h.hexdigest() == root
 
 
 def test_encode_gives_the_digest_and_the_segment_digests_in_one_pass() -> None:
     enc = codec.encode({"a": np.arange(300_000, dtype=np.float64), "b": np.ones(7, np.int8)})
-    assert enc.algorithm is ALGO and enc.size > 2 * SEGMENT_BYTES
+    assert enc.algorithm is ALGO and segments.count(enc.size) > 2
     assert (enc.digest, enc.segment_digests) == _independent(enc.to_bytes())
 
 
@@ -116,8 +126,8 @@ def test_a_header_whose_segments_do_not_hash_to_its_digest_is_refused(tmp_path) 
 
 @pytest.mark.parametrize("announced", [31, 32, 3 * 32, 65_537 * 32])
 def test_a_header_with_the_wrong_number_of_digests_is_refused(announced: int) -> None:
-    size = 2 * SEGMENT_BYTES
-    with pytest.raises(SegmentCountError, match="has 2 segments"):
+    size = 2 * SEGMENT_BYTES + 1  # 33 segments of 64 KiB
+    with pytest.raises(SegmentCountError, match="has 33 segments of 65536 bytes"):
         codec.Assembler(size, "00" * 32, 1 << 40, ALGO, segment_digests=b"x" * announced)
     assert SegmentCountError.reason == "malformed"
 
@@ -129,9 +139,10 @@ def test_a_broken_transfer_rewinds_to_its_last_verified_segment(pipelined: bool,
     size = (40 << 20) + 123 if pipelined else 3 * SEGMENT_BYTES + 123
     data, whole, digests = _payload(size, algo)
     asm = codec.Assembler(size, whole, 1 << 40, algo, segment_digests=digests)
-    cut = 2 * SEGMENT_BYTES + SEGMENT_BYTES // 3
-    _feed(asm, data, cut, 100_000)
-    assert asm.rewind() == 2 * SEGMENT_BYTES == asm.received
+    seg = segment_bytes(size)
+    cut = 2 * seg + seg // 3
+    _feed(asm, data, cut, 10_000)
+    assert asm.rewind() == 2 * seg == asm.received
     _feed(asm, data, size, 300_000)  # the resume, from the verified offset
     assert bytes(asm.finish()) == data
     asm.release()
@@ -139,16 +150,16 @@ def test_a_broken_transfer_rewinds_to_its_last_verified_segment(pipelined: bool,
 
 @BOTH
 def test_a_damaged_segment_is_refused_naming_it(algo: codec.DigestAlgo) -> None:
-    size = 3 * SEGMENT_BYTES
+    size = 3 * SEGMENT_BYTES  # 48 segments of 64 KiB
     data, whole, digests = _payload(size, algo)
     bad = bytearray(data)
-    bad[SEGMENT_BYTES + 17] ^= 1
+    bad[(64 << 10) + 17] ^= 1
     asm = codec.Assembler(size, whole, 1 << 40, algo, segment_digests=digests)
-    with pytest.raises(SegmentMismatch, match=r"segment 1 of 3 \(bytes 1048576-2097152\)"):
-        _feed(asm, bytes(bad), size, 65_536)
+    with pytest.raises(SegmentMismatch, match=r"segment 1 of 48 \(bytes 65536-131072\)"):
+        _feed(asm, bytes(bad), size, 4096)
     assert SegmentMismatch.reason == "digest"
     # Cut there instead: the damaged segment is not kept, the verified one before it is.
-    assert asm.rewind() == SEGMENT_BYTES
+    assert asm.rewind() == 64 << 10
     asm.release()
 
 
@@ -157,8 +168,9 @@ def test_the_digest_sink_keeps_only_verified_segments_too(algo: codec.DigestAlgo
     size = 4 * SEGMENT_BYTES + 9
     data, whole, digests = _payload(size, algo)
     sink = DigestSink(size, whole, algo, block=300_000, segment_digests=digests)
-    _feed(sink, data, 3 * SEGMENT_BYTES - 5, 70_000)
-    assert sink.rewind() == 2 * SEGMENT_BYTES
+    seg = segment_bytes(size)
+    _feed(sink, data, 3 * seg - 5, 7_000)
+    assert sink.rewind() == 2 * seg
     _feed(sink, data, size, 70_000)
     sink.finish()
 
@@ -172,8 +184,9 @@ def test_the_spool_keeps_only_verified_segments_too(tmp_path, algo) -> None:  # 
     spool = Spool(tmp_path, 1 << 30, 1 << 20)
     f = spool.file(size, whole, algo, digests)
     asyncio.run(f.claim(5))
-    _feed(f, data, SEGMENT_BYTES + 10, 50_000)  # type: ignore[arg-type]
-    assert f.rewind() == SEGMENT_BYTES
+    seg = segment_bytes(size)
+    _feed(f, data, seg + 10, 5_000)  # type: ignore[arg-type]
+    assert f.rewind() == seg
     _feed(f, data, size, 50_000)  # type: ignore[arg-type]
     assert bytes(f.finish()) == data
     f.release()
