@@ -82,15 +82,16 @@ def test_a_restart_continues_the_same_run(federation: Federation, digits_split: 
     state = tmp_path / "state"
     agg = federation.start_server(job, "--state-dir", str(state), "--operator-token",
                                   federation.operator_token, "--tracking-uri", uri)
-    for i in range(2):
-        federation.start_node(f"node-{i}", digits_split[i])
-    # Stop once the run holds the second round (the store opens in the background, seconds
-    # after the start): the run stays open for the next start.
     end = time.monotonic() + 240
     # Read the store only once the aggregator made it: two processes creating one sqlite
-    # store's tables at once collide in MLflow's migrations.
+    # store's tables at once collide in MLflow's migrations. The nodes start only then: the
+    # store opens in the background, seconds after the start, and on a loaded machine the
+    # job's 40 quick rounds could all be over before it did.
     while time.monotonic() < end and "tracking jobs as MLflow runs" not in agg.text():
         time.sleep(0.5)
+    for i in range(2):
+        federation.start_node(f"node-{i}", digits_split[i])
+    # Stop once the run holds the second round: the run stays open for the next start.
     while time.monotonic() < end and not _logged_rounds(uri) >= {1, 2}:
         time.sleep(0.5)
     agg.popen.send_signal(signal.SIGTERM)
