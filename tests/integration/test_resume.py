@@ -20,18 +20,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 
 from fedgpu.core import bulk, codec
 from fedgpu.core.segments import segment_bytes
-from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.wire_client import GRPC_RESUMES, WireClient
-from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.bulk_wire import Wire, wait_for
-from tests.fixtures.federation import Federation, free_port, job_dir, write_job
+from fedgpu.proto import pb
+from tests.fixtures.bulk_wire import Wire, served, wait_for
+from tests.fixtures.federation import job_dir
 from tests.net.fault_proxy import FaultProxy, Way
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,24 +55,11 @@ GRPC_WINDOW = 4 << 20
 
 @pytest.fixture(scope="module", name="wire")
 def wire_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
-    tmp = tmp_path_factory.mktemp("resume")
-    init = tmp / "init.safetensors"
-    init.write_bytes(codec.encode(MODEL).to_bytes())
-    job = write_job(tmp / "job.toml", rounds=40, min_nodes=1, round_deadline_s=120,
-                    evaluate=False, round_retries=5, initial_weights=str(init))
-    fed = Federation(tmp)
-    port = free_port()
-    try:
-        # A long idle limit: a stuck connection must not end by itself during a test.
-        fed.start_server(job, "--state-dir", str(tmp / "state"), "--bulk-port", str(port),
-                         "--upload-idle-s", "60", "--chunk-size", str(GRPC_CHUNK))
-        with grpc.insecure_channel(fed.address) as ch:
-            stub = pb_grpc.FederationStub(ch)
-            reg = stub.Register(pb.RegisterRequest(node_name="site", tasks=["digits"]),
-                                metadata=token_metadata(fed.token), timeout=10)
-            yield Wire(fed, tmp / "state", stub, reg.node_id, port)
-    finally:
-        fed.stop()
+    # A long idle limit: a stuck connection must not end by itself during a test.
+    with served(tmp_path_factory.mktemp("resume"), MODEL, "--upload-idle-s", "60",
+                "--chunk-size", str(GRPC_CHUNK), rounds=40, round_retries=5,
+                node_name="site") as wire:
+        yield wire
 
 
 def _round_of(wire: Wire, number: int) -> dict:  # type: ignore[type-arg]

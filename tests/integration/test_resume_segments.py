@@ -26,13 +26,12 @@ import pytest
 
 from fedgpu.core import bulk, codec, digests, segment_hasher, segments
 from fedgpu.core.segments import segment_bytes
-from fedgpu.core.transport import token_metadata
 from fedgpu.node.bulk_client import BulkPath
 from fedgpu.node.pulled import default_receiver
 from fedgpu.node.wire_client import WireClient
-from fedgpu.proto import pb, pb_grpc
-from tests.fixtures.bulk_wire import Wire
-from tests.fixtures.federation import Federation, free_port, job_dir, write_job
+from fedgpu.proto import pb
+from tests.fixtures.bulk_wire import Wire, served
+from tests.fixtures.federation import job_dir
 from tests.integration.test_resume import FRAMING, GRPC_FRAMING, GRPC_WINDOW, RESEND_SHARE
 from tests.integration.test_resume import _finished as finished
 from tests.net.fault_proxy import READ, FaultProxy, Way
@@ -51,24 +50,11 @@ SLACK = FRAMING + READ
 
 @pytest.fixture(scope="module", name="wire")
 def wire_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
-    tmp = tmp_path_factory.mktemp("segments")
-    init = tmp / "init.safetensors"
-    init.write_bytes(codec.encode(MODEL).to_bytes())
     # A refused update ends its attempt: retries keep the job open for the next test.
-    job = write_job(tmp / "job.toml", rounds=40, min_nodes=1, round_deadline_s=120,
-                    evaluate=False, round_retries=10, initial_weights=str(init))
-    fed = Federation(tmp)
-    port = free_port()
-    try:
-        fed.start_server(job, "--state-dir", str(tmp / "state"), "--bulk-port", str(port),
-                         "--upload-idle-s", "60", "--chunk-size", str(64 << 10))
-        with grpc.insecure_channel(fed.address) as ch:
-            stub = pb_grpc.FederationStub(ch)
-            reg = stub.Register(pb.RegisterRequest(node_name="site", tasks=["digits"]),
-                                metadata=token_metadata(fed.token), timeout=10)
-            yield Wire(fed, tmp / "state", stub, reg.node_id, port)
-    finally:
-        fed.stop()
+    with served(tmp_path_factory.mktemp("segments"), MODEL, "--upload-idle-s", "60",
+                "--chunk-size", str(64 << 10), rounds=40, round_retries=10,
+                node_name="site") as wire:
+        yield wire
 
 
 def _update(task: pb.TaskHeader, scale: float) -> tuple[codec.Encoded, bytes, bytes]:
