@@ -28,9 +28,8 @@ from fedgpu.core.codec_errors import CodecError
 from fedgpu.core.segments import (
     DIGEST_BYTES,
     MAX_SEGMENTS,
-    SegmentMismatch,
+    check,
     checked,
-    count,
     segment_bytes,
 )
 
@@ -99,12 +98,7 @@ class SegmentHasher:
         self._seg = blake3.blake3(max_threads=1)
         self._fill = 0
         if self.digests:
-            want = self.digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
-            if got != want:
-                raise SegmentMismatch(
-                    f"segment {index} of {count(self.size)} (bytes "
-                    f"{index * self.seg}-{self._pos}) does not match its digest: "
-                    f"blake3 {got.hex()}, the header says {want.hex()}")
+            check(self.digests, index, got, self.size, self._pos)
         self._done += got
         self.verified = self._pos
 

@@ -75,6 +75,16 @@ def checked(size: int, digests: bytes) -> bytes:
     return digests
 
 
+def check(digests: bytes, index: int, got: bytes, size: int, end: int) -> None:
+    """Segment `index` (ending at byte `end` of a payload of `size`) hashed to `got`: the
+    digest announced for it, or SegmentMismatch naming the segment."""
+    want = digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
+    if got != want:
+        raise SegmentMismatch(
+            f"segment {index} of {count(size)} (bytes {index * segment_bytes(size)}-{end}) "
+            f"does not match its digest: blake3 {got.hex()}, the header says {want.hex()}")
+
+
 class SegmentedDigest:
     """A payload's whole digest, fed through the check of each segment as it completes.
 
@@ -115,12 +125,7 @@ class SegmentedDigest:
         index = (self._pos - 1) // self.seg
         got = self._seg.digest()
         self._seg = blake3.blake3(max_threads=1)
-        want = self.digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES]
-        if got != want:
-            raise SegmentMismatch(
-                f"segment {index} of {count(self.size)} (bytes {index * self.seg}-"
-                f"{self._pos}) does not match its digest: blake3 {got.hex()}, the header "
-                f"says {want.hex()}")
+        check(self.digests, index, got, self.size, self._pos)
         self.verified = self._pos
         self._mark = self._whole.copy()  # type: ignore[attr-defined]
 
