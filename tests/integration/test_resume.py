@@ -62,6 +62,23 @@ def wire_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
         yield wire
 
 
+async def grpc_pull(wire: Wire, proxy: FaultProxy, chunk_size: int | None = None
+                    ) -> tuple[pb.TaskHeader, int]:
+    """The node's client pulls its task through `proxy` (the weights over gRPC): the task's
+    header and how many times the client resumed."""
+    client = WireClient(f"127.0.0.1:{proxy.port}", wire.fed.token)
+    try:
+        if chunk_size is not None:
+            client.chunk_size = chunk_size
+        pulled = await client.pull(wire.node_id, 0, 1 << 30)
+        assert pulled.payload is not None and pulled.transport == "grpc"
+        assert pulled.receiver is not None
+        pulled.receiver.release()  # type: ignore[union-attr]
+        return pulled.header, client.resumed
+    finally:
+        await client.close()
+
+
 def _round_of(wire: Wire, number: int) -> dict:  # type: ignore[type-arg]
     rounds = wire.fed.query("ListRounds")["rounds"]
     done = [r for r in rounds if r["round"] == number and r["status"] == "finished"]
@@ -159,17 +176,6 @@ def test_a_grpc_resume_that_finds_no_server_keeps_the_bytes_held(wire: Wire) -> 
     wire.task()
     host, port = wire.fed.address.rsplit(":", 1)
 
-    async def pull(proxy: FaultProxy) -> tuple[pb.TaskHeader, int]:
-        client = WireClient(f"127.0.0.1:{proxy.port}", wire.fed.token)
-        try:
-            pulled = await client.pull(wire.node_id, 0, 1 << 30)
-            assert pulled.payload is not None and pulled.transport == "grpc"
-            assert pulled.receiver is not None
-            pulled.receiver.release()  # type: ignore[union-attr]
-            return pulled.header, client.resumed
-        finally:
-            await client.close()
-
     with FaultProxy((host, int(port))) as proxy:
         proxy.cut(Way.DOWN, (2 << 20) + GRPC_FRAMING)
         # The resume's connection is closed after the aggregator's first byte (its HTTP/2
@@ -177,7 +183,7 @@ def test_a_grpc_resume_that_finds_no_server_keeps_the_bytes_held(wire: Wire) -> 
         # thread, blocked reading from the node, and look like a link gone silent: the
         # connect then fails only after gRPC's 20 s connect timeout.)
         proxy.cut(Way.DOWN, 1, connection=1)
-        header, resumed = asyncio.run(pull(proxy))
+        header, resumed = asyncio.run(grpc_pull(wire, proxy))
     # Two resumes at least: the one that found no server, and one (or, when it came inside
     # gRPC's own reconnect backoff and failed at once, a later one) that got the rest.
     assert 2 <= resumed <= GRPC_RESUMES and proxy.connections == 3, (resumed,

@@ -32,7 +32,13 @@ from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
 from tests.fixtures.bulk_wire import Wire, served
 from tests.fixtures.federation import job_dir
-from tests.integration.test_resume import FRAMING, GRPC_FRAMING, GRPC_WINDOW, RESEND_SHARE
+from tests.integration.test_resume import (
+    FRAMING,
+    GRPC_FRAMING,
+    GRPC_WINDOW,
+    RESEND_SHARE,
+    grpc_pull,
+)
 from tests.integration.test_resume import _finished as finished
 from tests.net.fault_proxy import READ, FaultProxy, Way
 
@@ -158,21 +164,9 @@ def test_a_grpc_task_stream_resumes_from_a_verified_segment(wire: Wire) -> None:
     wire.task()  # the round's task is open
     host, port = wire.fed.address.rsplit(":", 1)
 
-    async def pull(proxy: FaultProxy) -> tuple[pb.TaskHeader, int]:
-        client = WireClient(f"127.0.0.1:{proxy.port}", wire.fed.token)
-        try:
-            client.chunk_size = 64 << 10
-            pulled = await client.pull(wire.node_id, 0, 1 << 30)
-            assert pulled.payload is not None and pulled.transport == "grpc"
-            assert pulled.receiver is not None
-            pulled.receiver.release()  # type: ignore[union-attr]
-            return pulled.header, client.resumed
-        finally:
-            await client.close()
-
     with FaultProxy((host, int(port))) as proxy:
         proxy.cut(Way.DOWN, CUT + GRPC_FRAMING)
-        header, resumed = asyncio.run(pull(proxy))
+        header, resumed = asyncio.run(grpc_pull(wire, proxy, 64 << 10))
     assert resumed == 1 and proxy.connections == 2
     # gRPC may drop messages it had read but not handed over at the break (GRPC_WINDOW):
     # wherever the node's bytes ended, it asks from the end of a verified segment.
