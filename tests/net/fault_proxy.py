@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from tests.net.resets import reset
 
 READ = 1 << 16
 # The token bucket's depth: what a rate-limited link lets through at once.
@@ -148,14 +149,6 @@ class _Bucket:
             time.sleep(-self.tokens / self.rate)
 
 
-def _reset(sock: socket.socket) -> None:
-    """Close with a TCP reset instead of the orderly end of the stream."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    with contextlib.suppress(OSError):
-        sock.close()
-
-
 class _Connection:
     def __init__(self, proxy: FaultProxy, index: int, client: socket.socket,
                  upstream: socket.socket) -> None:
@@ -199,9 +192,9 @@ class _Connection:
     def _cut(self, cut: Cut, src: socket.socket, dst: socket.socket) -> None:
         cut.done = True
         self.broken.set()
-        _reset(src)
+        reset(src)
         if cut.how is CutStyle.RESET:
-            _reset(dst)
+            reset(dst)
         else:
             # The end of the stream after the bytes already queued; closed later (by
             # close()), since closing with unread bytes would turn it into a reset.

@@ -18,7 +18,9 @@ What is emulated, and what is not (docs/explanation/network-tests.md says more):
   uplink is one pipe), applied as bytes enter the link; what is in flight is bounded like a
   receive window (`window` bytes), so a slow reader slows the sender.
 - Cuts: after `after` bytes of one direction of a connection on one port the connection is
-  reset both ways (SO_LINGER 0); bytes still in flight inside the link are lost with it.
+  reset both ways (SO_LINGER 0); bytes still in flight inside the link are lost with it. The
+  bytes before the cut are delivered: the relay waits (briefly) for the receiver's kernel to
+  take them before the reset, and counts those it did not take as lost.
 - Partition: every open connection of the link is reset, and for `seconds` a new one is
   accepted and reset at once (refused); then the link is up again.
 
@@ -33,17 +35,20 @@ import contextlib
 import math
 import random
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from tests.net.resets import reset, unacked
 
 READ = 1 << 16
 # Pacing and delay act on chunks of at most this many bytes: small enough that a rate of
 # 2 Mbit/s is smooth (8 KiB = 33 ms), large enough to keep the relay cheap at 1 Gbit/s.
 CHUNK = 8 << 10
 MSS = 1448
+# How long a cut waits for the bytes it let through to reach the receiver's kernel.
+DRAIN_S = 2.0
 
 
 class Way(StrEnum):
@@ -242,12 +247,12 @@ class Relay:
             if link.down:
                 with link.lock:
                     link.refused += 1
-                _reset(client)
+                reset(client)
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
             except OSError:
-                _reset(client)
+                reset(client)
                 continue
             upstream.settimeout(None)
             with link.lock:
@@ -281,8 +286,8 @@ class _Connection:
             return
         self.broken.set()
         self.record.closed = time.time()
-        _reset(self.client)
-        _reset(self.upstream)
+        reset(self.client)
+        reset(self.upstream)
         with self.cond:
             self.cond.notify_all()
         with self.link.lock:
@@ -365,6 +370,7 @@ class _Connection:
                     elif cut is not None:
                         dst.sendall(part[: max(0, cut.after - sent)])
                         self.record.delivered[way] += max(0, cut.after - sent)
+                        self.record.delivered[way] -= unacked(dst, DRAIN_S)
                         self.record.cut = True
                         self.reset()
                         return
@@ -385,15 +391,3 @@ class _Connection:
                 self.link.live.discard(self)
             self.client.close()
             self.upstream.close()
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close with a TCP reset instead of the orderly end of the stream. SHUT_RD first wakes a
-    thread blocked in recv() on it (it sends nothing): a close() alone would wait for that
-    recv to return before the kernel lets go of the socket and sends the reset."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RD)
-    with contextlib.suppress(OSError):
-        sock.close()
