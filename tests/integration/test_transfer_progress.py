@@ -1,12 +1,19 @@
 """Transfer progress during a round, counted (issue 37.4): a real aggregator and one site on the
 node's own client of the wire (node/wire_client.py) behind a rate-limited link (the fault proxy's
-token bucket, tests/net/fault_proxy.py), weights over gRPC.
+token bucket, tests/net/fault_proxy.py), weights over either path: gRPC chunks, or the bulk port.
 
 While the site downloads the model and then uploads its update, `fedgpu rounds --json`'s `open`
 (read through ListRounds, the same document) shows the transfer's direction and its bytes done
-growing below the size, as the aggregator sends or receives them; after each, the rate it moved
-at (a second, fast site keeps the round open past the slow site's upload). The slow site's own
-log shows progress lines during each transfer.
+growing below the size, as the aggregator sends or receives them, with a rate and the time left;
+after each, the rate it moved at (a second, fast site keeps the round open past the slow site's
+upload). The slow site's own log shows progress lines during each transfer, named for its path,
+and the round's record says which path the update took.
+
+The bulk path: a site reaches the bulk port at the host of its aggregator address and the port
+the aggregator advertised, so the slow site is given the aggregator address 127.0.0.2 (a plain
+proxy to the gRPC port) and the rate-limited proxy listens on 127.0.0.2 at the aggregator's bulk
+port, forwarding to the aggregator, which listens on 127.0.0.1 only (all of 127.0.0.0/8 is
+loopback). The bytes that crossed that proxy show the weights took the bulk port.
 
 Threat model: none new. The figures are the aggregator's own counts of the bytes it moved; a
 site learns nothing from them (they are shown to operators only).
@@ -15,7 +22,9 @@ site learns nothing from them (they are shown to operators only).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +35,8 @@ from fedgpu.core import codec
 from fedgpu.node.pulled import Pulled
 from fedgpu.node.wire_client import WireClient
 from fedgpu.proto import pb
-from tests.fixtures.federation import Federation, cli, write_job
-from tests.net.fault_proxy import FaultProxy
+from tests.fixtures.federation import Federation, cli, free_port, write_job
+from tests.net.fault_proxy import FaultProxy, Way
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,6 +46,30 @@ pytestmark = pytest.mark.timeout(120)
 MODEL = {"w": np.zeros(6 << 20, dtype=np.float32)}
 RATE = 3_000_000
 MAX_BYTES = 1 << 30
+# The slow site's aggregator address on the bulk path: another loopback address, where a proxy
+# can take the bulk port's number while the aggregator holds it on 127.0.0.1.
+ELSEWHERE = "127.0.0.2"
+
+
+@contextlib.contextmanager
+def _slow_link(fed: Federation, path: str, state: Path) -> Iterator[tuple[str, FaultProxy]]:
+    """The aggregator, started for `path`, and the slow site's way to it: the aggregator
+    address it is given and the rate-limited proxy its weights cross."""
+    port = free_port()
+    if path == "grpc":
+        # No bulk port: the weights take the gRPC path, through the rate-limited proxy.
+        fed.start_server(None, "--state-dir", str(state), "--bulk-port", "0", port=port)
+        with FaultProxy(("127.0.0.1", port), rate=RATE) as proxy:
+            yield f"127.0.0.1:{proxy.port}", proxy
+        return
+    bulk_port = free_port()
+    fed.start_server(None, "--state-dir", str(state), "--bulk-port", str(bulk_port),
+                     port=port)
+    # The gRPC calls cross at loopback speed; only the bulk port's link is slow.
+    with FaultProxy(("127.0.0.1", port), host=ELSEWHERE) as calls, \
+            FaultProxy(("127.0.0.1", bulk_port), host=ELSEWHERE, port=bulk_port,
+                       rate=RATE) as proxy:
+        yield f"{ELSEWHERE}:{calls.port}", proxy
 
 
 def _site(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -79,23 +112,23 @@ def _moving(seen: list[dict[str, Any]], direction: str, size: int) -> list[int]:
     return done
 
 
+@pytest.mark.parametrize("path", ["grpc", "bulk"])
 def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_progress(
-        tmp_path: Path, federation: Federation, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, federation: Federation, caplog: pytest.LogCaptureFixture,
+        path: str) -> None:
     fed = federation
     caplog.set_level(logging.INFO, "fedgpu.node.link")
     init = tmp_path / "init.safetensors"
     enc = codec.encode(MODEL)
     init.write_bytes(enc.to_bytes())
-    # No bulk port: the weights take the gRPC path, through the rate-limited proxy.
-    fed.start_server(None, "--state-dir", str(tmp_path / "state"), "--bulk-port", "0")
     # Two sites: the round stays open after the slow site's upload until the fast one answers.
     job = write_job(tmp_path / "job.toml", rounds=1, min_nodes=2, evaluate=False,
                     round_deadline_s=90, initial_weights=str(init))
-    with FaultProxy(("127.0.0.1", int(fed.address.rsplit(":", 1)[1])), rate=RATE) as proxy:
+    with _slow_link(fed, path, tmp_path / "state") as (address, proxy):
 
         async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any],
                                       list[dict[str, Any]], dict[str, Any]]:
-            wire = WireClient(f"127.0.0.1:{proxy.port}", fed.token)
+            wire = WireClient(address, fed.token)
             fast = WireClient(fed.address, fed.token)
             try:
                 node_id = (await wire.register(pb.RegisterRequest(
@@ -115,7 +148,7 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
                                                        codec.encode(MODEL)))
                 up = await _watch(fed, pushed)
                 reply, transport = pushed.result()
-                assert reply.accepted and transport == "grpc", reply.message
+                assert reply.accepted and transport == path, (transport, reply.message)
                 after = _site(await asyncio.to_thread(fed.query, "ListRounds"), "slow")
                 assert after is not None
                 reply, _ = await fast.push(_update(fast_id, fast_task), codec.encode(MODEL))
@@ -126,6 +159,12 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
                 await fast.close()
 
         down, between, up, after = asyncio.run(scenario())
+        # The weights crossed the slow link, each way (the bulk port's proxy on that path).
+        assert proxy.carried[Way.DOWN] >= enc.size and proxy.carried[Way.UP] >= enc.size, \
+            proxy.carried
+    fed.wait_state(("finished",), timeout=30)
+    (rec,) = [r for r in fed.query("ListRounds")["rounds"] if r["round"] == 1]
+    assert {u["node"]: u.get("transport") for u in rec["updates"]}["slow"] == path, rec
     # After the download: the site trains, and the download's whole size and measured rate
     # are shown (the model as the aggregator encoded it).
     assert between.get("phase") in ("training", None) and "direction" not in between
@@ -146,7 +185,7 @@ def test_rounds_show_each_transfer_s_bytes_growing_during_it_and_the_node_logs_p
     assert 0 < after["last"]["rate_bytes_per_s"] < RATE * 2, after
     # The site's own log showed each transfer while it ran (each outlasts a 5 s interval).
     lines = [r.getMessage() for r in caplog.records if r.name == "fedgpu.node.link"]
-    for what in ("download over grpc: ", "upload over grpc: "):
+    for what in (f"download over {path}: ", f"upload over {path}: "):
         during = [line for line in lines if line.startswith(what)]
         assert during, (what, lines)
         assert " MB in " in during[0] and "s left" in during[0], during

@@ -1,8 +1,12 @@
 """A fault-injecting TCP proxy for tests: the link between a site and the aggregator, with a
 cut where the test wants one, and the bytes that crossed it counted.
 
-Loopback only (it listens on 127.0.0.1 and forwards to one target), threads only, no
-dependencies: a network-namespace suite can run it as it is between two namespaces' veths.
+Loopback only (it listens on 127.0.0.1, or another address of 127.0.0.0/8, and forwards to one
+target), threads only, no dependencies: a network-namespace suite can run it as it is between two
+namespaces' veths. A given `port` lets it stand where a client expects a fixed port: a site reaches
+the aggregator's bulk port at the host of its aggregator address and the port the aggregator
+advertised, so a proxy on 127.0.0.2:<bulk port> stands in front of an aggregator bound to
+127.0.0.1 for a site given the aggregator address 127.0.0.2:<its gRPC proxy>.
 
 A cut is armed per direction: after `after` bytes of the n-th connection went one way, that
 connection is cut. What each side sees is the `how` of the cut:
@@ -20,6 +24,7 @@ sets one direction's rate from then on, also mid-transfer.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import threading
 import time
@@ -64,13 +69,15 @@ class FaultProxy:
     rate: float | None = None
     # Bytes per second each way may carry, per connection (absent or 0: as fast as it goes).
     rates: dict[Way, float] = field(default_factory=dict)
+    # The port to listen on (0: a free one, read back from `port` once listening).
+    port: int = 0
 
     def __post_init__(self) -> None:
-        if self.host not in ("127.0.0.1", "localhost", "::1"):
+        if not _loopback(self.host):
             raise ValueError("the fault proxy is for loopback only")
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._listener = socket.create_server((self.host, 0))
+        self._listener = socket.create_server((self.host, self.port))
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._socks: list[socket.socket] = []
@@ -132,6 +139,15 @@ class FaultProxy:
                 if not c.done and c.way is way and c.connection == index:
                     return c
         return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Bucket:
