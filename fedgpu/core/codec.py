@@ -35,6 +35,7 @@ from fedgpu.core.codec_errors import PayloadTooLarge
 from fedgpu.core.codec_errors import Truncated as Truncated
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 from fedgpu.core.digest_pipe import Hasher as Hasher
+from fedgpu.core.finite_scan import FiniteResult, FiniteScan, ScanningDigest
 from fedgpu.core.payload_digest import WIRE_DIGEST, DigestAlgo, check_whole, receiving, resumable
 from fedgpu.core.payload_digest import digest_file as digest_file
 from fedgpu.core.payload_digest import file_digests as file_digests
@@ -276,6 +277,8 @@ class Assembler:
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
+        # With it, the finite check and norms of each verified block (fedgpu/core/finite_scan.py).
+        self._scan: FiniteScan | None = None
 
     @property
     def received(self) -> int:
@@ -306,10 +309,22 @@ class Assembler:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._pos = end
         if self._pipe is None and self.size >= PIPELINE_MIN_BYTES:
-            self._pipe = PipelinedDigest(self._digest)
+            self._pipe = PipelinedDigest(self._scanning())
         block = PIPE_BLOCK if self._pipe is not None else HASH_BLOCK
         if end - self._hashed >= block or end == self.size:
             self._hash_received()
+
+    def _scanning(self) -> Hasher:
+        # Only a digest that knows its verified offset (segments): the scan reads no further.
+        if not resumable(self._digest):
+            return self._digest
+        self._scan = FiniteScan(memoryview(self._buffer()), lambda buf: decode(buf)[0])
+        return ScanningDigest(self._digest, self._scan)
+
+    def finite(self) -> FiniteResult | None:
+        """After finish(): the finite check and norms taken as the bytes landed; None when
+        none was taken (a small payload, chunks from gRPC, an older digest)."""
+        return self._scan.result() if self._scan is not None else None
 
     def _hash_received(self) -> None:
         if self._pos == self._hashed:
@@ -343,6 +358,8 @@ class Assembler:
         """Give the buffer back to its pool: the payload must no longer be in use."""
         if self._pipe is not None:
             self._pipe.close()
+        if self._scan is not None:
+            self._scan.drop()
         if self._pool is not None and isinstance(self._buf, mmap.mmap) \
                 and self._pool is not FRESH:
             self._pool.give(self._buf)
