@@ -47,6 +47,9 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 HASH_BLOCK = 1 << 20
 # The same with a hashing thread: fewer, larger hand-overs.
 PIPE_BLOCK = 4 << 20
+# Blocks queued for the hashing thread before a read waits for it (the buffer holds the whole
+# payload, so a queued block's bytes stay put): a read that runs ahead for a moment goes on.
+PIPE_DEPTH = 4
 # The header is JSON we parse before trusting anything; a huge one is an attack, not a model.
 MAX_HEADER_BYTES = 100 << 20
 
@@ -309,7 +312,7 @@ class Assembler:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._pos = end
         if self._pipe is None and self.size >= PIPELINE_MIN_BYTES:
-            self._pipe = PipelinedDigest(self._scanning())
+            self._pipe = PipelinedDigest(self._scanning(), PIPE_DEPTH)
         block = PIPE_BLOCK if self._pipe is not None else HASH_BLOCK
         if end - self._hashed >= block or end == self.size:
             self._hash_received()
