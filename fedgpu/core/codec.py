@@ -253,11 +253,15 @@ class Assembler:
     stalls costs nothing (a zero-filled bytearray would commit all of it at once), and a
     completed payload is still one contiguous buffer that decode() views without a copy.
     Chunks are copied in with add(); a socket reads straight into tail() and calls advance().
+    With `scan`, a large payload's values are checked as its verified blocks are hashed
+    (finite(), fedgpu/core/finite_scan.py), so the aggregator has nothing left to read after
+    the last byte but the fold.
     """
 
     def __init__(self, size: int, digest: str, limit: int,
                  algorithm: DigestAlgo = DigestAlgo.SHA256,
-                 pool: BufferPool | None = None, segment_digests: bytes = b"") -> None:
+                 pool: BufferPool | None = None, segment_digests: bytes = b"",
+                 scan: bool = False) -> None:
         if size < 0:
             raise CodecError(f"payload size {size} is negative")
         if size > limit:
@@ -280,7 +284,9 @@ class Assembler:
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
-        # With it, the finite check and norms of each verified block (fedgpu/core/finite_scan.py).
+        # With it and `scan` (the aggregator's uploads: a node has no use for it), the finite
+        # check and norms of each verified block (fedgpu/core/finite_scan.py).
+        self._scans = scan
         self._scan: FiniteScan | None = None
 
     @property
@@ -319,7 +325,7 @@ class Assembler:
 
     def _scanning(self) -> Hasher:
         # Only a digest that knows its verified offset (segments): the scan reads no further.
-        if not resumable(self._digest):
+        if not (self._scans and resumable(self._digest)):
             return self._digest
         self._scan = FiniteScan(memoryview(self._buffer()), lambda buf: decode(buf)[0])
         return ScanningDigest(self._digest, self._scan)

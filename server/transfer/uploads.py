@@ -338,7 +338,7 @@ class Uploads:
         try:
             algo, digest = digests.of_header(header)
             return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo,
-                                   self._pool, header.payload_segment_digests)
+                                   self._pool, header.payload_segment_digests, scan=True)
         except digests.UnknownDigest as exc:
             raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
         except codec.CodecError as exc:

@@ -56,7 +56,7 @@ def _feed(asm: codec.Assembler, data: memoryview, end: int, step: int) -> None:
 def _receive(enc: codec.Encoded, data: bytes | None = None, step: int = 3_000_017
              ) -> tuple[codec.Assembler, memoryview]:
     asm = codec.Assembler(enc.size, enc.digest, 1 << 40, ALGO,
-                          segment_digests=enc.segment_digests)
+                          segment_digests=enc.segment_digests, scan=True)
     _feed(asm, memoryview(data or enc.to_bytes()), enc.size, step)
     return asm, asm.finish()
 
@@ -116,7 +116,7 @@ def test_damaged_bytes_are_never_part_of_the_scan(cut: bool) -> None:
     at = (20 << 20) + seg // 2  # inside a_big, in the middle of a segment
     damaged[at:at + 4] = np.array([np.nan], np.float32).tobytes()
     asm = codec.Assembler(enc.size, enc.digest, 1 << 40, ALGO,
-                          segment_digests=enc.segment_digests)
+                          segment_digests=enc.segment_digests, scan=True)
     if cut:
         # Cut a little after the NaN: its segment never completed, so it was never checked;
         # what was hashed of it must not have been scanned either.
@@ -146,7 +146,7 @@ def test_a_header_the_scan_cannot_parse_is_left_to_the_check_at_the_end() -> Non
     body = len(head).to_bytes(8, "little") + head
     data = body + bytes(size - len(body))
     root, segs = _digests(data)
-    asm = codec.Assembler(size, root, 1 << 40, ALGO, segment_digests=segs)
+    asm = codec.Assembler(size, root, 1 << 40, ALGO, segment_digests=segs, scan=True)
     _feed(asm, memoryview(data), size, 1 << 20)
     payload = asm.finish()
     assert asm.finite() is None
@@ -166,7 +166,8 @@ def test_a_scan_of_other_tensors_is_not_used() -> None:
 
 
 def test_small_payloads_and_gRPC_chunks_are_checked_after_the_last_byte() -> None:
-    """Below PIPELINE_MIN_BYTES nothing is hashed on a thread, so nothing is scanned there."""
+    """Below PIPELINE_MIN_BYTES nothing is hashed on a thread, so nothing is scanned there; nor
+    are gRPC chunks (hashed as they are copied in) or a node's download (no scan asked)."""
     enc = codec.encode({"w": np.ones(1000, np.float32)})
     asm, payload = _receive(enc)
     assert asm.finite() is None
@@ -174,9 +175,15 @@ def test_small_payloads_and_gRPC_chunks_are_checked_after_the_last_byte() -> Non
     asm.release()
     big = codec.encode(_tensors(3))
     asm = codec.Assembler(big.size, big.digest, 1 << 40, ALGO,
-                          segment_digests=big.segment_digests)
+                          segment_digests=big.segment_digests, scan=True)
     for chunk in codec.iter_chunks(big, 4 << 20):
         asm.add(chunk)
+    asm.finish()
+    assert asm.finite() is None
+    asm.release()
+    asm = codec.Assembler(big.size, big.digest, 1 << 40, ALGO,
+                          segment_digests=big.segment_digests)
+    _feed(asm, memoryview(big.to_bytes()), big.size, 4 << 20)
     asm.finish()
     assert asm.finite() is None
     asm.release()
@@ -216,3 +223,59 @@ def _digests(data: bytes) -> tuple[str, bytes]:
     from fedgpu.core.segment_hasher import of_views
 
     return of_views([memoryview(data)])
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_the_aggregators_bulk_upload_hands_the_scan_to_validation(poison: bool) -> None:
+    """The upload path end to end over a real socket (server/transfer/uploads.py reading a
+    bulk connection): the received payload carries the scan, and validation takes it, the
+    clean update with the scan's norms, the poisoned one refused as non-finite."""
+    import asyncio
+    import socket
+    import time
+
+    from fedgpu.core import bulk, digests
+    from fedgpu.proto import pb
+    from fedgpu.server.transfer.uploads import Uploads
+
+    tensors = _tensors(4)
+    if poison:
+        tensors["g_wide"][7, 9] = np.nan
+    enc = codec.encode(tensors)
+    header = pb.UpdateHeader(payload_size=enc.size, payload_segment_digests=enc.segment_digests)
+    digests.stamp(header, codec.WIRE_DIGEST, enc.digest)
+
+    async def scenario() -> tuple[finite_scan.FiniteResult | None, str]:
+        uploads = Uploads(1 << 30, budget_bytes=1 << 30, idle_s=10)
+        a, b = socket.socketpair()
+
+        async def blocking(fn, *args):  # type: ignore[no-untyped-def]
+            return await asyncio.to_thread(fn, *args)
+
+        async def send() -> None:
+            await asyncio.to_thread(bulk.read_status, a)
+            await asyncio.to_thread(bulk.send_payload, a, enc.segments)
+
+        sender = asyncio.create_task(send())
+        try:
+            async with uploads.receive_socket("n", header, b, time.time() + 30, blocking,
+                                              "ticket-1") as got:
+                await sender
+                try:
+                    normed = decode_and_check(got.payload, codec.spec(tensors), got.finite)
+                    verdict = f"accepted {sorted(normed.norms)}"
+                    del normed
+                except UpdateRejected as exc:
+                    verdict = str(exc.reason)
+                return got.finite, verdict
+        finally:
+            a.close()
+            b.close()
+
+    finite, verdict = asyncio.run(scenario())
+    assert finite is not None
+    if poison:
+        assert finite.bad == "g_wide" and verdict == Reject.NON_FINITE
+    else:
+        assert finite.bad is None
+        assert verdict == "accepted ['a_big', 'b_half', 'c_bf16', 'f_scalar', 'g_wide']"
