@@ -96,9 +96,12 @@ def _serve(port_file: str) -> None:
                 view.release()
                 stages.lap("receive")
             else:
-                asm = codec.Assembler(doc["size"], doc["digest"], 1 << 40,
-                                      codec.DigestAlgo(doc["algorithm"]), pool,
-                                      bytes.fromhex(doc["segments"]))
+                args = (doc["size"], doc["digest"], 1 << 40, codec.DigestAlgo(doc["algorithm"]),
+                        pool, bytes.fromhex(doc["segments"]))
+                try:  # as the aggregator's uploads do (server/transfer/uploads.py)
+                    asm = codec.Assembler(*args, scan=True)
+                except TypeError:  # a commit from before the scan
+                    asm = codec.Assembler(*args)
                 bulk.recv_payload(conn, asm, 60.0)
                 stages.lap("receive")
                 payload = asm.finish()
