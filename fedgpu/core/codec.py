@@ -35,6 +35,7 @@ from fedgpu.core.codec_errors import PayloadTooLarge
 from fedgpu.core.codec_errors import Truncated as Truncated
 from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 from fedgpu.core.digest_pipe import Hasher as Hasher
+from fedgpu.core.finite_scan import FiniteResult, FiniteScan, ScanningDigest
 from fedgpu.core.payload_digest import WIRE_DIGEST, DigestAlgo, check_whole, receiving, resumable
 from fedgpu.core.payload_digest import digest_file as digest_file
 from fedgpu.core.payload_digest import file_digests as file_digests
@@ -46,6 +47,9 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 HASH_BLOCK = 1 << 20
 # The same with a hashing thread: fewer, larger hand-overs.
 PIPE_BLOCK = 4 << 20
+# Blocks queued for the hashing thread before a read waits for it (the buffer holds the whole
+# payload, so a queued block's bytes stay put): a read that runs ahead for a moment goes on.
+PIPE_DEPTH = 4
 # The header is JSON we parse before trusting anything; a huge one is an attack, not a model.
 MAX_HEADER_BYTES = 100 << 20
 
@@ -249,11 +253,15 @@ class Assembler:
     stalls costs nothing (a zero-filled bytearray would commit all of it at once), and a
     completed payload is still one contiguous buffer that decode() views without a copy.
     Chunks are copied in with add(); a socket reads straight into tail() and calls advance().
+    With `scan`, a large payload's values are checked as its verified blocks are hashed
+    (finite(), fedgpu/core/finite_scan.py), so the aggregator has nothing left to read after
+    the last byte but the fold.
     """
 
     def __init__(self, size: int, digest: str, limit: int,
                  algorithm: DigestAlgo = DigestAlgo.SHA256,
-                 pool: BufferPool | None = None, segment_digests: bytes = b"") -> None:
+                 pool: BufferPool | None = None, segment_digests: bytes = b"",
+                 scan: bool = False) -> None:
         if size < 0:
             raise CodecError(f"payload size {size} is negative")
         if size > limit:
@@ -276,6 +284,10 @@ class Assembler:
         # A large payload read from a socket is hashed on a thread of its own, a block behind
         # the reads (fedgpu/core/digest_pipe.py).
         self._pipe: PipelinedDigest | None = None
+        # With it and `scan` (the aggregator's uploads: a node has no use for it), the finite
+        # check and norms of each verified block (fedgpu/core/finite_scan.py).
+        self._scans = scan
+        self._scan: FiniteScan | None = None
 
     @property
     def received(self) -> int:
@@ -306,10 +318,22 @@ class Assembler:
             raise CodecError(f"stream sent more than the announced {self.size} bytes")
         self._pos = end
         if self._pipe is None and self.size >= PIPELINE_MIN_BYTES:
-            self._pipe = PipelinedDigest(self._digest)
+            self._pipe = PipelinedDigest(self._scanning(), PIPE_DEPTH)
         block = PIPE_BLOCK if self._pipe is not None else HASH_BLOCK
         if end - self._hashed >= block or end == self.size:
             self._hash_received()
+
+    def _scanning(self) -> Hasher:
+        # Only a digest that knows its verified offset (segments): the scan reads no further.
+        if not (self._scans and resumable(self._digest)):
+            return self._digest
+        self._scan = FiniteScan(memoryview(self._buffer()), lambda buf: decode(buf)[0])
+        return ScanningDigest(self._digest, self._scan)
+
+    def finite(self) -> FiniteResult | None:
+        """After finish(): the finite check and norms taken as the bytes landed; None when
+        none was taken (a small payload, chunks from gRPC, an older digest)."""
+        return self._scan.result() if self._scan is not None else None
 
     def _hash_received(self) -> None:
         if self._pos == self._hashed:
@@ -343,6 +367,8 @@ class Assembler:
         """Give the buffer back to its pool: the payload must no longer be in use."""
         if self._pipe is not None:
             self._pipe.close()
+        if self._scan is not None:
+            self._scan.drop()
         if self._pool is not None and isinstance(self._buf, mmap.mmap) \
                 and self._pool is not FRESH:
             self._pool.give(self._buf)

@@ -10,6 +10,7 @@ over each block checks the segments and makes the whole digest alike.
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -23,28 +24,54 @@ class Hasher(Protocol):
 
 
 class PipelinedDigest:
-    """A digest fed block by block, one block hashed in the background at a time. The bytes
-    passed to update() must stay unchanged until the next update() (or hexdigest()) returns:
-    a receiver reusing buffers alternates two of them."""
+    """A digest fed block by block, hashed in the background in order, at most `depth`
+    blocks queued or in flight. The bytes passed to update() must stay unchanged until
+    `depth` more update() calls (or hexdigest()) have returned: a receiver reusing buffers
+    alternates two of them with depth 1. One that keeps the whole payload (codec.Assembler)
+    queues more, so a receive that runs ahead for a moment (a scheduling hiccup on a busy
+    machine) does not stall on the hash of the block before."""
 
-    def __init__(self, digest: Hasher) -> None:
+    def __init__(self, digest: Hasher, depth: int = 1) -> None:
         self._digest = digest
+        self._depth = max(depth, 1)
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
             1, thread_name_prefix="fedgpu-digest")
-        self._pending: Future[object] | None = None
+        self._pending: deque[Future[object]] = deque()
+        # Once a block's hash failed (a damaged segment) the blocks queued behind it are not
+        # hashed, until wait() has reported it: the verified offset must not pass the damage.
+        self._failed = False
+
+    def _hash(self, data: bytes | memoryview) -> None:
+        if self._failed:
+            return
+        try:
+            self._digest.update(data)
+        except BaseException:
+            self._failed = True
+            raise
 
     def update(self, data: bytes | memoryview) -> None:
-        self.wait()
+        while len(self._pending) >= self._depth:
+            self._pending.popleft().result()
         if self._pool is None:
-            self._digest.update(data)
+            self._hash(data)
             return
-        self._pending = self._pool.submit(self._digest.update, data)
+        self._pending.append(self._pool.submit(self._hash, data))
 
     def wait(self) -> None:
-        """Until the block in flight is hashed (then nothing reads the caller's bytes)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Until every block in flight is hashed (then nothing reads the caller's bytes); the
+        first error a block's hash raised (a segment that does not match its digest)."""
+        pending, self._pending = self._pending, deque()
+        error: BaseException | None = None
+        for fut in pending:
+            try:
+                fut.result()
+            except BaseException as exc:  # noqa: BLE001 - raised once all have ended
+                error = error or exc
+        # Reported now: the caller rewinds to the verified offset and may hash again from there.
+        self._failed = False
+        if error is not None:
+            raise error
 
     def hexdigest(self) -> str:
         self.wait()

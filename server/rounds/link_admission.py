@@ -108,14 +108,16 @@ class LinkAdmission:
 
     def decode(self, node_id: str, kind: int, payload: bytes | bytearray | memoryview,
                spec: Spec | None, base: Callable[[], Mapping[str, np.ndarray]],
-               spooled: SpoolFile | None = None) -> Mapping[str, Any]:
+               spooled: SpoolFile | None = None,
+               finite: codec.FiniteResult | None = None) -> Mapping[str, Any]:
         """An update's tensors. A site asked to compress (and only one) sends a compressed
         delta; in a job whose other sites send whole weights it becomes base + delta.
-        `spooled`: as for decode_payload (an update spilled to disk)."""
+        `spooled`, `finite`: as for decode_payload (an update spilled to disk, the finite
+        check taken as its bytes landed)."""
         ask = self.asks.get(node_id)
         if (ask is None or kind != pb.TASK_KIND_TRAIN or spec is None
                 or self.job.hetero.update_codec is not UpdateCodec.NONE):
-            return decode_payload(self.job, kind, payload, spec, spooled)
+            return decode_payload(self.job, kind, payload, spec, spooled, finite)
         try:
             tensors, meta = codec.decode(payload)
             decoded = decode_update(tensors, meta, spec)

@@ -90,7 +90,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                 spec = orch.answers.wire_spec if header.kind == pb.TASK_KIND_TRAIN else None
                 tensors = await asyncio.to_thread(orch.links.decode, node.node_id,
                                                   header.kind, got.payload, spec,
-                                                  lambda: orch.shared_weights, got.spooled)
+                                                  lambda: orch.shared_weights, got.spooled,
+                                                  got.finite)
             try:
                 await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
             except UpdateRejected as exc:

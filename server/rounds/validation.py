@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from fedgpu.core import codec
+from fedgpu.core.finite_scan import FiniteResult, squares
+from fedgpu.core.finite_scan import scanned as scanned_dtype
 from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.strategies.aggregate import Normed
 
@@ -15,9 +17,18 @@ from fedgpu.server.strategies.aggregate import Normed
 def decode_and_check(
     payload: bytes | bytearray | memoryview,
     expected: Mapping[str, tuple[str, tuple[int, ...]]] | None,
+    scanned: FiniteResult | None = None,
 ) -> Normed:
-    """Decode and validate; `expected=None` accepts any names (the initial model defines them)."""
-    return check_finite(decode_checked(payload, expected))
+    """Decode and validate; `expected=None` accepts any names (the initial model defines them).
+    `scanned`: the finite check taken as the payload's verified bytes landed
+    (fedgpu/core/finite_scan.py), used when it covers exactly the tensors decoded here."""
+    tensors = decode_checked(payload, expected)
+    if scanned is None or scanned.names != tuple(tensors):
+        return check_finite(tensors)
+    if scanned.bad is not None:
+        raise UpdateRejected(Reject.NON_FINITE,
+                             f"tensor {scanned.bad!r} contains NaN or Inf values")
+    return Normed(tensors, scanned.norms)
 
 
 def decode_checked(payload: bytes | bytearray | memoryview,
@@ -84,20 +95,10 @@ def finite_norms(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, float], s
     unknown (inf) and the sum checks it block by block."""
     norms: dict[str, float] = {}
     for name, arr in tensors.items():
-        if arr.dtype.kind in "iub" or arr.size == 0:
+        if not scanned_dtype(arr.dtype, arr.size):
             continue
-        # bfloat16/float16 are checked in float32 chunks; isfinite on them is slow or missing.
-        flat = arr.reshape(-1)
-        step = 1 << 22
-        sq = 0.0
-        for start in range(0, flat.size, step):
-            part = flat[start : start + step]
-            if part.dtype.itemsize < 4:
-                part = part.astype(np.float32)
-            with np.errstate(over="ignore", invalid="ignore"):
-                got = float(np.dot(part, part))
-            if not math.isfinite(got) and not np.isfinite(part).all():
-                return norms, name
-            sq += got
+        sq = squares(arr.reshape(-1))
+        if sq is None:
+            return norms, name
         norms[name] = math.sqrt(sq)
     return norms, None

@@ -50,15 +50,17 @@ def configure(strategy: Strategy, job: Job) -> None:
 
 
 def decode_payload(job: Job, kind: int, payload: bytes | bytearray | memoryview,
-                   spec: Spec | None, spooled: SpoolFile | None = None) -> Mapping[str, Any]:
+                   spec: Spec | None, spooled: SpoolFile | None = None,
+                   finite: codec.FiniteResult | None = None) -> Mapping[str, Any]:
     """An update's tensors: compressed training updates as block sources (the digest and the
     size limit were checked on the compressed bytes as they arrived), anything else dense;
-    `spooled`: the payload is that file's mapping, read one tensor at a time."""
+    `spooled`: the payload is that file's mapping, read one tensor at a time; `finite`: the
+    finite check taken as the bytes landed (validation.decode_and_check)."""
     if (job.hetero.update_codec is UpdateCodec.NONE or kind != pb.TASK_KIND_TRAIN
             or spec is None):
         if spooled is not None:
             return decode_paged(memoryview(payload), spec, spooled.drop)
-        return decode_and_check(payload, spec)
+        return decode_and_check(payload, spec, finite)
     try:
         tensors, meta = codec.decode(payload)
         return decode_update(tensors, meta, spec)

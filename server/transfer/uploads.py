@@ -61,8 +61,7 @@ class _Upload:
     began: float = field(default_factory=time.perf_counter)
     last_perf: float = 0.0
     waited: float = 0.0
-    # The payload's announced size (progress in `fedgpu rounds`).
-    size: int = 0
+    size: int = 0  # the payload's announced size (progress in `fedgpu rounds`)
 
     def got(self, n: int) -> None:
         self.received += n
@@ -83,6 +82,7 @@ class Received:
     seconds: float
     # The payload's file when it was spilled to disk (its pages let go tensor by tensor).
     spooled: SpoolFile | None = None
+    finite: codec.FiniteResult | None = None  # its finite check, taken as the bytes landed
 
 
 @dataclass
@@ -243,7 +243,9 @@ class Uploads:
             # The codec says which defect it was (too_large, digest, truncated, malformed).
             raise UpdateRejected(Reject(exc.reason), str(exc)) from None
         self._active.pop(id(up), None)
-        return Received(payload, up.seconds, asm if isinstance(asm, SpoolFile) else None)
+        if isinstance(asm, SpoolFile):
+            return Received(payload, up.seconds, asm)
+        return Received(payload, up.seconds, finite=asm.finite())
 
     def quiet_for(self, node: str) -> float:
         """Seconds since `node`'s upload in flight last received a byte; 0 when it has none
@@ -336,7 +338,7 @@ class Uploads:
         try:
             algo, digest = digests.of_header(header)
             return codec.Assembler(header.payload_size, digest, self.max_update_bytes, algo,
-                                   self._pool, header.payload_segment_digests)
+                                   self._pool, header.payload_segment_digests, scan=True)
         except digests.UnknownDigest as exc:
             raise UpdateRejected(Reject.MALFORMED, str(exc)) from None
         except codec.CodecError as exc:

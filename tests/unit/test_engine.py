@@ -19,6 +19,7 @@ import pytest
 
 from fedgpu.core import codec
 from fedgpu.core.constants import RoundStatus, RunState, Transport
+from fedgpu.core.finite_scan import FiniteResult
 from fedgpu.core.job import parse_job
 from fedgpu.proto import pb
 from fedgpu.server.jobs.job_checkpoint import JobCheckpoint
@@ -43,6 +44,8 @@ class Answer:
     failed: str = ""
     silent: bool = False
     tensors: dict[str, np.ndarray] | None = None
+    # The finite check its receiver took as the bytes landed (the bulk path's large uploads).
+    finite: FiniteResult | None = None
 
 
 # (node name, round, attempt) -> the node's answer.
@@ -61,10 +64,11 @@ class Harness:
         return self.orch.history.dicts()
 
 
-def _receive(blob: bytes | None) -> Callable[[RoundState], Any]:
+def _receive(blob: bytes | None, finite: FiniteResult | None = None
+             ) -> Callable[[RoundState], Any]:
     @asynccontextmanager
     async def receive(rnd: RoundState) -> AsyncIterator[Received | None]:
-        yield None if blob is None else Received(memoryview(blob), 0.01)
+        yield None if blob is None else Received(memoryview(blob), 0.01, finite=finite)
 
     return receive
 
@@ -98,7 +102,7 @@ async def _node(h: Harness, node: Node, behaviour: Behaviour) -> None:
             blob = codec.encode(tensors).to_bytes()
             header.payload_size = len(blob)
         try:
-            await ingest(h.orch, node, header, _receive(blob), Transport.GRPC)
+            await ingest(h.orch, node, header, _receive(blob, ans.finite), Transport.GRPC)
         except UpdateRejected as exc:
             h.refused.append((node.name, exc))
 
@@ -173,6 +177,25 @@ def test_a_refused_update_is_listed_and_leaves_the_model_alone(tmp_path: Path) -
     with pytest.raises(UpdateRejected) as again:
         h.orch.answers.check_update(h.nodes["c"], h.headers["c"])
     assert again.value.reason == Reject.LATE
+
+
+def test_the_finite_check_taken_as_the_bytes_landed_decides(tmp_path: Path) -> None:
+    """A payload's scan (fedgpu/core/finite_scan.py) reaches validation through the round's
+    receive: one that found a NaN refuses the update as non-finite (here the bytes are clean,
+    so only the scan can have refused it), one of other tensors is ignored for the check
+    after the last byte."""
+    def behaviour(name: str, number: int, attempt: int) -> Answer:
+        if name == "c":
+            return Answer(value=2.0, finite=FiniteResult(("w",), {}, "w"))
+        if name == "b":
+            return Answer(value=2.0, finite=FiniteResult(("v",), {"v": 1.0}, None))
+        return Answer(value=2.0, finite=FiniteResult(("w",), {"w": 4.0}, None))
+
+    h = run(tmp_path, behaviour, names=("a", "b", "c"))
+    assert h.orch.state == RunState.FINISHED
+    ((name, exc),) = h.refused
+    assert name == "c" and exc.reason == Reject.NON_FINITE
+    np.testing.assert_allclose(h.orch.global_weights["w"], 2.0)  # type: ignore[index]
 
 
 def test_a_failed_attempt_is_retried_and_recorded(tmp_path: Path) -> None:
