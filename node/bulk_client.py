@@ -174,7 +174,9 @@ class BulkPath:
         aggregator's message. BulkRpcError: its refusal, or UNAVAILABLE when the connection
         broke (send again); BulkUnreachable: fall back."""
         # The bytes handed to the socket, over all attempts: what tells a connection that
-        # moved bytes from one that moved none (the pause before the next resume).
+        # moved bytes from one that moved none (the pause before the next resume). Counting
+        # makes send_payload hand the payload over in PROGRESS_BYTES pieces, as it always did
+        # for the agent (its progress lines): a call per MiB, nothing measurable.
         handed = [0]
 
         def counted(n: int) -> None:
