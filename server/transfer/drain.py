@@ -4,10 +4,11 @@ let the older one read what is already waiting for it (issue 37).
 Why: a node that sees its connection reset resumes at once (node/resume_backoff.py). The older
 connection on this side may not have read all the node sent before the break (its reader is
 behind on a loaded host, or the reset reached only the node while what crossed before it is
-still arriving here). Shutting it down at once drops those bytes from its receive queue, and
-the resume's go-ahead then names a smaller offset: seen on loopback behind the fault proxy as
-1.4 MB of a 4 MiB upload sent twice (the 5% target missed) where the node's old fixed 0.5 s
-pause had hidden it. An older connection whose peer went silent (a reset that never reached
+still arriving here). Shutting it down at once ends its stream there: what it has queued is
+still read, but nothing that was still on its way (a full receive window holds the rest back
+in the sender's buffers) arrives any more, and the resume's go-ahead names a smaller offset:
+seen on loopback behind the fault proxy as 1.4 MB of a 4 MiB upload sent twice (the 5% target
+missed; 437 KB queued at one take-over) where the node's old fixed 0.5 s pause had hidden it. An older connection whose peer went silent (a reset that never reached
 this side, the case the take-over exists for) has nothing queued and is ended after two looks
 20 ms apart, so the take-over is not held up by it.
 """
