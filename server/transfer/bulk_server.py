@@ -9,8 +9,9 @@ touches the round engine runs on the event loop, as for gRPC calls.
 
 Resume: a ticket presented while an older connection of it is still open (the node saw a
 reset that never reached this side) lets it read what already waits for it (drain.py), shuts
-it down and waits for it to end before going on: the new one takes over the transfer, so the node's own retry is never refused as a
-duplicate of itself. A broken upload's bytes are parked in server/transfer/uploads.py.
+it down and waits for it to end before going on: the new one takes over the transfer, so the
+node's own retry is never refused as a duplicate of itself. A broken upload's bytes are
+parked in server/transfer/uploads.py.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ still arriving here). Shutting it down at once ends its stream there: what it ha
 still read, but nothing that was still on its way (a full receive window holds the rest back
 in the sender's buffers) arrives any more, and the resume's go-ahead names a smaller offset:
 seen on loopback behind the fault proxy as 1.4 MB of a 4 MiB upload sent twice (the 5% target
-missed; 437 KB queued at one take-over) where the node's old fixed 0.5 s pause had hidden it. An older connection whose peer went silent (a reset that never reached
-this side, the case the take-over exists for) has nothing queued and is ended after two looks
-20 ms apart, so the take-over is not held up by it.
+missed; 437 KB queued at one take-over) where the node's old fixed 0.5 s pause had hidden
+it. An older connection whose peer went silent (a reset that never reached this side, the
+case the take-over exists for) has nothing queued and is ended after two looks 20 ms apart,
+so the take-over is not held up by it.
 """
 
 from __future__ import annotations
