@@ -9,7 +9,8 @@ anew, since that may be a different aggregator.
 A transfer that breaks off after it began resumes on the same ticket (fedgpu.core.bulk: the
 ticket outlives the broken connection for RESUME_TTL_S): a download from the bytes this node
 already holds and hashed, an upload from the bytes the aggregator says it kept. Only the bytes
-in flight at the break cross twice.
+in flight at the break cross twice. When to resume is node/resume_backoff.py's rule, shared with
+the gRPC path: at once after a connection that moved bytes, backing off after one that did not.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import grpc
 from fedgpu.core import bulk, codec
 from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.tls import TlsFiles
+from fedgpu.node.resume_backoff import Progress
 
 log = logging.getLogger("fedgpu.node.bulk")
 
@@ -37,10 +39,12 @@ MAX_BROKEN = 3
 DOOR_TRIES = 7
 DOOR_PAUSE_S = 0.05
 DOOR_PAUSE_MAX_S = 2.0
-# A broken transfer is resumed on its ticket up to this many times, a pause apart, before the
-# break is handed to the caller (which asks for a new ticket, or falls back to gRPC).
+# A broken transfer is resumed on its ticket up to this many times before the break is handed
+# to the caller (which asks for a new ticket, or falls back to gRPC). The pause before each is
+# node/resume_backoff.py's: none after a connection that moved bytes, 0.5 s then 1 s after
+# resumes that moved none (all five failing: 3.5 s asleep, within core/lifetime.py's
+# STOP_LIMIT_S for a stopped node's transfer thread).
 RESUMES = 5
-RESUME_PAUSE_S = 0.5
 
 T = TypeVar("T")
 
@@ -80,9 +84,12 @@ class BulkRpcError(grpc.RpcError):
 
 
 class BulkPath:
-    def __init__(self, address: str, tls: TlsFiles | None) -> None:
+    def __init__(self, address: str, tls: TlsFiles | None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.host = bulk.host_of(address)
         self.tls = tls
+        # How a pause before a resume is waited (tests record the pauses instead).
+        self.sleep = sleep
         self.port = 0
         self.error: str | None = None
         self._broken = 0
@@ -111,14 +118,17 @@ class BulkPath:
         if self._broken >= MAX_BROKEN:
             self.fall_back(f"{self._broken} transfers broke off in a row, the last: {exc}")
 
-    def _resuming(self, attempt: Callable[[], T], progressed: Callable[[], bool],
-                  sleep: Callable[[float], None] = time.sleep) -> T:
+    def _resuming(self, attempt: Callable[[], T], reached: Callable[[], int],
+                  sleep: Callable[[float], None] | None = None, always: bool = False) -> T:
         """`attempt()`, resumed on the same ticket when its connection breaks off (up to
-        RESUMES times) while `progressed()` says there is something to resume from. A port
-        that cannot be reached at the first attempt is unusable (BulkUnreachable: fall back);
-        at a resume it was reachable a moment ago, so the aggregator is restarting or the
-        link is down: a break like any other (ConnectionError once the resumes are spent)."""
+        RESUMES times) while there is something to resume from: bytes reached (`reached()`,
+        the payload's bytes this transfer has moved so far) or, with `always`, whatever the
+        aggregator kept (an upload: its go-ahead names the offset). A port that cannot be
+        reached at the first attempt is unusable (BulkUnreachable: fall back); at a resume it
+        was reachable a moment ago, so the aggregator is restarting or the link is down: a
+        break like any other (ConnectionError once the resumes are spent)."""
         last: BaseException | None = None
+        pace = Progress(reached())
         for i in range(RESUMES + 1):
             try:
                 return attempt()
@@ -127,14 +137,18 @@ class BulkPath:
                     raise
                 last = exc
             except (OSError, bulk.BulkProtocolError, codec.Truncated) as exc:
-                if not progressed():
+                if not always and reached() <= 0:
                     raise
                 last = exc
             if i == RESUMES:
                 break
-            log.info("bulk transfer broke off (%s); resuming on the same ticket", last)
+            # At once when the broken connection moved bytes (a reset, a flapping link: the
+            # aggregator is most likely there), later when it moved none (down or refusing).
+            pause = pace.pause_after(reached())
+            log.info("bulk transfer broke off (%s); resuming on the same ticket%s", last,
+                     f" in {pause:g}s" if pause else "")
             self.resumed += 1
-            sleep(RESUME_PAUSE_S)
+            (sleep or self.sleep)(pause)
         raise ConnectionError(f"bulk transfer broke off {RESUMES + 1} times: {last}")
 
     def download(self, ticket: str, port: int, asm: codec.Assembler | DigestSink,
@@ -145,7 +159,7 @@ class BulkPath:
         try:
             self._resuming(lambda: knock(lambda: bulk.download(
                 self.host, port or self.port, self.tls, ticket, asm, idle_s, on_bytes)),
-                lambda: asm.received > 0)
+                lambda: asm.received)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise
@@ -159,13 +173,24 @@ class BulkPath:
         """Send an update's payload (`on_bytes(n)` as it is handed to the socket); the
         aggregator's message. BulkRpcError: its refusal, or UNAVAILABLE when the connection
         broke (send again); BulkUnreachable: fall back."""
+        # The bytes handed to the socket, over all attempts: what tells a connection that
+        # moved bytes from one that moved none (the pause before the next resume). Counting
+        # makes send_payload hand the payload over in PROGRESS_BYTES pieces, as it always did
+        # for the agent (its progress lines): a call per MiB, nothing measurable.
+        handed = [0]
+
+        def counted(n: int) -> None:
+            handed[0] += n
+            if on_bytes is not None:
+                on_bytes(n)
+
         try:
             # Whether the aggregator kept any of it is its to say (the go-ahead's offset):
             # every break is worth one more knock on the same ticket.
             status = self._resuming(lambda: knock(lambda: bulk.upload(
                 self.host, port or self.port, self.tls, ticket, payload, idle_s,
-                on_bytes=on_bytes)),
-                lambda: True)
+                on_bytes=counted)),
+                lambda: handed[0], always=True)
         except bulk.BulkUnreachable as exc:
             self.fall_back(str(exc))
             raise

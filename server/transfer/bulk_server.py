@@ -8,9 +8,10 @@ the threads the event loop gives decoding, validation and aggregation. Everythin
 touches the round engine runs on the event loop, as for gRPC calls.
 
 Resume: a ticket presented while an older connection of it is still open (the node saw a
-reset that never reached this side) shuts that connection down and waits for it to end before
-going on: the new one takes over the transfer, so the node's own retry is never refused as a
-duplicate of itself. A broken upload's bytes are parked in server/transfer/uploads.py.
+reset that never reached this side) lets it read what already waits for it (drain.py), shuts
+it down and waits for it to end before going on: the new one takes over the transfer, so the
+node's own retry is never refused as a duplicate of itself. A broken upload's bytes are
+parked in server/transfer/uploads.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fedgpu.proto import pb
 from fedgpu.server.rejections import STATUS_OF, UpdateRejected
 from fedgpu.server.transfer.bulk_gate import PreTicketGate, Watchdog
 from fedgpu.server.transfer.downloads import Downloads
+from fedgpu.server.transfer.drain import drained
 from fedgpu.server.transfer.payload import ModelPayload
 from fedgpu.server.transfer.tickets import Ticket, TicketBook, TicketRefusal, TicketRefused
 from fedgpu.server.transfer.uploads import Received, Uploads
@@ -296,6 +298,8 @@ class BulkServer:
             return
         self.resumed += 1
         shadow, task = held
+        # What it has not read yet would be sent again (server/transfer/drain.py).
+        await drained(shadow, task)
         with contextlib.suppress(OSError):
             shadow.shutdown(socket.SHUT_RDWR)
         await asyncio.wait({task}, timeout=TAKEOVER_S)
