@@ -151,9 +151,12 @@ def test_a_grpc_task_stream_cut_resumes_from_the_bytes_held(wire: Wire, share: f
         proxy.cut(Way.DOWN, int(4 * (1 << 20) * share) + GRPC_FRAMING)
         header, data, resumed = asyncio.run(pull(proxy))
         carried = proxy.carried[Way.DOWN]
-    assert resumed == 1 and proxy.connections == 2
+    # One resume after the cut, which goes at once; rarely (1 in ~10 here) that first resume
+    # still meets the channel's dead transport and fails before its header, moving nothing, and a
+    # second follows after the backoff (node/resume_backoff.py): the bytes below are what count.
+    assert 1 <= resumed <= 2 and 2 <= proxy.connections <= 3, (resumed, proxy.connections)
     assert codec.decode(memoryview(bytearray(data)))[0]["w"].shape == MODEL["w"].shape
-    resent = carried - header.payload_size - 2 * GRPC_FRAMING
+    resent = carried - header.payload_size - proxy.connections * GRPC_FRAMING
     # The task announces segment digests: the node resumes from the end of its last verified
     # segment (0 when the bytes it got end inside the first), re-sending at most one segment
     # beyond what the break lost (tests/integration/test_resume_segments.py).
