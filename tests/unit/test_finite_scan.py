@@ -24,6 +24,7 @@ from fedgpu.core.digest_pipe import PIPELINE_MIN_BYTES, PipelinedDigest
 from fedgpu.core.segments import SegmentMismatch, segment_bytes
 from fedgpu.server.rejections import Reject, UpdateRejected
 from fedgpu.server.rounds.validation import decode_and_check, finite_norms
+from tests.fixtures.feeding import feed
 
 ALGO = codec.DigestAlgo.BLAKE3_SEGMENTS
 
@@ -43,21 +44,11 @@ def _tensors(rng_seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _feed(asm: codec.Assembler, data: memoryview, end: int, step: int) -> None:
-    """As a socket would: straight into tail(), `step` bytes a read."""
-    while asm.received < end:
-        tail = asm.tail()
-        n = min(step, end - asm.received, tail.nbytes)
-        tail[:n] = data[asm.received:asm.received + n]
-        tail.release()
-        asm.advance(n)
-
-
 def _receive(enc: codec.Encoded, data: bytes | None = None, step: int = 3_000_017
              ) -> tuple[codec.Assembler, memoryview]:
     asm = codec.Assembler(enc.size, enc.digest, 1 << 40, ALGO,
                           segment_digests=enc.segment_digests, scan=True)
-    _feed(asm, memoryview(data or enc.to_bytes()), enc.size, step)
+    feed(asm, memoryview(data or enc.to_bytes()), enc.size, step)
     return asm, asm.finish()
 
 
@@ -120,13 +111,13 @@ def test_damaged_bytes_are_never_part_of_the_scan(cut: bool) -> None:
     if cut:
         # Cut a little after the NaN: its segment never completed, so it was never checked;
         # what was hashed of it must not have been scanned either.
-        _feed(asm, memoryview(bytes(damaged)), at + 1000, 700_001)
+        feed(asm, memoryview(bytes(damaged)), at + 1000, 700_001)
     else:
         with pytest.raises(SegmentMismatch):
-            _feed(asm, memoryview(bytes(damaged)), enc.size, 1 << 20)
+            feed(asm, memoryview(bytes(damaged)), enc.size, 1 << 20)
     # The break: back to the end of the last verified segment, before the damage.
     assert asm.rewind() == at // seg * seg
-    _feed(asm, memoryview(clean), enc.size, 5_000_011)
+    feed(asm, memoryview(clean), enc.size, 5_000_011)
     payload = asm.finish()
     got = asm.finite()
     assert got is not None and got.bad is None
@@ -147,7 +138,7 @@ def test_a_header_the_scan_cannot_parse_is_left_to_the_check_at_the_end() -> Non
     data = body + bytes(size - len(body))
     root, segs = _digests(data)
     asm = codec.Assembler(size, root, 1 << 40, ALGO, segment_digests=segs, scan=True)
-    _feed(asm, memoryview(data), size, 1 << 20)
+    feed(asm, memoryview(data), size, 1 << 20)
     payload = asm.finish()
     assert asm.finite() is None
     with pytest.raises(UpdateRejected) as err:
@@ -183,7 +174,7 @@ def test_small_payloads_and_gRPC_chunks_are_checked_after_the_last_byte() -> Non
     asm.release()
     asm = codec.Assembler(big.size, big.digest, 1 << 40, ALGO,
                           segment_digests=big.segment_digests)
-    _feed(asm, memoryview(big.to_bytes()), big.size, 4 << 20)
+    feed(asm, memoryview(big.to_bytes()), big.size, 4 << 20)
     asm.finish()
     assert asm.finite() is None
     asm.release()

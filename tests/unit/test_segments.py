@@ -20,6 +20,7 @@ import pytest
 from fedgpu.core import codec, segment_hasher, segments
 from fedgpu.core.digest_sink import DigestSink
 from fedgpu.core.segments import SEGMENT_BYTES, SegmentCountError, SegmentMismatch, segment_bytes
+from tests.fixtures.feeding import feed
 
 ALGO = codec.DigestAlgo.BLAKE3_SEGMENTS
 BOTH = pytest.mark.parametrize("algo", [codec.DigestAlgo.BLAKE3_SEGMENTS,
@@ -37,16 +38,6 @@ def _payload(size: int, algo: codec.DigestAlgo = ALGO) -> tuple[bytes, str, byte
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     root, segs = _independent(data)
     return data, root if algo is ALGO else blake3.blake3(data).hexdigest(), segs
-
-
-def _feed(asm: codec.Assembler | DigestSink, data: bytes, end: int, step: int) -> None:
-    """As a socket would: straight into tail(), `step` bytes a read."""
-    while asm.received < end:
-        tail = asm.tail()
-        n = min(step, end - asm.received, tail.nbytes)
-        tail[:n] = data[asm.received:asm.received + n]
-        tail.release()
-        asm.advance(n)
 
 
 @pytest.mark.parametrize(("size", "seg"), [(0, 1 << 10), (10, 1 << 10), (150_000, 4 << 10),
@@ -141,9 +132,9 @@ def test_a_broken_transfer_rewinds_to_its_last_verified_segment(pipelined: bool,
     asm = codec.Assembler(size, whole, 1 << 40, algo, segment_digests=digests)
     seg = segment_bytes(size)
     cut = 2 * seg + seg // 3
-    _feed(asm, data, cut, 10_000)
+    feed(asm, data, cut, 10_000)
     assert asm.rewind() == 2 * seg == asm.received
-    _feed(asm, data, size, 300_000)  # the resume, from the verified offset
+    feed(asm, data, size, 300_000)  # the resume, from the verified offset
     assert bytes(asm.finish()) == data
     asm.release()
 
@@ -156,7 +147,7 @@ def test_a_damaged_segment_is_refused_naming_it(algo: codec.DigestAlgo) -> None:
     bad[(64 << 10) + 17] ^= 1
     asm = codec.Assembler(size, whole, 1 << 40, algo, segment_digests=digests)
     with pytest.raises(SegmentMismatch, match=r"segment 1 of 48 \(bytes 65536-131072\)"):
-        _feed(asm, bytes(bad), size, 4096)
+        feed(asm, bytes(bad), size, 4096)
     assert SegmentMismatch.reason == "digest"
     # Cut there instead: the damaged segment is not kept, the verified one before it is.
     assert asm.rewind() == 64 << 10
@@ -169,9 +160,9 @@ def test_the_digest_sink_keeps_only_verified_segments_too(algo: codec.DigestAlgo
     data, whole, digests = _payload(size, algo)
     sink = DigestSink(size, whole, algo, block=300_000, segment_digests=digests)
     seg = segment_bytes(size)
-    _feed(sink, data, 3 * seg - 5, 7_000)
+    feed(sink, data, 3 * seg - 5, 7_000)
     assert sink.rewind() == 2 * seg
-    _feed(sink, data, size, 70_000)
+    feed(sink, data, size, 70_000)
     sink.finish()
 
 
@@ -185,9 +176,9 @@ def test_the_spool_keeps_only_verified_segments_too(tmp_path, algo) -> None:  # 
     f = spool.file(size, whole, algo, digests)
     asyncio.run(f.claim(5))
     seg = segment_bytes(size)
-    _feed(f, data, seg + 10, 5_000)  # type: ignore[arg-type]
+    feed(f, data, seg + 10, 5_000)  # type: ignore[arg-type]
     assert f.rewind() == seg
-    _feed(f, data, size, 50_000)  # type: ignore[arg-type]
+    feed(f, data, size, 50_000)  # type: ignore[arg-type]
     assert bytes(f.finish()) == data
     f.release()
 
@@ -198,9 +189,9 @@ def test_without_segment_digests_every_byte_held_is_kept(algo: codec.DigestAlgo)
     size = 2 * SEGMENT_BYTES
     data, whole, _ = _payload(size, algo)
     asm = codec.Assembler(size, whole, 1 << 40, algo)
-    _feed(asm, data, 12_345, 1000)
+    feed(asm, data, 12_345, 1000)
     assert asm.rewind() == 12_345
-    _feed(asm, data, size, 1 << 20)
+    feed(asm, data, size, 1 << 20)
     asm.finish()
     asm.release()
 
