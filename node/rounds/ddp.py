@@ -14,6 +14,7 @@ writes the update; every rank's counts and losses are summed into its metrics.
 from __future__ import annotations
 
 import datetime
+import gc
 import inspect
 import os
 from collections.abc import Iterator, Mapping
@@ -73,6 +74,10 @@ def start(ddp: Ddp, device: torch.device) -> None:
 
 def stop() -> None:
     if dist.is_initialized():
+        # The round's wrapped model and its autograd graph hold the group; collected now, the
+        # group's threads and their pending work are released while the interpreter is whole
+        # (at its teardown that can abort the process: see worker.end).
+        gc.collect()
         dist.destroy_process_group()
 
 

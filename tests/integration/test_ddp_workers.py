@@ -138,6 +138,29 @@ def test_causal_lm_two_workers_match_one(tmp_path: Path, lm_data: Path) -> None:
     assert two.result["num_examples"] == one.result["num_examples"]
 
 
+@pytest.mark.timeout(240)
+def test_a_rank_whose_process_teardown_aborts_still_hands_in_the_round(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's interpreter teardown can abort after its result is written (gloo's threads
+    still holding tensors: SIGABRT, seen in CI): what the ranks wrote is the round, not how
+    their interpreters would have torn down. Here every worker process registers an exit hook
+    that aborts (a sitecustomize on the PYTHONPATH the workers inherit)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import atexit, os\natexit.register(os.abort)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    data = split_digits(tmp_path / "split", 8, seed=3)[0]
+    payload = _init(tmp_path, "digits", data, {})
+    out = run_workers(kind="train", task_name="digits", hyperparameters={},
+                      seed=5, round_number=1, data_dir=data, payload=payload,
+                      decisions=(_cpu(), _cpu()), work_root=tmp_path, sampler=None,
+                      torch_threads=1, timeout_s=200)
+    assert out.ok, out.error
+    assert out.weights is not None and out.weights.stat().st_size > 0
+    assert out.result["num_examples"] > 0
+
+
 A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "memory_used_mib": 30000}
 H100_MIG = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
             "compute_capability": "9.0", "mig_mode": True, "mig": [
