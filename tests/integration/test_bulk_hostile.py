@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from tests.fixtures.bulk_wire import (  # noqa: F401 - wire_fixture is the `wire
     GLOBAL,
     Wire,
     closed_by_peer,
+    served,
     wait_for,
     wire_fixture,
 )
@@ -109,13 +111,20 @@ def test_silent_connections_take_no_slot_from_ticketed_ones(wire: Wire) -> None:
             s.close()
 
 
-
-
-def test_a_node_turned_away_at_a_full_gate_knocks_again(wire: Wire) -> None:
+def test_a_node_turned_away_at_a_full_gate_knocks_again(tmp_path: Path) -> None:
     """Many sites behind one address start a round at once: past the gate's per-address limit
     their connections are closed at the door. The node's bulk client tells that apart from a
     broken transfer and tries again after a short pause (the ticket was never redeemed), so the
     burst costs a retry, not a failed pull."""
+    # An aggregator of its own with a 10 s ticket deadline: with the shared one's 2 s, a
+    # loaded machine could drop the silent connections before the gate was seen full (the
+    # test then waited 60 s for a state that had come and gone).
+    with served(tmp_path, GLOBAL, "--upload-idle-s", "10", rounds=1, round_retries=80,
+                node_name="probe") as wire:
+        _knock_at_a_full_gate(wire)
+
+
+def _knock_at_a_full_gate(wire: Wire) -> None:
     task = wire.task()
     algo, digest = digests.of_header(task)
     hold = [socket.create_connection(("127.0.0.1", wire.bulk_port), timeout=10)
