@@ -316,4 +316,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Every output is a file by now (lifetime.exit_now says why not the usual exit).
+    lifetime.exit_now(main())

@@ -15,12 +15,14 @@ explicitly so those processes still stop on Ctrl-C.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
+from typing import NoReturn
 
 PARENT_ENV = "FEDGPU_PARENT_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -102,6 +104,23 @@ def _start_watch(gone: Callable[[], bool], sig: int) -> None:
     threading.Thread(target=watch, name="fedgpu-parent-watch", daemon=True).start()
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` now, without the interpreter's teardown, its output flushed.
+
+    For a process whose every result is already written (a round's worker): that teardown
+    can abort a process whose work succeeded. A collective backend's C++ threads may still
+    hold tensors when the interpreter is torn down and reach for its lock (gloo: SIGABRT,
+    "terminate called without an active exception", pytorch/pytorch#179291; seen in CI on one
+    rank of a data-parallel round after its result was written)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def exit_within(seconds: float, code: int) -> None:
     """Stopping: end the process with `code` after `seconds` whatever still holds it.
 
@@ -110,6 +129,7 @@ def exit_within(seconds: float, code: int) -> None:
     that is gone (or the operator who asked) expects us gone in seconds, not when they return.
     """
     def cut() -> None:
+        # Not exit_now: a thread stuck mid-write may hold a logging handler's lock.
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from fedgpu.core import lifetime
 from fedgpu.node.rounds.workfiles import (
@@ -196,21 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(workdir)
 
 
-def end(code: int) -> NoReturn:
-    """Leave the process without the interpreter's teardown: every output of the round is a
-    file already written, and that teardown can abort a process whose round succeeded. A
-    collective backend's C++ threads may still hold tensors when the interpreter is torn down
-    and reach for its lock (gloo: SIGABRT, "terminate called without an active exception",
-    pytorch/pytorch#179291; seen in CI on one rank of a data-parallel round after its result
-    was written). The forked factory workers end the same way (node/rounds/factory.py)."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    end(main())
+    # Every output is a file by now (lifetime.exit_now says why not the usual exit).
+    lifetime.exit_now(main())
