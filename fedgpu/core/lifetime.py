@@ -104,6 +104,14 @@ def _start_watch(gone: Callable[[], bool], sig: int) -> None:
     threading.Thread(target=watch, name="fedgpu-parent-watch", daemon=True).start()
 
 
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def exit_now(code: int) -> NoReturn:
     """End the process with `code` now, without the interpreter's teardown, its output flushed.
 
@@ -113,11 +121,7 @@ def exit_now(code: int) -> NoReturn:
     "terminate called without an active exception", pytorch/pytorch#179291; seen in CI on one
     rank of a data-parallel round after its result was written)."""
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_std()
     os._exit(code)
 
 
@@ -130,11 +134,7 @@ def exit_within(seconds: float, code: int) -> None:
     """
     def cut() -> None:
         # Not exit_now: a thread stuck mid-write may hold a logging handler's lock.
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_std()
         os._exit(code)
 
     timer = threading.Timer(seconds, cut)
