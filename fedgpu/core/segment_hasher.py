@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,19 @@ from fedgpu.core.segments import (
 # Threads hashing a payload's segments at once on the sending side (BLAKE3 releases the GIL
 # for inputs this large; the old whole-payload hash used all cores too).
 MAX_THREADS = 8
+# A received payload's whole segments are hashed a run at a time on this many threads when
+# each is at least this large (smaller ones: the per-task overhead would eat the gain).
+PARALLEL_MIN_SEGMENT = 256 << 10
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def receive_threads() -> int:
+    """Threads that hash one received payload: half the cores, at most MAX_THREADS. One on a
+    machine of two or three cores, where the sender, the socket reads and the hash already
+    share them (a second hashing thread only competes: BENCHMARKS.md section 18); on a
+    16-core aggregator one BLAKE3 thread (2-3 GB/s) would be slower than the loopback socket."""
+    return max(1, min(MAX_THREADS, _cores() // 2))
 
 
 def root(digests: bytes) -> str:
@@ -66,10 +80,11 @@ class SegmentHasher:
     announced digests nothing is checked before the end and rewind() keeps every byte.
     """
 
-    def __init__(self, size: int, digests: bytes = b"") -> None:
+    def __init__(self, size: int, digests: bytes = b"", threads: int | None = None) -> None:
         self.digests = checked(size, digests) if digests else b""
         self.size = size
         self.seg = segment_bytes(size)
+        self.threads = min(MAX_THREADS, threads or receive_threads())
         self.verified = 0
         self._done = bytearray()  # the digests of the completed segments
         self._seg = blake3.blake3(max_threads=1)
@@ -82,6 +97,12 @@ class SegmentHasher:
             view = view.cast("B")
         pos = 0
         while pos < view.nbytes:
+            if self._fill == 0 and self.threads > 1 and self.seg >= PARALLEL_MIN_SEGMENT:
+                whole = min(view.nbytes - pos, self.size - self._pos) // self.seg
+                if whole > 1:
+                    self._whole_segments(view[pos:pos + whole * self.seg])
+                    pos += whole * self.seg
+                    continue
             take = min(view.nbytes - pos, self.seg - self._fill)
             if self._pos + take > self.size:
                 raise CodecError(f"more than the announced {self.size} bytes")
@@ -92,11 +113,28 @@ class SegmentHasher:
             if self._fill == self.seg or self._pos == self.size:
                 self._close_segment()
 
+    def _whole_segments(self, view: memoryview) -> None:
+        """Whole segments from a segment boundary, hashed on `threads` threads (BLAKE3 lets
+        go of the GIL), then checked in order as if they had come one by one."""
+        runs = min(self.threads, view.nbytes // self.seg)
+        per = -(-(view.nbytes // self.seg) // runs) * self.seg
+        pieces = [view[i:i + per] for i in range(0, view.nbytes, per)]
+        for digests in _pool(self.threads).map(self._run_digests, pieces):
+            for i in range(0, len(digests), DIGEST_BYTES):
+                self._pos += self.seg
+                self._segment_done(digests[i:i + DIGEST_BYTES])
+
+    def _run_digests(self, run: memoryview) -> bytes:
+        return b"".join(_hash([run[i:i + self.seg]]) for i in range(0, run.nbytes, self.seg))
+
     def _close_segment(self) -> None:
-        index = len(self._done) // DIGEST_BYTES
         got = self._seg.digest()
         self._seg = blake3.blake3(max_threads=1)
         self._fill = 0
+        self._segment_done(got)
+
+    def _segment_done(self, got: bytes) -> None:
+        index = len(self._done) // DIGEST_BYTES
         if self.digests:
             check(self.digests, index, got, self.size, self._pos)
         self._done += got
@@ -175,6 +213,28 @@ def _hash(pieces: list[memoryview]) -> bytes:
     for piece in pieces:
         h.update(piece)
     return h.digest()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    # One pool per size for the process: the aggregator's uploads share it, so the hashing
+    # threads stay bounded however many uploads land at once.
+    with _pools_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(
+                threads, thread_name_prefix="fedgpu-segment-check")
+        return pool
+
+
+def _forget_pools() -> None:
+    # A forked child (the node's factory forks round workers) has none of the parent's threads:
+    # a pool it inherited would take work that no thread ever does.
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _cores() -> int:

@@ -12,6 +12,9 @@ its payload digest, is refused before anything is received.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import blake3
 import numpy as np
@@ -68,6 +71,55 @@ def test_the_digest_is_blake3_of_the_segment_digests_however_the_payload_is_laid
     checked_h = segment_hasher.SegmentHasher(len(data), digests)
     checked_h.update(data)
     assert checked_h.rewind() == len(data) and checked_h.hexdigest() == root
+
+
+@pytest.mark.parametrize("cut", [1 << 20, 3 * (1 << 20) + 7, 8 << 20])
+def test_a_received_payload_hashed_on_several_threads_checks_and_rewinds_as_on_one(
+        cut: int) -> None:
+    """A received payload's whole segments are hashed several at a time where the machine has
+    the cores: the same digests, the same verified end after every read, and a bad segment
+    named at the same place, as one thread gives."""
+    data, root, digests = _payload(12 * (1 << 20) + 1000)
+    assert segment_bytes(len(data)) >= segment_hasher.PARALLEL_MIN_SEGMENT
+    bad = bytearray(data)
+    bad[9 * segment_bytes(len(data)) + 5] ^= 1
+    for payload in (data, bytes(bad)):
+        seen = []
+        for threads in (1, 4):
+            h = segment_hasher.SegmentHasher(len(data), digests, threads=threads)
+            ends: list[int | str] = []
+            try:
+                for pos in range(0, len(payload), cut):
+                    h.update(memoryview(payload)[pos:pos + cut])
+                    ends.append(h.verified)
+            except codec.CodecError as exc:
+                ends.append(str(exc))
+            seen.append((ends, h.verified, h.segment_digests(), h.rewind()))
+        assert seen[0] == seen[1]
+        if payload is data:
+            assert seen[0][0][-1] == len(data) and h.hexdigest() == root
+        else:
+            assert "segment 9" in str(seen[0][0][-1]), seen[0][0][-1]
+            assert seen[0][3] == 9 * segment_bytes(len(data))
+
+
+def test_a_forked_child_hashes_on_threads_of_its_own() -> None:
+    """The node's factory forks round workers: a hashing pool the parent made has no threads
+    in the child, which must make its own instead of waiting on the parent's forever."""
+    data, root, digests = _payload(12 * (1 << 20))
+    segment_hasher.SegmentHasher(len(data), digests, threads=2).update(data)  # the parent's pool
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it hashed it right
+        h = segment_hasher.SegmentHasher(len(data), digests, threads=2)
+        h.update(data)
+        os._exit(0 if h.hexdigest() == root else 1)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, done
 
 
 def test_encode_gives_the_digest_and_the_segment_digests_in_one_pass() -> None:
