@@ -119,10 +119,13 @@ def exit_now(code: int) -> NoReturn:
     can abort a process whose work succeeded. A collective backend's C++ threads may still
     hold tensors when the interpreter is torn down and reach for its lock (gloo: SIGABRT,
     "terminate called without an active exception", pytorch/pytorch#179291; seen in CI on one
-    rank of a data-parallel round after its result was written)."""
-    logging.shutdown()
-    _flush_std()
-    os._exit(code)
+    rank of a data-parallel round after its result was written). Also how a forked child
+    ends, which must never return into its parent's code."""
+    try:
+        logging.shutdown()
+        _flush_std()
+    finally:  # whatever the flush meets (a signal's exception too), the process ends here
+        os._exit(code)
 
 
 def exit_within(seconds: float, code: int) -> None:

@@ -274,11 +274,7 @@ class Factory:
 
             traceback.print_exc()
         finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            lifetime.exit_now(code)
 
     def _warm_up(self, hint: dict[str, Any] | None) -> None:
         if warm_up(hint, self.warmed):
