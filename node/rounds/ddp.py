@@ -76,7 +76,7 @@ def stop() -> None:
     if dist.is_initialized():
         # The round's wrapped model and its autograd graph hold the group; collected now, the
         # group's threads and their pending work are released while the interpreter is whole
-        # (at its teardown that can abort the process: see worker.end).
+        # (at its teardown that can abort the process: see lifetime.exit_now).
         gc.collect()
         dist.destroy_process_group()
 
