@@ -313,7 +313,8 @@ class FederationService(pb_grpc.FederationServicer):
             node.transport = Transport.BULK
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
-                          receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
+                          receive: ReceiveBy, abort: Callable[[], None] | None = None,
+                          told: Callable[[str], None] | None = None) -> str:
         orch = self.jobs.engine_for(node_id, header.task_id)
         log_context.about(orch.job_id)
         node = self.registry.get(node_id)
@@ -323,7 +324,8 @@ class FederationService(pb_grpc.FederationServicer):
             orch.answers.reject(None, header, exc)
             raise exc
         return await ingest(orch, node, header, lambda rnd: receive(rnd.deadline),
-                            Transport.BULK, abort, lambda: self.uploads.quiet_for(node.name))
+                            Transport.BULK, abort, lambda: self.uploads.quiet_for(node.name),
+                            told)
 
     async def _update_node(self, orch: Orchestrator, header: pb.UpdateHeader,
                            context: grpc.aio.ServicerContext) -> Node:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -221,7 +222,11 @@ class Answers:
     async def accept(
         self, node: Node, header: pb.UpdateHeader, rnd: RoundState,
         tensors: dict[str, np.ndarray] | None, payload_bytes: int,
+        told: Callable[[], None] | None = None,
     ) -> None:
+        """Take a received update into its round (a training update into the sum); `told`
+        is called as soon as nothing can refuse it any more, which may be before its fold
+        ends (server/rounds/folding.py); UpdateRejected if something does."""
         # The caller holds the slot (claim): anything else means the round closed meanwhile.
         if rnd.closed or rnd.slots.get(node.node_id) != SlotState.UPLOADING:
             raise UpdateRejected(Reject.LATE,
@@ -234,9 +239,18 @@ class Answers:
             self.run.current_plan.take_model(node.name, dict(tensors))  # type: ignore[attr-defined]
         elif header.kind == pb.TASK_KIND_TRAIN:
             assert tensors is not None
+            job_id = self.run.job_id
+
+            def settled() -> None:
+                # Its node, told, polls on at once: it must not be handed this task again
+                # while the sum is written (it would train it twice).
+                node.assigned.pop(job_id, None)
+                if told is not None:
+                    told()
+
             await self._folds.fold(self.run.strategy, Waiting(
                 rnd, tensors, header.num_examples, dict(header.train_metrics),
-                rnd.number - header.round))
+                rnd.number - header.round, settled if told is not None else None))
         rnd.bytes_received += payload_bytes
         resources = Resources.from_wire(header.resources)
         update = UpdateRecord(

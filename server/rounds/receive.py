@@ -42,13 +42,16 @@ def accepted_message(header: pb.UpdateHeader, again: bool = False) -> str:
 
 async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receive: Receive,
                  transport: Transport, abort: Callable[[], None] | None = None,
-                 quiet: Callable[[], float] | None = None) -> str:
+                 quiet: Callable[[], float] | None = None,
+                 told: Callable[[str], None] | None = None) -> str:
     """Take the update `header` announces; the reply's message. A refusal is counted, listed
     and raised as UpdateRejected; anything else that breaks off (the sender went away, the
     server stops) gives the slot back to the node, which may send again. `abort` ends this
     stream when the same node's retry takes its place (server/rounds/takeover.py; by
     default the calling task is cancelled) once `quiet()`, the seconds since it last received
-    a byte, says it is dead (by default never)."""
+    a byte, says it is dead (by default never). `told(message)`: the same message as soon as
+    nothing can refuse the update any more, while its fold may still run (a path that can
+    answer before it returns: the bulk port)."""
     own = orch.plan.intake(header.kind)
     if own is not None:
         return await own.ingest(node, header, receive, transport)
@@ -92,8 +95,10 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                                                   header.kind, got.payload, spec,
                                                   lambda: orch.shared_weights, got.spooled,
                                                   got.finite)
+            settled = None if told is None else (lambda: told(accepted_message(header)))
             try:
-                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size,
+                                          settled)
             except UpdateRejected as exc:
                 # Async: the step closed while this update streamed; it joins the next one.
                 if exc.reason != Reject.LATE or not await next_step(
@@ -101,7 +106,8 @@ async def ingest(orch: Orchestrator, node: Node, header: pb.UpdateHeader, receiv
                     raise
                 rnd = check_header(orch, node, header)
                 orch.answers.claim(node, rnd)
-                await orch.answers.accept(node, header, rnd, tensors, header.payload_size)
+                await orch.answers.accept(node, header, rnd, tensors, header.payload_size,
+                                          settled)
             del tensors  # views of the payload, which is freed on the way out
     except UpdateRejected as exc:
         # A stream cut short is what a broken connection looks like on gRPC: refused, but its

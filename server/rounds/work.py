@@ -93,12 +93,19 @@ def update_in(strategy: Strategy, tensors: Mapping[str, Any], num_examples: int,
 Item = tuple[Mapping[str, Any], int, Mapping[str, float], int]
 
 
+def sums_by_examples(strategy: Strategy) -> bool:
+    """Does the strategy fold updates into one weighted sum by their examples alone (FedAvg
+    and the server optimisers on its mean)? Such a fold takes several updates in one sweep,
+    and refuses none that passed validation (its only input beyond the tensors, the example
+    count, is checked positive with the header)."""
+    return strategy.folds_many and strategy.needs == {UpdateNeed.EXAMPLES}
+
+
 def fold_updates(strategy: Strategy, items: list[Item]) -> list[BaseException | None]:
     """Each (tensors, num_examples, train_metrics, staleness) into the strategy, what each one
-    raised in its place. Several updates for a strategy that needs nothing but their examples
-    and declares add_many (FedAvg and the server optimisers on its mean) go into its sum in
-    one sweep: one pass over the sum for all of them instead of one each."""
-    if len(items) > 1 and strategy.folds_many and strategy.needs == {UpdateNeed.EXAMPLES}:
+    raised in its place. Several updates for a strategy that sums by examples go into its sum
+    in one sweep: one pass over the sum for all of them instead of one each."""
+    if len(items) > 1 and sums_by_examples(strategy):
         strategy.add_many([UpdateIn(tensors, n) for tensors, n, _, _ in items])
         return [None] * len(items)
     errors: list[BaseException | None] = []

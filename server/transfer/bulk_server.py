@@ -68,10 +68,12 @@ class UpdateDesk(Protocol):
         """`node_id` received its task's payload over this port."""
 
     async def take_update(self, node_id: str, header: pb.UpdateHeader,
-                          receive: ReceiveBy, abort: Callable[[], None] | None = None) -> str:
+                          receive: ReceiveBy, abort: Callable[[], None] | None = None,
+                          told: Callable[[str], None] | None = None) -> str:
         """Take the update `header` announces, its payload read by `receive`; the reply's
         message. A refusal is counted and raised as UpdateRejected. `abort` ends this
-        connection's transfer (when the same node's retry takes its place)."""
+        connection's transfer (when the same node's retry takes its place); `told(message)`
+        as soon as the update is certain to count, which may be before this returns."""
 
 
 def peer_names(sock: ssl.SSLSocket) -> frozenset[str]:
@@ -352,13 +354,34 @@ class BulkServer:
             with contextlib.suppress(OSError):
                 shadow.shutdown(socket.SHUT_RDWR)
 
+        # The verdict goes out as soon as it is certain (the update is in a fold that cannot
+        # refuse it): the node's upload ends there, not after the sum is written.
+        early: list[asyncio.Future[None]] = []
+
+        def told(message: str) -> None:
+            if not early:
+                early.append(asyncio.ensure_future(self._blocking(
+                    bulk.write_status, sock, Status(True, "OK", "", message))))
+
         try:
-            message = await self.desk.take_update(ticket.node_id, header, receive, abort)
+            message = await self.desk.take_update(ticket.node_id, header, receive, abort, told)
         except UpdateRejected as exc:
+            if early:  # the fold failed after all (out of memory): the log says so
+                log.error("update from %s refused after its verdict went out: %s",
+                          ticket.node_name, exc.message)
+                return
             await self._verdict(sock, exc)
             return
+        finally:
+            if early:
+                # Written before the connection is closed; a sender gone meanwhile is its
+                # own loss (it resumes, and is told it was accepted already).
+                await asyncio.wait(early)
+                if not early[0].cancelled():
+                    early[0].exception()
         self.uploads += 1
-        await self._blocking(bulk.write_status, sock, Status(True, "OK", "", message))
+        if not early:
+            await self._blocking(bulk.write_status, sock, Status(True, "OK", "", message))
 
     async def _verdict(self, sock: socket.socket, exc: UpdateRejected) -> None:
         code = STATUS_OF.get(exc.reason)

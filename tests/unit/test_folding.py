@@ -192,3 +192,65 @@ def test_an_asynchronous_step_folds_exactly_its_buffer_and_the_rest_are_late() -
     assert got[:2] == [None, None]
     for err in got[2:]:
         assert isinstance(err, UpdateRejected) and err.reason == "late", err
+
+
+def test_a_sender_is_told_once_its_update_is_in_a_fold_that_cannot_refuse_it() -> None:
+    # `told` comes while the sweep still runs (the bulk port's verdict goes out then), for
+    # every update of a shared sweep; their folds end afterwards as before.
+    async def main() -> None:
+        strategy = Blocking()
+        lock, folds, rnd = _start(strategy)
+        told: list[float] = []
+        entries = [_update(rnd, v, 5) for v in (1.0, 3.0)]
+        for e in entries:
+            e.told = lambda v=e: told.append(float(v.tensors["w"][0]))
+        async with lock:
+            tasks = [asyncio.create_task(folds.fold(strategy, e)) for e in entries]
+            await asyncio.sleep(0.05)
+            assert told == []  # waiting for the lock: the round may still close first
+        await asyncio.to_thread(strategy.entered.wait, 30)
+        assert sorted(told) == [1.0, 3.0]
+        assert not any(t.done() for t in tasks)
+        strategy.go.set()
+        assert await asyncio.gather(*tasks) == [None, None]
+        np.testing.assert_allclose(strategy.finish()["w"], 2.0)
+
+    asyncio.run(main())
+
+
+def test_no_one_is_told_early_where_the_fold_may_still_refuse() -> None:
+    # FedNova may refuse an update at its fold (no local steps); a round closed first makes
+    # its waiting updates late; a compressed update's blocks decode as it folds. None of
+    # these hears before its fold's outcome.
+    from fedgpu.core.update_codecs import Int8Tensor
+
+    async def main() -> list[object]:
+        told: list[str] = []
+        nova = FedNova()
+        lock, folds, rnd = _start(nova)
+        refused = _update(rnd, 1.0, 5, steps=None)
+        refused.told = lambda: told.append("nova")
+        got: list[object] = [await asyncio.gather(folds.fold(nova, refused),
+                                                  return_exceptions=True)]
+        fedavg = Counting()
+        lock, folds, rnd = _start(fedavg, 7)
+        late = _update(rnd, 1.0, 5)
+        late.told = lambda: told.append("late")
+        async with lock:
+            task = asyncio.create_task(folds.fold(fedavg, late))
+            await asyncio.sleep(0.05)
+            rnd.closed = True
+        got.append(await asyncio.gather(task, return_exceptions=True))
+        lock, folds, rnd = _start(fedavg, 8)
+        q = np.full(4096, 2, np.int8)
+        packed = Waiting(rnd, {"w": Int8Tensor(q, np.array([0.5], np.float32), (4096,))}, 5,
+                         {}, 0, told=lambda: told.append("int8"))
+        got.append(await folds.fold(fedavg, packed))
+        np.testing.assert_allclose(fedavg.finish()["w"], 1.0)
+        assert told == []
+        return got
+
+    (nova,), (late,), packed = asyncio.run(main())
+    assert isinstance(nova, UpdateRejected) and "local steps" in str(nova)
+    assert isinstance(late, UpdateRejected) and late.reason == "late"
+    assert packed is None
