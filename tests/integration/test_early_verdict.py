@@ -25,7 +25,8 @@ from fedgpu.core import codec
 from fedgpu.core.constants import Transport
 from fedgpu.core.job import parse_job
 from fedgpu.proto import pb
-from fedgpu.server.registry import Registry
+from fedgpu.server.registry import Node, Registry
+from fedgpu.server.rounds.attempt import Task
 from fedgpu.server.rounds.engine import Orchestrator
 from fedgpu.server.rounds.receive import ingest
 from fedgpu.server.strategies.fedavg import FedAvg
@@ -64,24 +65,35 @@ async def _until(check, what: str, timeout: float = 10.0) -> None:  # type: igno
         await asyncio.sleep(0.005)
 
 
+async def _one_site_round() -> tuple[Orchestrator, Node, Gated, asyncio.Task[None]]:
+    """A one-round FedAvg job on one site, running, its round open."""
+    job = parse_job({"task": "digits", "rounds": 1, "min_nodes": 1, "evaluate": False,
+                     "round_deadline_s": 30, "round_retries": 0})
+    registry = Registry()
+    node = registry.register(name="site-0", peer="test", version="0", devices={},
+                             decision={}, labels={}, tasks=["digits"])
+    orch = Orchestrator(job, registry, initial_weights=GLOBAL)
+    gated = orch.strategy = Gated()
+    run = asyncio.create_task(orch.run())
+    await _until(lambda: orch.task_for(node) is not None, "the round's task")
+    return orch, node, gated, run
+
+
+def _answer(node: Node, task: Task, update: dict[str, np.ndarray]
+            ) -> tuple[bytes, pb.UpdateHeader]:
+    data = codec.encode(update).to_bytes()
+    return data, pb.UpdateHeader(node_id=node.node_id, task_id=task.task_id,
+                                 round=task.header.round, kind=pb.TASK_KIND_TRAIN,
+                                 num_examples=10, payload_size=len(data))
+
+
 def test_the_node_is_told_while_its_update_folds_and_not_handed_the_task_again() -> None:
     async def main() -> None:
-        job = parse_job({"task": "digits", "rounds": 1, "min_nodes": 1, "evaluate": False,
-                         "round_deadline_s": 30, "round_retries": 0})
-        registry = Registry()
-        node = registry.register(name="site-0", peer="test", version="0", devices={},
-                                 decision={}, labels={}, tasks=["digits"])
-        orch = Orchestrator(job, registry, initial_weights=GLOBAL)
-        gated = orch.strategy = Gated()
-        run = asyncio.create_task(orch.run())
-        await _until(lambda: orch.task_for(node) is not None, "the round's task")
+        orch, node, gated, run = await _one_site_round()
         task = orch.task_for(node)
         assert task is not None and task.kind == pb.TASK_KIND_TRAIN
         update = {"w": np.full((64, 32), 0.5, np.float32), "b": np.ones(32, np.float32)}
-        data = codec.encode(update).to_bytes()
-        header = pb.UpdateHeader(node_id=node.node_id, task_id=task.task_id,
-                                 round=task.header.round, kind=pb.TASK_KIND_TRAIN,
-                                 num_examples=10, payload_size=len(data))
+        data, header = _answer(node, task, update)
         told: list[str] = []
         taking = asyncio.create_task(ingest(orch, node, header, _receiver(data),
                                             Transport.BULK, told=told.append))
@@ -108,21 +120,10 @@ def test_the_node_is_told_while_its_update_folds_and_not_handed_the_task_again()
 def test_without_a_way_to_tell_early_the_verdict_is_the_return_after_the_fold() -> None:
     # The gRPC path passes no `told`: its reply is PushUpdate's return, after the sum.
     async def main() -> None:
-        job = parse_job({"task": "digits", "rounds": 1, "min_nodes": 1, "evaluate": False,
-                         "round_deadline_s": 30, "round_retries": 0})
-        registry = Registry()
-        node = registry.register(name="site-0", peer="test", version="0", devices={},
-                                 decision={}, labels={}, tasks=["digits"])
-        orch = Orchestrator(job, registry, initial_weights=GLOBAL)
-        gated = orch.strategy = Gated()
-        run = asyncio.create_task(orch.run())
-        await _until(lambda: orch.task_for(node) is not None, "the round's task")
+        orch, node, gated, run = await _one_site_round()
         task = orch.task_for(node)
         assert task is not None
-        data = codec.encode({k: np.ones_like(v) for k, v in GLOBAL.items()}).to_bytes()
-        header = pb.UpdateHeader(node_id=node.node_id, task_id=task.task_id,
-                                 round=task.header.round, kind=pb.TASK_KIND_TRAIN,
-                                 num_examples=10, payload_size=len(data))
+        data, header = _answer(node, task, {k: np.ones_like(v) for k, v in GLOBAL.items()})
         taking = asyncio.create_task(ingest(orch, node, header, _receiver(data),
                                             Transport.GRPC))
         await _until(gated.folding.is_set, "the fold")
