@@ -45,6 +45,7 @@ class TrackingFollower:
         # The running jobs seen at the last poll, by id.
         self._following: dict[str, ActiveJob] = {}
         self._done: set[str] = set()
+        self._stop = asyncio.Event()
 
     async def start(self) -> None:
         """Checks what can be checked at once (MLflow installed, a store scheme it knows);
@@ -77,7 +78,15 @@ class TrackingFollower:
         ended before the store opened: it is opened now); one still running (the aggregator
         is stopping) keeps its run open for the next start."""
         if self._task is not None:
-            self._task.cancel()
+            self._stop.set()
+            if self.runs is None:
+                self._task.cancel()  # still opening the store: opened once more below
+            # A poll under way ends first: one cancelled while it finished a run left that
+            # run RUNNING for good (its job counted as done, its finish call cut off). Its
+            # calls are bounded (CALL_TIMEOUT_S each); past twice that it is cut off anyway.
+            done, _ = await asyncio.wait({self._task}, timeout=2 * CALL_TIMEOUT_S)
+            if not done:
+                self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.runs is None:
@@ -89,9 +98,10 @@ class TrackingFollower:
 
     async def _loop(self) -> None:
         await self._open()
-        while True:
+        while not self._stop.is_set():
             await self._poll()
-            await asyncio.sleep(POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), POLL_S)
 
     async def _poll(self) -> None:
         held = dict(self.jobs.running)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,36 @@ def test_the_tracking_follower_follows_every_running_job(tmp_path: Path) -> None
     assert both == [("run_for", a), ("log_rounds", f"run-{a}"),
                     ("run_for", b), ("log_rounds", f"run-{b}")]
     assert [c for c in after if c[0].startswith("finish")] == [("finish stopped", f"run-{b}")]
+
+
+class _SlowFinish(_Runs):
+    """A store whose finish takes a while (logging the model to a remote server)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finishing = threading.Event()
+
+    def finish(self, run: str, state: str, doc: Any, model: Any, reason: Any) -> None:
+        self.finishing.set()
+        time.sleep(0.5)
+        super().finish(run, state, doc, model, reason)
+
+
+def test_a_stop_while_a_run_is_being_finished_lets_that_finish_end(tmp_path: Path) -> None:
+    # The aggregator stopped a moment after a job ended, while the follower's own poll was
+    # finishing its run: the run must still end FINISHED/STOPPED, once, not stay RUNNING.
+    async def main(tmp: Path) -> tuple[str, list[tuple[str, str]]]:
+        jobs, (_, b) = _two_running(tmp, asyncio.get_running_loop().create_future())
+        follower = TrackingFollower(jobs, "sqlite:///unused.db")
+        runs = follower.runs = _SlowFinish()  # type: ignore[assignment]
+        await follower.start()
+        while ("run_for", b) not in runs.calls:
+            await asyncio.sleep(0.01)
+        jobs.last = jobs.running.pop(b)
+        jobs.store.update(b, state=JobState.STOPPED, finished_at=time.time())
+        assert await asyncio.to_thread(runs.finishing.wait, 10)
+        await follower.close()
+        return b, list(runs.calls)
+
+    b, calls = asyncio.run(main(tmp_path))
+    assert [c for c in calls if c[0].startswith("finish")] == [("finish stopped", f"run-{b}")]
