@@ -17,17 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 
-from benchmarks.common import ROOT, emit
-
-
-def _run(module: str, *args: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, check=True,
-                         capture_output=True, text=True, timeout=900).stdout
-    return json.loads(out.strip().splitlines()[-1])
+from benchmarks.common import emit, run_case
 
 
 def main() -> None:
@@ -40,11 +33,11 @@ def main() -> None:
     size = str(a.size_mib)
     pairs = []
     for i in range(a.pairs):
-        raw = _run("benchmarks.transport", "raw", "--size-mib", size, "--repeat",
-                   str(a.repeat))
-        bulk = _run("benchmarks.wire_e2e", "--path", "bulk", "--size-mib", size, "--rounds",
-                    str(a.rounds))
-        raw_s, push_s = float(raw["seconds"]), float(bulk["push_seconds"])  # type: ignore[arg-type]
+        raw = run_case("benchmarks.transport", ["raw", "--size-mib", size, "--repeat",
+                                                str(a.repeat)], timeout=900)
+        bulk = run_case("benchmarks.wire_e2e", ["--path", "bulk", "--size-mib", size,
+                                                "--rounds", str(a.rounds)], timeout=900)
+        raw_s, push_s = float(raw["seconds"]), float(bulk["push_seconds"])
         pair = {"pair": i + 1, "raw_s": raw_s, "push_s": push_s,
                 "ratio": round(raw_s / push_s, 3), "ingest_split_s": bulk["ingest_split_s"],
                 "at": time.strftime("%H:%M:%S", time.gmtime())}

@@ -11,6 +11,7 @@ the global model (a starting model comes back through `take_initial`) and the ch
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -239,18 +240,10 @@ class Answers:
             self.run.current_plan.take_model(node.name, dict(tensors))  # type: ignore[attr-defined]
         elif header.kind == pb.TASK_KIND_TRAIN:
             assert tensors is not None
-            job_id = self.run.job_id
-
-            def settled() -> None:
-                # Its node, told, polls on at once: it must not be handed this task again
-                # while the sum is written (it would train it twice).
-                node.assigned.pop(job_id, None)
-                if told is not None:
-                    told()
-
+            settled = None if told is None else functools.partial(self._settled, node, told)
             await self._folds.fold(self.run.strategy, Waiting(
                 rnd, tensors, header.num_examples, dict(header.train_metrics),
-                rnd.number - header.round, settled if told is not None else None))
+                rnd.number - header.round, settled))
         rnd.bytes_received += payload_bytes
         resources = Resources.from_wire(header.resources)
         update = UpdateRecord(
@@ -283,6 +276,12 @@ class Answers:
                 node.node_id, node.name, header.num_eval_examples, dict(header.eval_metrics)))
         rnd.settle(node.node_id, SlotState.ACCEPTED, time.time())
         self.holders.accepted(header)
+
+    def _settled(self, node: Node, told: Callable[[], None]) -> None:
+        # Its node, told, polls on at once: it must not be handed this task again while the
+        # sum is written (it would train it twice).
+        node.assigned.pop(self.run.job_id, None)
+        told()
 
     async def take_over(self, node: Node, header: pb.UpdateHeader) -> None:
         """A node's new answer to its task ends its own older stream still holding the slot."""
